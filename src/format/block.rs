@@ -1,0 +1,81 @@
+//! Block floating point block(wl): a block of values shares one exponent, and each element
+//! is a `wl`-bit two's complement integer scaled by it.
+//!
+//! The shared exponent is the binade `E = floor(log2 max|x|)` of the block's largest finite
+//! magnitude. Elements are rounded to multiples of `2^(E - (wl - 2))`, so the largest element
+//! keeps `wl - 2` fraction bits beside its leading bit and the sign, and clamped to
+//! `[-2^(wl-1), 2^(wl-1) - 1] * 2^(E - (wl - 2))` (the largest element may round up to
+//! `2^(E+1)`, which clamps to the top code, as in QPyTorch's block_quantize).
+//!
+//! The block is the whole tensor ([`BlockScope::Tensor`]) or each slice `x.select(dim, i)`
+//! ([`BlockScope::Dim`], QPyTorch's `dim` argument). NaN and ±Inf elements pass through
+//! unchanged and do not take part in choosing the exponent; a block with no finite nonzero
+//! element is returned as it is (zeros become +0).
+
+use super::fixed::round_fixed;
+use super::grid::parts;
+use super::rounding::RoundingRule;
+use crate::error::FormatError;
+
+/// Which elements share an exponent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BlockScope {
+    /// The whole tensor is one block.
+    #[default]
+    Tensor,
+    /// Each slice `x.select(dim, i)` is a block; negative dims count from the end.
+    Dim(i64),
+}
+
+/// A validated block floating point format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    wl: u32,
+    scope: BlockScope,
+}
+
+impl Block {
+    /// Block floating point with `2 <= wl <= 32` bits per element.
+    pub fn new(wl: u32, scope: BlockScope) -> Result<Self, FormatError> {
+        if !(2..=32).contains(&wl) {
+            return Err(FormatError::OutOfRange {
+                format: "block",
+                param: "wl",
+                value: wl as i64,
+                valid: "2..=32",
+            });
+        }
+        Ok(Block { wl, scope })
+    }
+
+    /// Bits per element.
+    pub fn wl(&self) -> u32 {
+        self.wl
+    }
+
+    /// Which elements share an exponent.
+    pub fn scope(&self) -> BlockScope {
+        self.scope
+    }
+
+    /// Rounds `x` in a block whose largest finite magnitude is `block_max` (0 if none).
+    #[inline(always)]
+    pub fn round<R: RoundingRule>(&self, x: f64, block_max: f64, rule: R, random: u32) -> f64 {
+        if !x.is_finite() {
+            return x;
+        }
+        if block_max == 0.0 || x == 0.0 {
+            return 0.0;
+        }
+        let e = parts(block_max).e;
+        round_fixed(x, e - (self.wl as i32 - 2), self.wl, true, false, rule, random)
+    }
+}
+
+/// Largest finite magnitude among `values` (0 when there is none).
+pub fn block_max<I: IntoIterator<Item = f64>>(values: I) -> f64 {
+    values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0, |m, v| m.max(v.abs()))
+}

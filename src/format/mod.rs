@@ -1,0 +1,330 @@
+//! Number formats: what values exist, and how an f64 is rounded to one of them.
+//!
+//! Each family lives in its own file with pure scalar functions ([`Posit`], [`Float`],
+//! [`Fixed`], [`Block`]); they share the integer rounding step in [`grid`] and the rounding
+//! modes in [`rounding`]. No tensors here: the CPU kernels, the CUDA header
+//! `kernels/quant.cuh` and the tests all call or mirror these functions.
+//!
+//! A [`Format`] is validated when it is built and prints as a string that parses back to
+//! the same format: `posit<8,0>`, `float<5,2>`, `float<4,3,fn,sat>`, `fixed<8,4>`,
+//! `block<8>`, `block<8,dim=0>`, or a preset name (`fp16`, `bf16`, `tf32`, `e5m2`, `e4m3`,
+//! `e3m2`, `e2m3`, `e2m1`, `posit8`, `posit16`, `posit32`).
+
+pub mod block;
+pub mod fixed;
+pub mod float;
+pub mod grid;
+pub mod posit;
+pub mod rounding;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use block::{Block, BlockScope};
+pub use fixed::Fixed;
+pub use float::{Float, Overflow, Specials};
+pub use posit::Posit;
+pub use rounding::{Rounding, RoundingRule};
+
+use crate::error::FormatError;
+use rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
+
+/// A number format that tensors can be rounded to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// posit(n, es).
+    Posit(Posit),
+    /// IEEE-style float(exp, man) with options.
+    Float(Float),
+    /// Fixed point (wl, fl).
+    Fixed(Fixed),
+    /// Block floating point with wl-bit elements.
+    Block(Block),
+}
+
+/// Named formats: (name, description).
+const PRESET_NAMES: &[(&str, &str)] = &[
+    ("fp16", "IEEE binary16"),
+    ("bf16", "bfloat16"),
+    ("tf32", "NVIDIA TensorFloat-32"),
+    ("e5m2", "OCP FP8 E5M2 (IEEE specials)"),
+    ("e4m3", "OCP FP8 E4M3 (no Inf, NaN at S.1111.111)"),
+    ("e3m2", "OCP MX FP6 E3M2 (no Inf/NaN, saturating)"),
+    ("e2m3", "OCP MX FP6 E2M3 (no Inf/NaN, saturating)"),
+    ("e2m1", "OCP MX FP4 E2M1 (no Inf/NaN, saturating)"),
+    ("posit8", "posit standard 2022, posit<8,2>"),
+    ("posit16", "posit standard 2022, posit<16,2>"),
+    ("posit32", "posit standard 2022, posit<32,2>"),
+    ("posit<8,0>", "legacy 8-bit posit"),
+    ("posit<16,1>", "legacy 16-bit posit"),
+    ("posit<32,2>", "legacy 32-bit posit"),
+];
+
+fn float_preset(name: &str) -> Option<Float> {
+    use Overflow::*;
+    use Specials::*;
+    let f = |e, m, o, s| Float::with_options(e, m, true, o, s).ok();
+    match name {
+        "fp16" => f(5, 10, Infinity, Ieee),
+        "bf16" => f(8, 7, Infinity, Ieee),
+        "tf32" => f(8, 10, Infinity, Ieee),
+        "e5m2" => f(5, 2, Infinity, Ieee),
+        "e4m3" => f(4, 3, Infinity, FiniteNan),
+        "e3m2" => f(3, 2, Saturate, Finite),
+        "e2m3" => f(2, 3, Saturate, Finite),
+        "e2m1" => f(2, 1, Saturate, Finite),
+        _ => None,
+    }
+}
+
+const FLOAT_PRESETS: &[&str] = &["fp16", "bf16", "tf32", "e5m2", "e4m3", "e3m2", "e2m3", "e2m1"];
+
+impl Format {
+    /// posit(n, es); see [`Posit::new`].
+    pub fn posit(n: u32, es: u32) -> Result<Self, FormatError> {
+        Posit::new(n, es).map(Format::Posit)
+    }
+    /// IEEE-style float(exp, man); see [`Float::new`].
+    pub fn float(exp: u32, man: u32) -> Result<Self, FormatError> {
+        Float::new(exp, man).map(Format::Float)
+    }
+    /// Clamped fixed point (wl, fl); see [`Fixed::new`].
+    pub fn fixed(wl: u32, fl: i32) -> Result<Self, FormatError> {
+        Fixed::new(wl, fl).map(Format::Fixed)
+    }
+    /// Block floating point over the whole tensor; see [`Block::new`].
+    pub fn block(wl: u32) -> Result<Self, FormatError> {
+        Block::new(wl, BlockScope::Tensor).map(Format::Block)
+    }
+
+    /// Every named format with a one-line description, in display order.
+    pub fn presets() -> Vec<(&'static str, &'static str, Format)> {
+        PRESET_NAMES
+            .iter()
+            .map(|(name, desc)| (*name, *desc, name.parse().expect("preset names parse")))
+            .collect()
+    }
+
+    /// Bits per element (for block floating point, per element without the shared exponent).
+    pub fn bits(&self) -> u32 {
+        match self {
+            Format::Posit(p) => p.n(),
+            Format::Float(f) => f.bits(),
+            Format::Fixed(f) => f.wl(),
+            Format::Block(b) => b.wl(),
+        }
+    }
+
+    /// Largest finite value (block floating point: relative to the block, so `None`).
+    pub fn max_finite(&self) -> Option<f64> {
+        match self {
+            Format::Posit(p) => Some(p.max_pos()),
+            Format::Float(f) => Some(f.max_value()),
+            Format::Fixed(f) => Some(f.max_value()),
+            Format::Block(_) => None,
+        }
+    }
+
+    /// Smallest positive value (block floating point: `None`, it depends on the block).
+    pub fn min_positive(&self) -> Option<f64> {
+        match self {
+            Format::Posit(p) => Some(p.min_pos()),
+            Format::Float(f) => Some(f.min_positive()),
+            Format::Fixed(f) => Some(f.quantum()),
+            Format::Block(_) => None,
+        }
+    }
+
+    /// Gap between 1 and the next larger value (for block floating point: in a block whose
+    /// largest element is in [1, 2)).
+    pub fn epsilon(&self) -> f64 {
+        match self {
+            Format::Posit(p) => p.epsilon(),
+            Format::Float(f) => f.epsilon(),
+            Format::Fixed(f) => f.quantum(),
+            Format::Block(b) => grid::pow2(2 - b.wl() as i32),
+        }
+    }
+
+    /// Rounds one value. Block floating point treats `x` as a block of its own; use
+    /// [`Block::round`] to give the block's maximum. `random` is read only by stochastic
+    /// rounding (its top `bits` bits).
+    pub fn round(&self, x: f64, rounding: Rounding, random: u32) -> f64 {
+        match rounding {
+            Rounding::NearestEven => self.round_with(x, NearestEven, random),
+            Rounding::NearestAway => self.round_with(x, NearestAway, random),
+            Rounding::TowardZero => self.round_with(x, TowardZero, random),
+            Rounding::Stochastic { bits } => self.round_with(x, Stochastic { bits }, random),
+        }
+    }
+
+    fn round_with<R: RoundingRule>(&self, x: f64, rule: R, random: u32) -> f64 {
+        match self {
+            Format::Posit(p) => p.round(x, rule, random),
+            Format::Float(f) => f.round(x, rule, random),
+            Format::Fixed(f) => f.round(x, rule, random),
+            Format::Block(b) => b.round(x, block::block_max([x]), rule, random),
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Format::Posit(p) => write!(f, "posit<{},{}>", p.n(), p.es()),
+            Format::Float(fl) => {
+                if let Some(name) = FLOAT_PRESETS
+                    .iter()
+                    .find(|n| float_preset(n).as_ref() == Some(fl))
+                {
+                    return write!(f, "{name}");
+                }
+                write!(f, "float<{},{}", fl.exp(), fl.man())?;
+                match fl.specials() {
+                    Specials::Ieee => {}
+                    Specials::FiniteNan => write!(f, ",fn")?,
+                    Specials::Finite => write!(f, ",fin")?,
+                }
+                if fl.overflow() == Overflow::Saturate && fl.specials() != Specials::Finite {
+                    write!(f, ",sat")?;
+                }
+                if !fl.subnormals() {
+                    write!(f, ",nosub")?;
+                }
+                write!(f, ">")
+            }
+            Format::Fixed(x) => {
+                write!(f, "fixed<{},{}", x.wl(), x.fl())?;
+                if !x.clamp() {
+                    write!(f, ",noclamp")?;
+                }
+                if x.symmetric() {
+                    write!(f, ",sym")?;
+                }
+                write!(f, ">")
+            }
+            Format::Block(b) => match b.scope() {
+                BlockScope::Tensor => write!(f, "block<{}>", b.wl()),
+                BlockScope::Dim(d) => write!(f, "block<{},dim={}>", b.wl(), d),
+            },
+        }
+    }
+}
+
+impl FromStr for Format {
+    type Err = FormatError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let input = s.trim().to_ascii_lowercase().replace(' ', "");
+        let err = |reason: String| FormatError::Parse {
+            what: "format",
+            input: s.to_string(),
+            reason,
+        };
+        if let Some(f) = float_preset(&input) {
+            return Ok(Format::Float(f));
+        }
+        match input.as_str() {
+            "posit8" => return Format::posit(8, 2),
+            "posit16" => return Format::posit(16, 2),
+            "posit32" => return Format::posit(32, 2),
+            _ => {}
+        }
+        let (family, args) = input
+            .strip_suffix('>')
+            .and_then(|t| t.split_once('<'))
+            .ok_or_else(|| {
+                err("expected family<args> (posit<8,0>, float<5,2>, fixed<8,4>, block<8>) or a preset name (see `qcandle formats`)".into())
+            })?;
+        let parts: Vec<&str> = args.split(',').collect();
+        let int = |i: usize, name: &str| -> Result<i64, FormatError> {
+            parts
+                .get(i)
+                .ok_or_else(|| err(format!("missing parameter `{name}`")))?
+                .parse::<i64>()
+                .map_err(|_| err(format!("parameter `{name}` must be an integer")))
+        };
+        let unsigned = |i: usize, name: &str| -> Result<u32, FormatError> {
+            let v = int(i, name)?;
+            u32::try_from(v).map_err(|_| err(format!("parameter `{name}` must be >= 0")))
+        };
+        match family {
+            "posit" => {
+                if parts.len() != 2 {
+                    return Err(err("posit takes exactly <n,es>".into()));
+                }
+                Format::posit(unsigned(0, "n")?, unsigned(1, "es")?)
+            }
+            "float" => {
+                let (exp, man) = (unsigned(0, "exp")?, unsigned(1, "man")?);
+                let mut sub = true;
+                let mut overflow = Overflow::Infinity;
+                let mut specials = Specials::Ieee;
+                for flag in &parts[2..] {
+                    match *flag {
+                        "nosub" => sub = false,
+                        "sat" => overflow = Overflow::Saturate,
+                        "fn" => specials = Specials::FiniteNan,
+                        "fin" => {
+                            specials = Specials::Finite;
+                            overflow = Overflow::Saturate;
+                        }
+                        "ieee" => specials = Specials::Ieee,
+                        other => {
+                            return Err(err(format!(
+                                "unknown float option `{other}` (nosub, sat, fn, fin, ieee)"
+                            )))
+                        }
+                    }
+                }
+                Float::with_options(exp, man, sub, overflow, specials).map(Format::Float)
+            }
+            "fixed" => {
+                let wl = unsigned(0, "wl")?;
+                let fl = int(1, "fl")?;
+                let fl = i32::try_from(fl).map_err(|_| {
+                    FormatError::OutOfRange {
+                        format: "fixed",
+                        param: "fl",
+                        value: fl,
+                        valid: "-64..=64",
+                    }
+                })?;
+                let mut clamp = true;
+                let mut sym = false;
+                for flag in &parts[2..] {
+                    match *flag {
+                        "noclamp" => clamp = false,
+                        "clamp" => clamp = true,
+                        "sym" => sym = true,
+                        other => {
+                            return Err(err(format!(
+                                "unknown fixed option `{other}` (noclamp, sym)"
+                            )))
+                        }
+                    }
+                }
+                Fixed::with_options(wl, fl, clamp, sym).map(Format::Fixed)
+            }
+            "block" => {
+                let wl = unsigned(0, "wl")?;
+                let scope = match parts.get(1) {
+                    None => BlockScope::Tensor,
+                    Some(p) if parts.len() == 2 => {
+                        let d = p.strip_prefix("dim=").ok_or_else(|| {
+                            err(format!("unknown block option `{p}` (dim=<d>)"))
+                        })?;
+                        BlockScope::Dim(d.parse().map_err(|_| {
+                            err("block dim must be an integer".into())
+                        })?)
+                    }
+                    Some(_) => return Err(err("block takes <wl> or <wl,dim=d>".into())),
+                };
+                Block::new(wl, scope).map(Format::Block)
+            }
+            other => Err(err(format!(
+                "unknown format family `{other}` (posit, float, fixed, block)"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! The CPU quantize kernel: one pass over contiguous memory, chunked across threads,
+//! monomorphised per format family and rounding mode.
+//!
+//! Element `i` (its position in the tensor's logical row-major order) reads its random bits
+//! from the stochastic stream at index `i`, so results do not depend on how the work is split
+//! between threads or on the source layout. Strided inputs are first gathered into the
+//! output buffer in logical order and then rounded in place, so the op allocates nothing
+//! beyond its output.
+
+use candle_core::Layout;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
+use crate::format::{BlockScope, Format, Rounding, RoundingRule};
+use crate::philox::Stream;
+
+/// Elements per parallel work item; a multiple of 4 so each Philox block stays in one item.
+pub const CHUNK: usize = 1 << 14;
+
+/// A floating-point storage type the kernels read and write through f64.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// Positive zero.
+    const ZERO: Self;
+    /// Exact widening to f64.
+    fn to_f64(self) -> f64;
+    /// Conversion from f64 (round to nearest even where the value does not fit).
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for f32 {
+    const ZERO: Self = 0.0;
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+impl Element for f64 {
+    const ZERO: Self = 0.0;
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+impl Element for f16 {
+    const ZERO: Self = f16::ZERO;
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+impl Element for bf16 {
+    const ZERO: Self = bf16::ZERO;
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+/// Copies the elements of a (possibly strided) view into a new vector in logical order.
+pub fn gather<T: Copy>(data: &[T], layout: &Layout) -> Vec<T> {
+    if let Some((start, end)) = layout.contiguous_offsets() {
+        return data[start..end].to_vec();
+    }
+    let dims = layout.dims();
+    let strides = layout.stride();
+    let n: usize = dims.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let mut index = vec![0usize; dims.len()];
+    let mut offset = layout.start_offset();
+    for _ in 0..n {
+        out.push(data[offset]);
+        for d in (0..dims.len()).rev() {
+            index[d] += 1;
+            offset += strides[d];
+            if index[d] < dims[d] {
+                break;
+            }
+            offset -= strides[d] * dims[d];
+            index[d] = 0;
+        }
+    }
+    out
+}
+
+/// Applies `f(index, x, random)` to every element: `dst[i] = f(i, src[i])`, or in place
+/// when `src` is `None`. `random` is the stream's word for `i` (0 without a stream).
+fn map_elements<T, F>(src: Option<&[T]>, dst: &mut [T], stream: Option<Stream>, f: F)
+where
+    T: Element,
+    F: Fn(usize, f64, u32) -> f64 + Sync,
+{
+    let work = |chunk: usize, out: &mut [T]| {
+        let base = chunk * CHUNK;
+        let inp = src.map(|s| &s[base..base + out.len()]);
+        match stream {
+            None => match inp {
+                Some(inp) => {
+                    for (j, (o, &x)) in out.iter_mut().zip(inp).enumerate() {
+                        *o = T::from_f64(f(base + j, x.to_f64(), 0));
+                    }
+                }
+                None => {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = T::from_f64(f(base + j, o.to_f64(), 0));
+                    }
+                }
+            },
+            Some(stream) => {
+                for (g, group) in out.chunks_mut(4).enumerate() {
+                    let first = base + 4 * g;
+                    let words = stream.block((first / 4) as u64);
+                    for (j, o) in group.iter_mut().enumerate() {
+                        let x = match inp {
+                            Some(inp) => inp[4 * g + j],
+                            None => *o,
+                        };
+                        *o = T::from_f64(f(first + j, x.to_f64(), words[j]));
+                    }
+                }
+            }
+        }
+    };
+    if dst.len() <= CHUNK {
+        work(0, dst);
+    } else {
+        dst.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, out)| work(c, out));
+    }
+}
+
+/// How the elements of a contiguous tensor of shape `dims` are grouped into blocks.
+#[derive(Debug, Clone, Copy)]
+struct BlockGrid {
+    inner: usize,
+    count: usize,
+}
+
+impl BlockGrid {
+    fn new(scope: BlockScope, dims: &[usize]) -> candle_core::Result<Self> {
+        match scope {
+            BlockScope::Tensor => Ok(BlockGrid { inner: 1, count: 1 }),
+            BlockScope::Dim(d) => {
+                let rank = dims.len() as i64;
+                let resolved = if d < 0 { d + rank } else { d };
+                if resolved < 0 || resolved >= rank {
+                    candle_core::bail!(
+                        "block dim={d} is out of range for a tensor of rank {rank} (shape {dims:?})"
+                    );
+                }
+                let r = resolved as usize;
+                Ok(BlockGrid {
+                    inner: dims[r + 1..].iter().product(),
+                    count: dims[r],
+                })
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn block_of(&self, i: usize) -> usize {
+        if self.count == 1 {
+            0
+        } else {
+            (i / self.inner) % self.count
+        }
+    }
+}
+
+/// Largest finite magnitude of each block.
+fn block_maxima<T: Element>(data: &[T], grid: BlockGrid) -> Vec<f64> {
+    let fold = |chunk: usize, xs: &[T]| {
+        let mut m = vec![0f64; grid.count];
+        for (j, &x) in xs.iter().enumerate() {
+            let v = x.to_f64();
+            if v.is_finite() {
+                let b = grid.block_of(chunk * CHUNK + j);
+                m[b] = m[b].max(v.abs());
+            }
+        }
+        m
+    };
+    data.par_chunks(CHUNK)
+        .enumerate()
+        .map(|(c, xs)| fold(c, xs))
+        .reduce(
+            || vec![0f64; grid.count],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    *x = x.max(y);
+                }
+                a
+            },
+        )
+}
+
+fn run_rule<T: Element, R: RoundingRule>(
+    src: Option<&[T]>,
+    dst: &mut [T],
+    dims: &[usize],
+    format: &Format,
+    rule: R,
+    stream: Option<Stream>,
+) -> candle_core::Result<()> {
+    match format {
+        Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),
+        Format::Float(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
+        Format::Fixed(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
+        Format::Block(b) => {
+            let grid = BlockGrid::new(b.scope(), dims)?;
+            let maxima = block_maxima(src.unwrap_or(dst), grid);
+            if grid.count == 1 {
+                let m = maxima[0];
+                map_elements(src, dst, stream, |_, x, r| b.round(x, m, rule, r))
+            } else {
+                map_elements(src, dst, stream, |i, x, r| {
+                    b.round(x, maxima[grid.block_of(i)], rule, r)
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rounds `src` (contiguous, logical order, shape `dims`) into `dst`, or `dst` in place
+/// when `src` is `None`.
+pub fn quantize_slice<T: Element>(
+    src: Option<&[T]>,
+    dst: &mut [T],
+    dims: &[usize],
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> candle_core::Result<()> {
+    match rounding {
+        Rounding::NearestEven => run_rule(src, dst, dims, format, NearestEven, None),
+        Rounding::NearestAway => run_rule(src, dst, dims, format, NearestAway, None),
+        Rounding::TowardZero => run_rule(src, dst, dims, format, TowardZero, None),
+        Rounding::Stochastic { bits } => {
+            let stream = stream.unwrap_or_else(|| Stream::new(0, 0));
+            run_rule(src, dst, dims, format, Stochastic { bits }, Some(stream))
+        }
+    }
+}
+
+/// Rounds a tensor's storage into a new contiguous vector (logical order).
+pub fn quantize_to_vec<T: Element>(
+    data: &[T],
+    layout: &Layout,
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> candle_core::Result<Vec<T>> {
+    let dims = layout.dims();
+    if let Some((start, end)) = layout.contiguous_offsets() {
+        let src = &data[start..end];
+        // Zero-filled f32/f64 vectors come from calloc (fresh zero pages, no pass over
+        // memory), so the kernel's single read-and-write pass is the only traffic.
+        let mut out = vec![T::ZERO; src.len()];
+        quantize_slice(Some(src), &mut out, dims, format, rounding, stream)?;
+        Ok(out)
+    } else {
+        let mut out = gather(data, layout);
+        quantize_slice(None, &mut out, dims, format, rounding, stream)?;
+        Ok(out)
+    }
+}
+
+/// Rounds the elements addressed by `layout` in place.
+pub fn quantize_in_place<T: Element>(
+    data: &mut [T],
+    layout: &Layout,
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> candle_core::Result<()> {
+    let dims = layout.dims().to_vec();
+    if let Some((start, end)) = layout.contiguous_offsets() {
+        return quantize_slice(None, &mut data[start..end], &dims, format, rounding, stream);
+    }
+    // Strided view: round a gathered copy, then scatter it back.
+    let mut vals = gather(data, layout);
+    quantize_slice(None, &mut vals, &dims, format, rounding, stream)?;
+    let strides = layout.stride();
+    let mut index = vec![0usize; dims.len()];
+    let mut offset = layout.start_offset();
+    for v in vals {
+        data[offset] = v;
+        for d in (0..dims.len()).rev() {
+            index[d] += 1;
+            offset += strides[d];
+            if index[d] < dims[d] {
+                break;
+            }
+            offset -= strides[d] * dims[d];
+            index[d] = 0;
+        }
+    }
+    Ok(())
+}

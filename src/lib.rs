@@ -1,0 +1,36 @@
+//! # qcandle
+//!
+//! Bit-exact simulation of low-precision number formats on [candle] tensors: posits,
+//! IEEE-style floats of any exponent/mantissa split (fp16, bf16, FP8, FP6, FP4, ...), fixed
+//! point and block floating point, each with nearest-even, nearest-away, toward-zero and
+//! reproducible stochastic rounding.
+//!
+//! A low-precision number is represented by the f32 (or f64, f16, bf16) value it stands
+//! for. A model computes in full precision and a fused [`quantize`] op removes the extra
+//! precision wherever the simulated hardware would round.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use qcandle::{quantize, Quant, Rounding};
+//! let x = Tensor::new(&[0.1f32, 1.0, 3.14159, 1e6], &Device::Cpu)?;
+//! let q = Quant::new("posit<8,0>".parse()?).with_rounding(Rounding::NearestEven);
+//! let y = quantize(&x, &q)?;
+//! assert_eq!(y.to_vec1::<f32>()?, [0.09375, 1.0, 3.125, 64.0]);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! Layers: [`format`] (scalar rounding math, one file per family), [`philox`] (the
+//! counter-based random stream), [`kernels`] (loops over storage), [`ops`] (candle ops),
+//! [`io`] (tensor files), and the `qcandle` command-line tool.
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod format;
+pub mod io;
+pub mod kernels;
+pub mod ops;
+pub mod philox;
+
+pub use error::FormatError;
+pub use format::{Format, Rounding};
+pub use ops::{pack, quantize, quantize_, quantize_no_grad, unpack, Quant, Quantizer};

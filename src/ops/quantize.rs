@@ -1,0 +1,258 @@
+//! The quantize op on candle tensors.
+//!
+//! `quantize(x, q)` is a `CustomOp1`: forward rounds every element of `x` to `q`'s format
+//! with `q`'s rounding mode; backward passes the gradient straight through (the
+//! straight-through estimator, as in QPyTorch). A [`Quantizer`] additionally rounds the
+//! incoming gradient in backward with its own format and rounding, which is how the
+//! "error" number category of low-precision training is simulated.
+//!
+//! Stochastic rounding reads its random bits from a Philox stream keyed by the [`Quant`]'s
+//! seed; each stochastic call takes the next call index from the Quant's counter (shared by
+//! its clones), so a training run is reproducible from its seeds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, InplaceOp1, Layout, Module, Result, Shape, Tensor};
+
+use crate::format::{Format, Rounding};
+use crate::kernels::cpu;
+use crate::philox::Stream;
+
+/// A format, a rounding mode and a random stream: everything one quantization needs.
+#[derive(Debug, Clone)]
+pub struct Quant {
+    format: Format,
+    rounding: Rounding,
+    seed: u64,
+    calls: Arc<AtomicU64>,
+}
+
+impl Quant {
+    /// Round to `format`, nearest-even.
+    pub fn new(format: Format) -> Self {
+        Quant {
+            format,
+            rounding: Rounding::NearestEven,
+            seed: 0,
+            calls: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Parses a format string and a rounding string (`"posit<8,0>"`, `"stochastic:8"`).
+    pub fn parse(format: &str, rounding: &str) -> std::result::Result<Self, crate::FormatError> {
+        Ok(Quant::new(format.parse()?).with_rounding(rounding.parse()?))
+    }
+
+    /// The same format with another rounding mode.
+    pub fn with_rounding(mut self, rounding: Rounding) -> Self {
+        self.rounding = rounding;
+        self
+    }
+
+    /// The same settings with a new seed and a fresh call counter.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self.calls = Arc::new(AtomicU64::new(0));
+        self
+    }
+
+    /// The target format.
+    pub fn format(&self) -> &Format {
+        &self.format
+    }
+
+    /// The rounding mode.
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
+    }
+
+    /// The stochastic-rounding seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// How many stochastic calls this Quant (and its clones) has made.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Sets the call counter, to resume a run exactly where it stopped.
+    pub fn set_calls(&self, calls: u64) {
+        self.calls.store(calls, Ordering::Relaxed)
+    }
+
+    /// The stream for the next call (None for deterministic rounding, which uses none).
+    fn next_stream(&self) -> Option<Stream> {
+        self.rounding
+            .is_stochastic()
+            .then(|| Stream::new(self.seed, self.calls.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    fn op(&self) -> QuantizeOp {
+        QuantizeOp {
+            format: self.format,
+            rounding: self.rounding,
+            stream: self.next_stream(),
+        }
+    }
+}
+
+/// The forward kernel of one quantization, with its random stream fixed.
+#[derive(Debug, Clone, Copy)]
+struct QuantizeOp {
+    format: Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+}
+
+fn unsupported(op: &str, dtype: candle_core::DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{op}: unsupported dtype {dtype:?}; quantize takes f32, f64, f16 or bf16 tensors"
+    ))
+}
+
+impl CustomOp1 for QuantizeOp {
+    fn name(&self) -> &'static str {
+        "qcandle-quantize"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (f, r, s) = (&self.format, self.rounding, self.stream);
+        let out = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(cpu::quantize_to_vec(v, layout, f, r, s)?),
+            CpuStorage::F64(v) => CpuStorage::F64(cpu::quantize_to_vec(v, layout, f, r, s)?),
+            CpuStorage::F16(v) => CpuStorage::F16(cpu::quantize_to_vec(v, layout, f, r, s)?),
+            CpuStorage::BF16(v) => CpuStorage::BF16(cpu::quantize_to_vec(v, layout, f, r, s)?),
+            other => return Err(unsupported("quantize", other.dtype())),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    /// Straight-through: the gradient of the rounding is taken to be the identity.
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(grad_res.clone()))
+    }
+}
+
+impl InplaceOp1 for QuantizeOp {
+    fn name(&self) -> &'static str {
+        "qcandle-quantize-inplace"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+        let (f, r, s) = (&self.format, self.rounding, self.stream);
+        match storage {
+            CpuStorage::F32(v) => cpu::quantize_in_place(v, layout, f, r, s),
+            CpuStorage::F64(v) => cpu::quantize_in_place(v, layout, f, r, s),
+            CpuStorage::F16(v) => cpu::quantize_in_place(v, layout, f, r, s),
+            CpuStorage::BF16(v) => cpu::quantize_in_place(v, layout, f, r, s),
+            other => Err(unsupported("quantize_", other.dtype())),
+        }
+    }
+}
+
+fn check_dtype(x: &Tensor, op: &str) -> Result<()> {
+    use candle_core::DType::*;
+    match x.dtype() {
+        F32 | F64 | F16 | BF16 => Ok(()),
+        other => Err(unsupported(op, other)),
+    }
+}
+
+/// Rounds every element of `x` to `q`'s format; the backward pass is straight-through.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use qcandle::{quantize, Quant};
+/// let x = Tensor::new(&[1.0f32, 1.06, 300.0, -1e-9], &Device::Cpu)?;
+/// let y = quantize(&x, &Quant::new("e4m3".parse()?))?;
+/// assert_eq!(y.to_vec1::<f32>()?, [1.0, 1.0, 288.0, -0.0]);
+/// # Ok::<(), anyhow::Error>(())
+/// ```
+pub fn quantize(x: &Tensor, q: &Quant) -> Result<Tensor> {
+    check_dtype(x, "quantize")?;
+    x.apply_op1(q.op())
+}
+
+/// Like [`quantize`], without recording a backward step (for values that need no gradient).
+pub fn quantize_no_grad(x: &Tensor, q: &Quant) -> Result<Tensor> {
+    check_dtype(x, "quantize")?;
+    x.apply_op1_no_bwd(&q.op())
+}
+
+/// Rounds `x` in place (no allocation): for weights after an optimizer step, optimizer
+/// state, and post-training conversion.
+pub fn quantize_(x: &Tensor, q: &Quant) -> Result<()> {
+    check_dtype(x, "quantize_")?;
+    x.inplace_op1(&q.op())
+}
+
+/// A layer that rounds values in forward and their gradients in backward, each with its
+/// own format and rounding (either may be absent).
+#[derive(Debug, Clone, Default)]
+pub struct Quantizer {
+    forward: Option<Quant>,
+    backward: Option<Quant>,
+}
+
+impl Quantizer {
+    /// A quantizer with a forward (value) and a backward (gradient) quantization.
+    pub fn new(forward: Option<Quant>, backward: Option<Quant>) -> Self {
+        Quantizer { forward, backward }
+    }
+
+    /// The value quantization.
+    pub fn forward_quant(&self) -> Option<&Quant> {
+        self.forward.as_ref()
+    }
+
+    /// The gradient quantization.
+    pub fn backward_quant(&self) -> Option<&Quant> {
+        self.backward.as_ref()
+    }
+}
+
+/// Forward: optional rounding of the value; backward: optional rounding of the gradient.
+struct QuantizerOp {
+    forward: Option<QuantizeOp>,
+    backward: Option<Quant>,
+}
+
+impl CustomOp1 for QuantizerOp {
+    fn name(&self) -> &'static str {
+        "qcandle-quantizer"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if let Some(op) = &self.forward {
+            return CustomOp1::cpu_fwd(op, storage, layout);
+        }
+        let out = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(cpu::gather(v, layout)),
+            CpuStorage::F64(v) => CpuStorage::F64(cpu::gather(v, layout)),
+            CpuStorage::F16(v) => CpuStorage::F16(cpu::gather(v, layout)),
+            CpuStorage::BF16(v) => CpuStorage::BF16(cpu::gather(v, layout)),
+            other => return Err(unsupported("quantizer", other.dtype())),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        match &self.backward {
+            Some(q) => quantize_no_grad(grad_res, q).map(Some),
+            None => Ok(Some(grad_res.clone())),
+        }
+    }
+}
+
+impl Module for Quantizer {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        check_dtype(x, "quantizer")?;
+        x.apply_op1(QuantizerOp {
+            forward: self.forward.as_ref().map(Quant::op),
+            backward: self.backward.clone(),
+        })
+    }
+}

@@ -1,0 +1,73 @@
+//! Philox4x32-10, the counter-based generator of Salmon et al. (SC'11) used by cuRAND and
+//! JAX: a keyed bijection of a 128-bit counter, so any element's random bits can be computed
+//! directly from its position, on any thread or device, with no state to carry.
+//!
+//! Stochastic rounding keys it with the 64-bit seed and counts with
+//! `(block, call)`: element `i` of the `call`-th stochastic quantization reads word `i % 4`
+//! of the output for counter `[i / 4 (lo, hi), call (lo, hi)]`. Results therefore depend
+//! only on (seed, call, element index), never on the thread count or device.
+
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+
+#[inline(always)]
+fn mulhilo(a: u32, b: u32) -> (u32, u32) {
+    let p = a as u64 * b as u64;
+    ((p >> 32) as u32, p as u32)
+}
+
+/// Philox4x32 with 10 rounds on counter `ctr` and key `key`.
+#[inline(always)]
+pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let mut c = ctr;
+    let mut k = key;
+    for round in 0..10 {
+        if round > 0 {
+            k[0] = k[0].wrapping_add(W0);
+            k[1] = k[1].wrapping_add(W1);
+        }
+        let (hi0, lo0) = mulhilo(M0, c[0]);
+        let (hi1, lo1) = mulhilo(M1, c[2]);
+        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+    }
+    c
+}
+
+/// The random-bit stream of one stochastic quantization: (seed, call) fixed, indexed by
+/// element position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    key: [u32; 2],
+    call: u64,
+}
+
+impl Stream {
+    /// The stream for the `call`-th stochastic rounding under `seed`.
+    pub fn new(seed: u64, call: u64) -> Self {
+        Stream {
+            key: [seed as u32, (seed >> 32) as u32],
+            call,
+        }
+    }
+
+    /// The four 32-bit words for elements `4 * block .. 4 * block + 4`.
+    #[inline(always)]
+    pub fn block(&self, block: u64) -> [u32; 4] {
+        philox4x32_10(
+            [
+                block as u32,
+                (block >> 32) as u32,
+                self.call as u32,
+                (self.call >> 32) as u32,
+            ],
+            self.key,
+        )
+    }
+
+    /// The 32 random bits of element `index`.
+    pub fn at(&self, index: u64) -> u32 {
+        self.block(index / 4)[(index % 4) as usize]
+    }
+}
