@@ -1,1 +1,69 @@
-fn main(){}
+//! Quantize throughput against a plain tensor copy of the same size, in one run.
+//!
+//! Each group is one tensor size; its first entry is `copy` (candle's `Tensor::copy`, a
+//! contiguous storage clone: one read and one write per element), the rest are quantize
+//! calls (also one read and one write per element, plus a reduction pass for block floating
+//! point). Throughput is in bytes moved (8 per f32 element), so the GB/s ratio to `copy` is
+//! the figure of merit. Run: `cargo bench --bench quantize` (add `-- 2^24` to filter).
+
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use qcandle::{quantize, Format, Quant, Rounding};
+
+const CASES: &[(&str, &str)] = &[
+    ("posit<8,0>", "nearest-even"),
+    ("posit<8,2>", "nearest-even"),
+    ("posit<16,1>", "nearest-even"),
+    ("e4m3", "nearest-even"),
+    ("e5m2", "nearest-even"),
+    ("bf16", "nearest-even"),
+    ("fixed<8,4>", "nearest-even"),
+    ("block<8>", "nearest-even"),
+    ("block<8,dim=0>", "nearest-even"),
+    ("posit<8,0>", "nearest-away"),
+    ("posit<8,0>", "toward-zero"),
+    ("posit<8,0>", "stochastic"),
+    ("posit<16,1>", "stochastic"),
+    ("e4m3", "stochastic"),
+    ("bf16", "stochastic"),
+    ("fixed<8,4>", "stochastic"),
+    ("block<8>", "stochastic"),
+];
+
+fn bench_quantize(c: &mut Criterion) {
+    let filter = std::env::var("QCANDLE_BENCH_SIZES").unwrap_or_else(|_| "16,20,24".into());
+    for log2 in filter
+        .split(',')
+        .filter_map(|s| s.trim().parse::<u32>().ok())
+    {
+        let n = 1usize << log2;
+        let data = qcandle::report::normal_samples(n, 7);
+        let x = Tensor::from_vec(data, (n / 256, 256), &Device::Cpu).unwrap();
+        let mut group = c.benchmark_group(format!("quantize/2^{log2}"));
+        group.throughput(Throughput::Bytes(8 * n as u64));
+        if log2 >= 22 {
+            group.sample_size(10);
+            group.measurement_time(Duration::from_secs(4));
+        } else {
+            group.measurement_time(Duration::from_secs(2));
+        }
+        group.warm_up_time(Duration::from_millis(500));
+        group.bench_function("copy", |b| b.iter(|| x.copy().unwrap()));
+        for (format, rounding) in CASES {
+            let format: Format = format.parse().unwrap();
+            let rounding: Rounding = rounding.parse().unwrap();
+            let q = Quant::new(format).with_rounding(rounding).with_seed(1);
+            group.bench_with_input(
+                BenchmarkId::new(format.to_string(), rounding),
+                &q,
+                |b, q| b.iter(|| quantize(&x, q).unwrap()),
+            );
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_quantize);
+criterion_main!(benches);

@@ -30,6 +30,7 @@ pub mod io;
 pub mod kernels;
 pub mod ops;
 pub mod philox;
+pub mod report;
 
 pub use error::FormatError;
 pub use format::{Format, Rounding};

@@ -68,7 +68,15 @@ impl Block {
             return 0.0;
         }
         let e = parts(block_max).e;
-        round_fixed(x, e - (self.wl as i32 - 2), self.wl, true, false, rule, random)
+        round_fixed(
+            x,
+            e - (self.wl as i32 - 2),
+            self.wl,
+            true,
+            false,
+            rule,
+            random,
+        )
     }
 }
 

@@ -28,7 +28,12 @@ impl Fixed {
     }
 
     /// Fixed point with the clamp and symmetric options given.
-    pub fn with_options(wl: u32, fl: i32, clamp: bool, symmetric: bool) -> Result<Self, FormatError> {
+    pub fn with_options(
+        wl: u32,
+        fl: i32,
+        clamp: bool,
+        symmetric: bool,
+    ) -> Result<Self, FormatError> {
         if !(2..=32).contains(&wl) {
             return Err(FormatError::OutOfRange {
                 format: "fixed",
@@ -89,7 +94,15 @@ impl Fixed {
     /// Rounds `x` to this format with `rule`.
     #[inline(always)]
     pub fn round<R: RoundingRule>(&self, x: f64, rule: R, random: u32) -> f64 {
-        round_fixed(x, -self.fl, self.wl, self.clamp, self.symmetric, rule, random)
+        round_fixed(
+            x,
+            -self.fl,
+            self.wl,
+            self.clamp,
+            self.symmetric,
+            rule,
+            random,
+        )
     }
 }
 

@@ -82,7 +82,11 @@ pub fn round_count<R: RoundingRule>(
     let s = q - (p.e - 52);
     debug_assert!(s >= 1, "round_count needs a grid coarser than the input");
     let s = s as u32;
-    let (kept, rem) = if s >= 64 { (0, p.m) } else { (p.m >> s, p.m & ((1u64 << s) - 1)) };
+    let (kept, rem) = if s >= 64 {
+        (0, p.m)
+    } else {
+        (p.m >> s, p.m & ((1u64 << s) - 1))
+    };
     let odd = odd_hint.unwrap_or(kept & 1 == 1);
     if rem != 0 && rule.up(rem, s, odd, random) {
         kept + 1

@@ -11,6 +11,7 @@
 //! `e3m2`, `e2m3`, `e2m1`, `posit8`, `posit16`, `posit32`).
 
 pub mod block;
+pub mod f32_plan;
 pub mod fixed;
 pub mod float;
 pub mod grid;
@@ -77,7 +78,9 @@ fn float_preset(name: &str) -> Option<Float> {
     }
 }
 
-const FLOAT_PRESETS: &[&str] = &["fp16", "bf16", "tf32", "e5m2", "e4m3", "e3m2", "e2m3", "e2m1"];
+const FLOAT_PRESETS: &[&str] = &[
+    "fp16", "bf16", "tf32", "e5m2", "e4m3", "e3m2", "e2m3", "e2m1",
+];
 
 impl Format {
     /// posit(n, es); see [`Posit::new`].
@@ -151,14 +154,16 @@ impl Format {
     /// rounding (its top `bits` bits).
     pub fn round(&self, x: f64, rounding: Rounding, random: u32) -> f64 {
         match rounding {
-            Rounding::NearestEven => self.round_with(x, NearestEven, random),
-            Rounding::NearestAway => self.round_with(x, NearestAway, random),
-            Rounding::TowardZero => self.round_with(x, TowardZero, random),
-            Rounding::Stochastic { bits } => self.round_with(x, Stochastic { bits }, random),
+            Rounding::NearestEven => self.round_rule(x, NearestEven, random),
+            Rounding::NearestAway => self.round_rule(x, NearestAway, random),
+            Rounding::TowardZero => self.round_rule(x, TowardZero, random),
+            Rounding::Stochastic { bits } => self.round_rule(x, Stochastic { bits }, random),
         }
     }
 
-    fn round_with<R: RoundingRule>(&self, x: f64, rule: R, random: u32) -> f64 {
+    /// [`Format::round`] with the rule as a type (monomorphised kernels use this).
+    #[inline(always)]
+    pub fn round_rule<R: RoundingRule>(&self, x: f64, rule: R, random: u32) -> f64 {
         match self {
             Format::Posit(p) => p.round(x, rule, random),
             Format::Float(f) => f.round(x, rule, random),
@@ -282,13 +287,11 @@ impl FromStr for Format {
             "fixed" => {
                 let wl = unsigned(0, "wl")?;
                 let fl = int(1, "fl")?;
-                let fl = i32::try_from(fl).map_err(|_| {
-                    FormatError::OutOfRange {
-                        format: "fixed",
-                        param: "fl",
-                        value: fl,
-                        valid: "-64..=64",
-                    }
+                let fl = i32::try_from(fl).map_err(|_| FormatError::OutOfRange {
+                    format: "fixed",
+                    param: "fl",
+                    value: fl,
+                    valid: "-64..=64",
                 })?;
                 let mut clamp = true;
                 let mut sym = false;
@@ -311,12 +314,13 @@ impl FromStr for Format {
                 let scope = match parts.get(1) {
                     None => BlockScope::Tensor,
                     Some(p) if parts.len() == 2 => {
-                        let d = p.strip_prefix("dim=").ok_or_else(|| {
-                            err(format!("unknown block option `{p}` (dim=<d>)"))
-                        })?;
-                        BlockScope::Dim(d.parse().map_err(|_| {
-                            err("block dim must be an integer".into())
-                        })?)
+                        let d = p
+                            .strip_prefix("dim=")
+                            .ok_or_else(|| err(format!("unknown block option `{p}` (dim=<d>)")))?;
+                        BlockScope::Dim(
+                            d.parse()
+                                .map_err(|_| err("block dim must be an integer".into()))?,
+                        )
                     }
                     Some(_) => return Err(err("block takes <wl> or <wl,dim=d>".into())),
                 };

@@ -104,7 +104,7 @@ impl Posit {
 
     /// Fraction bits available in binade `e` (negative where exponent bits are cut off).
     #[inline(always)]
-    fn frac_bits(&self, e: i32) -> i32 {
+    pub(crate) fn frac_bits(&self, e: i32) -> i32 {
         let k = e >> self.es;
         let regime_len = if k >= 0 { k + 2 } else { 1 - k };
         self.n as i32 - 1 - regime_len - self.es as i32
@@ -233,11 +233,7 @@ impl Posit {
                 let q = p.e - fb;
                 let odd_hint = if fb == 0 {
                     // The pattern ends in an exponent bit (es >= 1) or a regime bit (es = 0).
-                    Some(if self.es > 0 {
-                        p.e & 1 == 1
-                    } else {
-                        p.e < 0
-                    })
+                    Some(if self.es > 0 { p.e & 1 == 1 } else { p.e < 0 })
                 } else {
                     None
                 };

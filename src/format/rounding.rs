@@ -68,7 +68,9 @@ impl fmt::Display for Rounding {
             Rounding::NearestEven => write!(f, "nearest-even"),
             Rounding::NearestAway => write!(f, "nearest-away"),
             Rounding::TowardZero => write!(f, "toward-zero"),
-            Rounding::Stochastic { bits } if *bits == MAX_STOCHASTIC_BITS => write!(f, "stochastic"),
+            Rounding::Stochastic { bits } if *bits == MAX_STOCHASTIC_BITS => {
+                write!(f, "stochastic")
+            }
             Rounding::Stochastic { bits } => write!(f, "stochastic:{bits}"),
         }
     }

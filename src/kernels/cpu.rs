@@ -11,6 +11,7 @@ use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use crate::format::f32_plan::F32Plan;
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
 use crate::philox::Stream;
@@ -22,6 +23,8 @@ pub const CHUNK: usize = 1 << 14;
 pub trait Element: Copy + Send + Sync + 'static {
     /// Positive zero.
     const ZERO: Self;
+    /// Every value of this type is an f32 (so the f32 fast path applies).
+    const FITS_F32: bool;
     /// Exact widening to f64.
     fn to_f64(self) -> f64;
     /// Conversion from f64 (round to nearest even where the value does not fit).
@@ -29,6 +32,7 @@ pub trait Element: Copy + Send + Sync + 'static {
 }
 
 impl Element for f32 {
+    const FITS_F32: bool = true;
     const ZERO: Self = 0.0;
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -40,6 +44,7 @@ impl Element for f32 {
     }
 }
 impl Element for f64 {
+    const FITS_F32: bool = false;
     const ZERO: Self = 0.0;
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -51,6 +56,7 @@ impl Element for f64 {
     }
 }
 impl Element for f16 {
+    const FITS_F32: bool = true;
     const ZERO: Self = f16::ZERO;
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -62,6 +68,7 @@ impl Element for f16 {
     }
 }
 impl Element for bf16 {
+    const FITS_F32: bool = true;
     const ZERO: Self = bf16::ZERO;
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -222,6 +229,15 @@ fn run_rule<T: Element, R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
+    if T::FITS_F32 {
+        if let Some(plan) = F32Plan::new(format, R::KIND) {
+            let fast = |_, x: f64, r| {
+                plan.round(x as f32, rule, r, |v, r| format.round_rule(v, rule, r)) as f64
+            };
+            map_elements(src, dst, stream, fast);
+            return Ok(());
+        }
+    }
     match format {
         Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),
         Format::Float(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),

@@ -44,8 +44,14 @@ fn decode(format: &Format, p: u32) -> f64 {
 /// Rounds `x` to `format` (nearest-even) and returns the bit patterns.
 pub fn pack(x: &Tensor, format: &Format) -> Result<Tensor> {
     let dtype = pattern_dtype(format)?;
-    if !matches!(x.dtype(), DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
-        bail!("pack: unsupported dtype {:?}; pack takes float tensors", x.dtype());
+    if !matches!(
+        x.dtype(),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    ) {
+        bail!(
+            "pack: unsupported dtype {:?}; pack takes float tensors",
+            x.dtype()
+        );
     }
     let values = x.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
     let patterns = values
@@ -54,8 +60,19 @@ pub fn pack(x: &Tensor, format: &Format) -> Result<Tensor> {
         .collect::<Result<Vec<u32>>>()?;
     let dev = Device::Cpu;
     let t = match dtype {
-        DType::U8 => Tensor::from_vec(patterns.iter().map(|&p| p as u8).collect::<Vec<_>>(), x.shape(), &dev)?,
-        DType::I16 => Tensor::from_vec(patterns.iter().map(|&p| p as u16 as i16).collect::<Vec<_>>(), x.shape(), &dev)?,
+        DType::U8 => Tensor::from_vec(
+            patterns.iter().map(|&p| p as u8).collect::<Vec<_>>(),
+            x.shape(),
+            &dev,
+        )?,
+        DType::I16 => Tensor::from_vec(
+            patterns
+                .iter()
+                .map(|&p| p as u16 as i16)
+                .collect::<Vec<_>>(),
+            x.shape(),
+            &dev,
+        )?,
         _ => Tensor::from_vec(patterns, x.shape(), &dev)?,
     };
     t.to_device(x.device())
@@ -72,7 +89,11 @@ pub fn unpack_as(patterns: &Tensor, format: &Format, dtype: DType) -> Result<Ten
     let flat = patterns.flatten_all()?;
     let raw: Vec<u32> = match patterns.dtype() {
         DType::U8 => flat.to_vec1::<u8>()?.into_iter().map(u32::from).collect(),
-        DType::I16 => flat.to_vec1::<i16>()?.into_iter().map(|p| p as u16 as u32).collect(),
+        DType::I16 => flat
+            .to_vec1::<i16>()?
+            .into_iter()
+            .map(|p| p as u16 as u32)
+            .collect(),
         DType::U32 => flat.to_vec1::<u32>()?,
         other => bail!("unpack: patterns must be u8, i16 or u32, got {other:?}"),
     };

