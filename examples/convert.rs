@@ -6,7 +6,7 @@ use candle_core::{Device, Tensor};
 use qcandle::{pack, quantize, unpack, Format, Quant, Rounding};
 
 fn main() -> Result<()> {
-    let x = Tensor::new(&[0.1f32, -1.7, 3.14159, 300.0, 1e-4], &Device::Cpu)?;
+    let x = Tensor::new(&[0.1f32, -1.7, 2.6, 300.0, 1e-4], &Device::Cpu)?;
     println!("x              = {:?}", x.to_vec1::<f32>()?);
     for name in [
         "posit<8,0>",

@@ -12,10 +12,10 @@
 //! ```
 //! use candle_core::{Device, Tensor};
 //! use qcandle::{quantize, Quant, Rounding};
-//! let x = Tensor::new(&[0.1f32, 1.0, 3.14159, 1e6], &Device::Cpu)?;
+//! let x = Tensor::new(&[0.1f32, 1.0, 2.6, 1e6], &Device::Cpu)?;
 //! let q = Quant::new("posit<8,0>".parse()?).with_rounding(Rounding::NearestEven);
 //! let y = quantize(&x, &q)?;
-//! assert_eq!(y.to_vec1::<f32>()?, [0.09375, 1.0, 3.125, 64.0]);
+//! assert_eq!(y.to_vec1::<f32>()?, [0.09375, 1.0, 2.625, 64.0]);
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 //!

@@ -56,7 +56,10 @@ fn quantize_npy_equals_the_library_op() {
     assert!(o.status.success(), "{}", stderr(&o));
     let got = Tensor::read_npy(&output).unwrap();
     let want = quantize(&sample(), &Quant::new("posit<8,0>".parse().unwrap())).unwrap();
-    assert_eq!(got.to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
+    assert_eq!(
+        got.to_vec2::<f32>().unwrap(),
+        want.to_vec2::<f32>().unwrap()
+    );
     // Nothing but the output is left in the directory (the temporary file was renamed).
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
 }
@@ -64,11 +67,21 @@ fn quantize_npy_equals_the_library_op() {
 #[test]
 fn quantize_safetensors_keeps_names_and_integer_tensors() {
     let dir = tempfile::tempdir().unwrap();
-    let (input, output) = (dir.path().join("m.safetensors"), dir.path().join("q.safetensors"));
+    let (input, output) = (
+        dir.path().join("m.safetensors"),
+        dir.path().join("q.safetensors"),
+    );
     let ids = Tensor::new(&[1u32, 2, 300], &Device::Cpu).unwrap();
     let mut map = HashMap::new();
     map.insert("layer.weight".to_string(), sample());
-    map.insert("layer.bias".to_string(), sample().narrow(0, 0, 1).unwrap().to_dtype(DType::F64).unwrap());
+    map.insert(
+        "layer.bias".to_string(),
+        sample()
+            .narrow(0, 0, 1)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap(),
+    );
     map.insert("ids".to_string(), ids.clone());
     candle_core::safetensors::save(&map, &input).unwrap();
     let o = qcandle(&[
@@ -85,11 +98,23 @@ fn quantize_safetensors_keeps_names_and_integer_tensors() {
     assert!(o.status.success(), "{}", stderr(&o));
     let got = candle_core::safetensors::load(&output, &Device::Cpu).unwrap();
     assert_eq!(got.len(), 3);
-    assert_eq!(got["ids"].to_vec1::<u32>().unwrap(), ids.to_vec1::<u32>().unwrap());
+    assert_eq!(
+        got["ids"].to_vec1::<u32>().unwrap(),
+        ids.to_vec1::<u32>().unwrap()
+    );
     assert_eq!(got["layer.bias"].dtype(), DType::F64);
     let e4m3: qcandle::Format = "e4m3".parse().unwrap();
-    for v in got["layer.weight"].flatten_all().unwrap().to_vec1::<f32>().unwrap() {
-        assert_eq!(e4m3.round(v as f64, Default::default(), 0), v as f64, "{v} is not an e4m3 value");
+    for v in got["layer.weight"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+    {
+        assert_eq!(
+            e4m3.round(v as f64, Default::default(), 0),
+            v as f64,
+            "{v} is not an e4m3 value"
+        );
     }
 }
 
@@ -107,19 +132,59 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     sample().write_npy(p("ok.npy")).unwrap();
     std::fs::write(p("corrupt.npy"), b"\x93NUMPY garbage").unwrap();
-    std::fs::write(p("corrupt.safetensors"), b"\x08\x00\x00\x00\x00\x00\x00\x00{nope}").unwrap();
+    std::fs::write(
+        p("corrupt.safetensors"),
+        b"\x08\x00\x00\x00\x00\x00\x00\x00{nope}",
+    )
+    .unwrap();
     std::fs::write(p("x.csv"), b"1,2").unwrap();
-    let o = qcandle(&["quantize", "--format", "posit<40,2>", &p("ok.npy"), &p("o.npy")]);
+    let o = qcandle(&[
+        "quantize",
+        "--format",
+        "posit<40,2>",
+        &p("ok.npy"),
+        &p("o.npy"),
+    ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("`n`"), "{}", stderr(&o));
-    fails_with(&["quantize", "--format", "e4m3", &p("missing.npy"), &p("o.npy")], "no such file");
-    fails_with(&["quantize", "--format", "e4m3", &p("corrupt.npy"), &p("o.npy")], "corrupt.npy");
     fails_with(
-        &["quantize", "--format", "e4m3", &p("corrupt.safetensors"), &p("o.safetensors")],
+        &[
+            "quantize",
+            "--format",
+            "e4m3",
+            &p("missing.npy"),
+            &p("o.npy"),
+        ],
+        "no such file",
+    );
+    fails_with(
+        &[
+            "quantize",
+            "--format",
+            "e4m3",
+            &p("corrupt.npy"),
+            &p("o.npy"),
+        ],
+        "corrupt.npy",
+    );
+    fails_with(
+        &[
+            "quantize",
+            "--format",
+            "e4m3",
+            &p("corrupt.safetensors"),
+            &p("o.safetensors"),
+        ],
         "corrupt.safetensors",
     );
-    fails_with(&["quantize", "--format", "e4m3", &p("x.csv"), &p("o.npy")], "unsupported file type");
-    assert!(!Path::new(&p("o.npy")).exists(), "no output is written on failure");
+    fails_with(
+        &["quantize", "--format", "e4m3", &p("x.csv"), &p("o.npy")],
+        "unsupported file type",
+    );
+    assert!(
+        !Path::new(&p("o.npy")).exists(),
+        "no output is written on failure"
+    );
 }
 
 #[test]
@@ -128,7 +193,10 @@ fn demo_reports_every_preset() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
     for (name, _, _) in qcandle::Format::presets() {
-        assert!(out.contains(&format!("| {name} | nearest-even |")), "{name}");
+        assert!(
+            out.contains(&format!("| {name} | nearest-even |")),
+            "{name}"
+        );
         assert!(out.contains(&format!("| {name} | stochastic |")), "{name}");
     }
 }
