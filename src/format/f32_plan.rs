@@ -267,10 +267,5 @@ impl F32Plan {
 /// Rounds the magnitude bits `abs` at bit `s` (1..=23); `flip` corrects the tie parity.
 #[inline(always)]
 pub fn round_bits<R: RoundingRule>(abs: u32, s: u32, flip: u32, rule: R, random: u32) -> u32 {
-    let mask = (1u32 << s) - 1;
-    let rem = abs & mask;
-    let base = abs & !mask;
-    let odd = ((abs >> s) ^ flip) & 1 == 1;
-    let up = rem != 0 && rule.up(rem as u64, s, odd, random);
-    base + ((up as u32) << s)
+    rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, random)
 }

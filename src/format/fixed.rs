@@ -121,6 +121,12 @@ pub(crate) fn round_fixed<R: RoundingRule>(
     if x.is_nan() {
         return x;
     }
+    if q < -1074 {
+        // A grid finer than f64's subnormals: every f64 is on it, and none can be outside
+        // a range whose ends are at least 2^(wl-1) quanta (only block floating point gets
+        // here, whose range covers the block).
+        return if x == 0.0 { 0.0 } else { x };
+    }
     let top = (1u64 << (wl - 1)) as f64 * pow2(q);
     let max = top - pow2(q);
     let min = if symmetric { -max } else { -top };

@@ -20,6 +20,8 @@
 //! overflow rule applies: under nearest-even fp16's 65520 ties to 65536 and overflows to Inf,
 //! while e4m3's 464 ties to the even 448. Toward-zero never overflows to Inf (IEEE: it
 //! saturates, and only ±Inf inputs stay infinite). The sign of zero is kept. NaN stays NaN.
+//! With `man = 0` every normal significand is 1, so "even" cannot pick a neighbour: a tie
+//! between 2^e and 2^(e+1) goes to 2^(e+1) (the integer step counts 2^e as the odd count 1).
 //!
 //! Results are produced in f64 and stored in the tensor's dtype; every value of a format
 //! with `exp <= 8` and `man <= 23` is exactly representable in f32, except the extended

@@ -5,8 +5,9 @@
 //! `e = floor(log2 |x|)` (subnormal f64 inputs are normalised, so `e` can go below -1022).
 //! Rounding to the grid of multiples of `2^q` keeps `c = m >> s` with `s = q - (e - 52)`
 //! and lets the [`RoundingRule`] decide from the remainder whether `c` becomes `c + 1`.
-//! The result `c * 2^q` is exact in f64 because `c < 2^53` and `q` stays inside f64's range
-//! for every format this crate accepts. Every format's rounding reduces to this step except
+//! The result `c * 2^q` is exact in f64 whenever it is representable: `c < 2^53`, and `2^q`
+//! is exact down to f64's smallest subnormal 2^-1074 (block floating point on tiny f64
+//! blocks reaches there; below it every f64 is already on the grid). Every format's rounding reduces to this step except
 //! posits where exponent bits are cut off, which round on the bit pattern (see `posit.rs`).
 
 use super::rounding::RoundingRule;
@@ -54,7 +55,11 @@ pub fn pow2(q: i32) -> f64 {
 
 #[cold]
 fn pow2_outside(q: i32) -> f64 {
-    2f64.powi(q)
+    match q {
+        -1074..=-1023 => f64::from_bits(1u64 << (q + 1074)),
+        i32::MIN..=-1075 => 0.0,
+        _ => f64::INFINITY,
+    }
 }
 
 /// The magnitude `m * 2^(e - 52)` back as an f64 (exact).

@@ -136,6 +136,11 @@ pub trait RoundingRule: Copy + Send + Sync {
     /// Stochastic decision for a non-uniform gap: round up when the k-bit truncation of
     /// `num / den` exceeds the random draw. Deterministic rules never call this.
     fn up_ratio(&self, num: u128, den: u128, random: u32) -> bool;
+
+    /// Branch-free rounding of 32-bit magnitude bits at bit `s` (1..=23): keeps the bits
+    /// above `s` and adds `1 << s` when the rule says so. `odd` is the kept value's parity
+    /// (0 or 1). Same decision as [`RoundingRule::up`], written for the f32 fast path.
+    fn round_bits(&self, abs: u32, s: u32, odd: u32, random: u32) -> u32;
 }
 
 /// `rem` compared with half of `2^s`.
@@ -178,6 +183,18 @@ impl RoundingRule for NearestEven {
     fn up_ratio(&self, _num: u128, _den: u128, _random: u32) -> bool {
         unreachable!("nearest rules decide non-uniform gaps from the bit pattern")
     }
+    #[inline(always)]
+    fn round_bits(&self, abs: u32, s: u32, odd: u32, _random: u32) -> u32 {
+        // Adding half - 1 + odd carries into bit s exactly when rem > half, or rem == half
+        // and the kept value is odd.
+        truncate(abs + (1u32 << (s - 1)) - 1 + odd, s)
+    }
+}
+
+/// `abs` with the bits below `s` cleared.
+#[inline(always)]
+fn truncate(abs: u32, s: u32) -> u32 {
+    abs & !((1u32 << s) - 1)
 }
 
 impl RoundingRule for NearestAway {
@@ -189,6 +206,10 @@ impl RoundingRule for NearestAway {
     fn up_ratio(&self, _num: u128, _den: u128, _random: u32) -> bool {
         unreachable!("nearest rules decide non-uniform gaps from the bit pattern")
     }
+    #[inline(always)]
+    fn round_bits(&self, abs: u32, s: u32, _odd: u32, _random: u32) -> u32 {
+        truncate(abs + (1u32 << (s - 1)), s)
+    }
 }
 
 impl RoundingRule for TowardZero {
@@ -199,6 +220,10 @@ impl RoundingRule for TowardZero {
     }
     fn up_ratio(&self, _num: u128, _den: u128, _random: u32) -> bool {
         false
+    }
+    #[inline(always)]
+    fn round_bits(&self, abs: u32, s: u32, _odd: u32, _random: u32) -> u32 {
+        truncate(abs, s)
     }
 }
 
@@ -223,5 +248,14 @@ impl RoundingRule for Stochastic {
     fn up_ratio(&self, num: u128, den: u128, random: u32) -> bool {
         let threshold = (num << self.bits) / den;
         ((random >> (32 - self.bits)) as u128) < threshold
+    }
+    #[inline(always)]
+    fn round_bits(&self, abs: u32, s: u32, _odd: u32, random: u32) -> u32 {
+        let k = self.bits;
+        let rem = (abs & ((1u32 << s) - 1)) as u64;
+        // floor(rem * 2^k / 2^s) in one shift of a 64-bit value (k, s <= 23).
+        let threshold = (rem << k) >> s;
+        let up = ((random >> (32 - k)) as u64) < threshold;
+        truncate(abs, s) + ((up as u32) << s)
     }
 }
