@@ -162,3 +162,50 @@ fn fast_path_equals_general_path_on_every_f32_other_modes() {
         exhaustive(name, Stochastic { bits: 23 });
     }
 }
+
+/// The block fast path against `Block::round` for blocks whose maxima sit in every binade
+/// class (normal, near the top of f32, tiny), on the structured inputs, every mode.
+#[test]
+fn block_fast_path_equals_general_path() {
+    use qcandle::format::f32_plan::BlockF32Plan;
+    use qcandle::format::{Block, BlockScope};
+    fn check<R: RoundingRule>(rule: R, inputs: &[u32]) -> usize {
+        let stream = Stream::new(5, 1);
+        let mut bad = 0;
+        for wl in [2u32, 4, 8, 16, 32] {
+            let b = Block::new(wl, BlockScope::Tensor).unwrap();
+            for max in [
+                1.0f64,
+                3.7,
+                1e-3,
+                6e37,
+                f32::MAX as f64,
+                1.2e-38,
+                3e-41,
+                0.0,
+            ] {
+                let plan = BlockF32Plan::new(&b, max);
+                for &bits in inputs {
+                    let x = f32::from_bits(bits);
+                    let r = stream.at(bits as u64);
+                    let fast = plan.round(x, rule, r, |v, r| b.round(v, max, rule, r));
+                    let general = b.round(x as f64, max, rule, r) as f32;
+                    if !same(fast, general) {
+                        if bad < 5 {
+                            eprintln!("block<{wl}> max {max:e} {:?}: x = {x:e}: fast {fast:e} general {general:e}", R::KIND);
+                        }
+                        bad += 1;
+                    }
+                }
+            }
+        }
+        bad
+    }
+    let inputs = structured_inputs();
+    let bad = check(NearestEven, &inputs)
+        + check(NearestAway, &inputs)
+        + check(TowardZero, &inputs)
+        + check(Stochastic { bits: 23 }, &inputs)
+        + check(Stochastic { bits: 3 }, &inputs);
+    assert_eq!(bad, 0);
+}

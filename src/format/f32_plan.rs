@@ -269,3 +269,88 @@ impl F32Plan {
 pub fn round_bits<R: RoundingRule>(abs: u32, s: u32, flip: u32, rule: R, random: u32) -> u32 {
     rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, random)
 }
+
+/// The f32 fast path for one block of block floating point, whose grid (multiples of
+/// `2^q`, `q = E - (wl - 2)`) and clamp range are fixed by the block's largest magnitude.
+/// The bit position follows from the exponent byte arithmetically, `s = q + 150 - byte`.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockF32Plan {
+    q150: i32,
+    limit_pos: u32,
+    limit_neg: u32,
+    tiny: u32,
+    /// False when the block has no finite nonzero element or its grid is finer than f32's
+    /// normal range: every element takes the general path.
+    fast: bool,
+}
+
+impl BlockF32Plan {
+    /// The plan for a block of `block` whose largest finite magnitude is `block_max`.
+    pub fn new(block: &super::Block, block_max: f64) -> Self {
+        if block_max == 0.0 {
+            return BlockF32Plan {
+                q150: 0,
+                limit_pos: 0,
+                limit_neg: 0,
+                tiny: 0,
+                fast: false,
+            };
+        }
+        let e = super::grid::parts(block_max).e;
+        let q = e - (block.wl() as i32 - 2);
+        let top = (1u64 << (block.wl() - 1)) as f64 * pow2(q);
+        BlockF32Plan {
+            q150: q + 150,
+            limit_pos: f32_bits(top - pow2(q)),
+            limit_neg: f32_bits(top),
+            tiny: f32_bits(pow2(q)),
+            fast: q >= -126,
+        }
+    }
+
+    /// Rounds `x`; `slow` is the general path for zeros' signs, subnormal, Inf and NaN
+    /// inputs and blocks the fast path does not cover.
+    #[inline(always)]
+    pub fn round<R: RoundingRule>(
+        &self,
+        x: f32,
+        rule: R,
+        random: u32,
+        slow: impl Fn(f64, u32) -> f64,
+    ) -> f32 {
+        let bits = x.to_bits();
+        let sign = bits & SIGN;
+        let abs = bits ^ sign;
+        let byte = abs >> 23;
+        if !self.fast || byte == 0 || byte == 255 {
+            return slow(x as f64, random) as f32;
+        }
+        let s = self.q150 - byte as i32;
+        let mag = if s <= 0 {
+            abs
+        } else if s <= 23 {
+            let s = s as u32;
+            // At s = 23 the kept count is the hidden bit alone: odd.
+            let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
+            rule.round_bits(abs, s, odd, random)
+        } else {
+            let m = (abs & 0x007f_ffff) | 0x0080_0000;
+            if rule.up(m as u64, s as u32, false, random) {
+                self.tiny
+            } else {
+                0
+            }
+        };
+        let limit = if sign == 0 {
+            self.limit_pos
+        } else {
+            self.limit_neg
+        };
+        let mag = mag.min(limit);
+        if mag == 0 {
+            0.0
+        } else {
+            f32::from_bits(mag | sign)
+        }
+    }
+}

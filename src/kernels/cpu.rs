@@ -11,7 +11,7 @@ use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::format::f32_plan::F32Plan;
+use crate::format::f32_plan::{BlockF32Plan, F32Plan};
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
 use crate::philox::Stream;
@@ -156,6 +156,50 @@ where
     }
 }
 
+/// Like [`map_elements`], but `f` receives the element's block number (tracked with
+/// counters instead of a division per element).
+fn map_blocks<T, F>(src: Option<&[T]>, dst: &mut [T], stream: Option<Stream>, grid: BlockGrid, f: F)
+where
+    T: Element,
+    F: Fn(usize, f64, u32) -> f64 + Sync,
+{
+    let work = |chunk: usize, out: &mut [T]| {
+        let base = chunk * CHUNK;
+        let inp = src.map(|s| &s[base..base + out.len()]);
+        let mut block = grid.block_of(base);
+        let mut within = base % grid.inner;
+        let mut words = [0u32; 4];
+        for j in 0..out.len() {
+            let i = base + j;
+            if let Some(stream) = stream {
+                if i % 4 == 0 || j == 0 {
+                    words = stream.block((i / 4) as u64);
+                }
+            }
+            let x = match inp {
+                Some(inp) => inp[j],
+                None => out[j],
+            };
+            out[j] = T::from_f64(f(block, x.to_f64(), words[i % 4]));
+            within += 1;
+            if within == grid.inner {
+                within = 0;
+                block += 1;
+                if block == grid.count {
+                    block = 0;
+                }
+            }
+        }
+    };
+    if dst.len() <= CHUNK {
+        work(0, dst);
+    } else {
+        dst.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, out)| work(c, out));
+    }
+}
+
 /// How the elements of a contiguous tensor of shape `dims` are grouped into blocks.
 #[derive(Debug, Clone, Copy)]
 struct BlockGrid {
@@ -242,6 +286,16 @@ fn run_rule<T: Element, R: RoundingRule>(
         Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),
         Format::Float(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
         Format::Fixed(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
+        Format::Block(b) if T::FITS_F32 => {
+            let grid = BlockGrid::new(b.scope(), dims)?;
+            let maxima = block_maxima(src.unwrap_or(dst), grid);
+            let plans: Vec<BlockF32Plan> =
+                maxima.iter().map(|&m| BlockF32Plan::new(b, m)).collect();
+            map_blocks(src, dst, stream, grid, |block, x, r| {
+                let m = maxima[block];
+                plans[block].round(x as f32, rule, r, |v, r| b.round(v, m, rule, r)) as f64
+            })
+        }
         Format::Block(b) => {
             let grid = BlockGrid::new(b.scope(), dims)?;
             let maxima = block_maxima(src.unwrap_or(dst), grid);
