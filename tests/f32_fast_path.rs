@@ -138,7 +138,14 @@ fn exhaustive<R: RoundingRule>(name: &str, rule: R) {
 #[test]
 #[ignore = "exhaustive: run with --release -- --ignored"]
 fn fast_path_equals_general_path_on_every_f32_nearest_even() {
-    for name in ["posit<8,0>", "posit<16,1>", "fp16", "bf16", "e4m3", "fixed<8,4>"] {
+    for name in [
+        "posit<8,0>",
+        "posit<16,1>",
+        "fp16",
+        "bf16",
+        "e4m3",
+        "fixed<8,4>",
+    ] {
         exhaustive(name, NearestEven);
     }
 }

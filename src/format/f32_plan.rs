@@ -54,6 +54,9 @@ pub struct Entry {
     pub flip: u8,
 }
 
+/// A limit no magnitude exceeds (magnitudes are below 2^31).
+const NO_LIMIT: u32 = 0x7fff_ffff;
+
 const SLOW: Entry = Entry {
     case: Case::Slow,
     s: 0,
@@ -64,6 +67,8 @@ const SLOW: Entry = Entry {
 #[derive(Debug, Clone)]
 pub struct F32Plan {
     table: [Entry; 256],
+    /// The same table packed as `case << 16 | flip << 8 | s`, for the vectorised pass.
+    packed: [u32; 256],
     /// Magnitude bits above which a positive result overflows.
     limit_pos: u32,
     /// Same for negative results.
@@ -107,19 +112,29 @@ impl F32Plan {
     /// The plan for an elementwise format (posit, float, fixed); `None` for block floating
     /// point, whose grid depends on the block.
     pub fn new(format: &Format, kind: RuleKind) -> Option<Self> {
-        match format {
-            Format::Posit(p) => Some(Self::posit(p)),
-            Format::Float(f) => Some(Self::float(f, kind)),
-            Format::Fixed(f) => Some(Self::fixed(f)),
-            Format::Block(_) => None,
+        let mut plan = match format {
+            Format::Posit(p) => Self::posit(p),
+            Format::Float(f) => Self::float(f, kind),
+            Format::Fixed(f) => Self::fixed(f),
+            Format::Block(_) => return None,
+        };
+        for (packed, entry) in plan.packed.iter_mut().zip(&plan.table) {
+            let s = if matches!(entry.case, Case::Exact | Case::Round) {
+                entry.s as u32
+            } else {
+                0
+            };
+            *packed = ((entry.case as u32) << 16) | ((entry.flip as u32) << 8) | s;
         }
+        Some(plan)
     }
 
     fn empty(unsigned_zero: bool) -> Self {
         F32Plan {
             table: [SLOW; 256],
-            limit_pos: u32::MAX,
-            limit_neg: u32::MAX,
+            packed: [0; 256],
+            limit_pos: NO_LIMIT,
+            limit_neg: NO_LIMIT,
             over_pos: 0,
             over_neg: 0,
             tiny: 0,
@@ -261,6 +276,74 @@ impl F32Plan {
         } else {
             f32::from_bits(mag | sign)
         }
+    }
+}
+
+impl F32Plan {
+    /// Branch-free rounding of a run of values (no calls, no data-dependent branches, so the
+    /// loop vectorises): writes every element's fast-path result to `dst` and returns whether
+    /// any element needs the general path ([`F32Plan::needs_slow`]); those elements hold a
+    /// placeholder. `random` holds each element's random word (ignored by deterministic
+    /// rules; may be empty for them).
+    #[inline(always)]
+    pub fn round_run<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let bits = x.to_bits();
+            let sign = bits & SIGN;
+            let abs = bits ^ sign;
+            let e = self.packed[(abs >> 23) as usize];
+            let s = e & 0xff;
+            let flip = (e >> 8) & 1;
+            let case = e >> 16;
+            let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
+            let mag = if case == Case::MinPos as u32 {
+                self.min_pos
+            } else if case == Case::MaxPos as u32 {
+                self.max_pos
+            } else {
+                rounded
+            };
+            let negative = sign != 0;
+            let limit = if negative {
+                self.limit_neg
+            } else {
+                self.limit_pos
+            };
+            let over = if negative {
+                self.over_neg
+            } else {
+                self.over_pos
+            };
+            let mag = if mag > limit { over } else { mag };
+            let out = if mag == 0 && self.unsigned_zero {
+                0
+            } else {
+                mag | sign
+            };
+            *o = f32::from_bits(out);
+            any_slow |= case >= Case::Tiny as u32 && abs != 0;
+        }
+        any_slow
+    }
+
+    /// Whether [`F32Plan::round_run`] leaves `x` to the general path.
+    #[inline(always)]
+    pub fn needs_slow(&self, x: f32) -> bool {
+        let abs = x.to_bits() & !SIGN;
+        abs != 0
+            && matches!(
+                self.table[(abs >> 23) as usize].case,
+                Case::Tiny | Case::Slow
+            )
     }
 }
 

@@ -137,9 +137,10 @@ pub trait RoundingRule: Copy + Send + Sync {
     /// `num / den` exceeds the random draw. Deterministic rules never call this.
     fn up_ratio(&self, num: u128, den: u128, random: u32) -> bool;
 
-    /// Branch-free rounding of 32-bit magnitude bits at bit `s` (1..=23): keeps the bits
-    /// above `s` and adds `1 << s` when the rule says so. `odd` is the kept value's parity
-    /// (0 or 1). Same decision as [`RoundingRule::up`], written for the f32 fast path.
+    /// Branch-free rounding of 32-bit magnitude bits at bit `s` (0..=23; 0 leaves `abs`
+    /// unchanged): keeps the bits above `s` and adds `1 << s` when the rule says so. `odd` is
+    /// the kept value's parity (0 or 1). Same decision as [`RoundingRule::up`], written for
+    /// the f32 fast path so that it vectorises.
     fn round_bits(&self, abs: u32, s: u32, odd: u32, random: u32) -> u32;
 }
 
@@ -187,7 +188,8 @@ impl RoundingRule for NearestEven {
     fn round_bits(&self, abs: u32, s: u32, odd: u32, _random: u32) -> u32 {
         // Adding half - 1 + odd carries into bit s exactly when rem > half, or rem == half
         // and the kept value is odd.
-        truncate(abs + (1u32 << (s - 1)) - 1 + odd, s)
+        let (half, mask) = half_and_mask(s);
+        (abs + (half.wrapping_sub(1).wrapping_add(odd) & mask)) & !mask
     }
 }
 
@@ -195,6 +197,13 @@ impl RoundingRule for NearestEven {
 #[inline(always)]
 fn truncate(abs: u32, s: u32) -> u32 {
     abs & !((1u32 << s) - 1)
+}
+
+/// `2^(s-1)` (0 for s = 0) and `2^s - 1`.
+#[inline(always)]
+fn half_and_mask(s: u32) -> (u32, u32) {
+    let unit = 1u32 << s;
+    (unit >> 1, unit - 1)
 }
 
 impl RoundingRule for NearestAway {
@@ -208,7 +217,8 @@ impl RoundingRule for NearestAway {
     }
     #[inline(always)]
     fn round_bits(&self, abs: u32, s: u32, _odd: u32, _random: u32) -> u32 {
-        truncate(abs + (1u32 << (s - 1)), s)
+        let (half, mask) = half_and_mask(s);
+        (abs + half) & !mask
     }
 }
 

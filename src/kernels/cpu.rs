@@ -25,6 +25,16 @@ pub trait Element: Copy + Send + Sync + 'static {
     const ZERO: Self;
     /// Every value of this type is an f32 (so the f32 fast path applies).
     const FITS_F32: bool;
+    /// The slice as f32 values, when `Self` is f32 (for the vectorised pass).
+    fn as_f32s(s: &[Self]) -> Option<&[f32]> {
+        let _ = s;
+        None
+    }
+    /// The mutable slice as f32 values, when `Self` is f32.
+    fn as_f32s_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = s;
+        None
+    }
     /// Exact widening to f64.
     fn to_f64(self) -> f64;
     /// Conversion from f64 (round to nearest even where the value does not fit).
@@ -33,6 +43,12 @@ pub trait Element: Copy + Send + Sync + 'static {
 
 impl Element for f32 {
     const FITS_F32: bool = true;
+    fn as_f32s(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_f32s_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
+    }
     const ZERO: Self = 0.0;
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -156,6 +172,96 @@ where
     }
 }
 
+/// Elements per run of the vectorised pass (its random words and, in place, its inputs are
+/// staged in stack buffers of this size).
+const RUN: usize = 1024;
+
+/// The f32 kernel: each run of [`RUN`] elements goes through [`F32Plan::round_run`]
+/// (vectorised with AVX2 where the CPU has it), then the few elements it leaves to the
+/// general path (`slow`) are redone one by one.
+fn map_f32_runs<R, S>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    stream: Option<Stream>,
+    plan: &F32Plan,
+    rule: R,
+    slow: S,
+) where
+    R: RoundingRule,
+    S: Fn(f64, u32) -> f64 + Sync,
+{
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let mut staged = [0f32; RUN];
+        let mut words = [0u32; RUN];
+        let mut start = 0;
+        while start < out.len() {
+            let len = RUN.min(out.len() - start);
+            let first = base + start;
+            if let Some(stream) = stream {
+                for (g, w) in words[..len].chunks_mut(4).enumerate() {
+                    let block = stream.block((first / 4 + g) as u64);
+                    w.copy_from_slice(&block[..w.len()]);
+                }
+            }
+            let o = &mut out[start..start + len];
+            let inp: &[f32] = match src {
+                Some(s) => &s[first..first + len],
+                None => {
+                    staged[..len].copy_from_slice(o);
+                    &staged[..len]
+                }
+            };
+            if round_run_dispatch(plan, inp, o, rule, &words[..len]) {
+                for (j, &x) in inp.iter().enumerate() {
+                    if plan.needs_slow(x) {
+                        o[j] = slow(x as f64, words[j]) as f32;
+                    }
+                }
+            }
+            start += len;
+        }
+    };
+    if dst.len() <= CHUNK {
+        work(0, dst);
+    } else {
+        dst.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, out)| work(c, out));
+    }
+}
+
+/// [`F32Plan::round_run`], compiled for AVX2 when the CPU has it.
+#[inline(always)]
+fn round_run_dispatch<R: RoundingRule>(
+    plan: &F32Plan,
+    src: &[f32],
+    dst: &mut [f32],
+    rule: R,
+    random: &[u32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { round_run_avx2(plan, src, dst, rule, random) };
+        }
+    }
+    plan.round_run(src, dst, rule, random)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn round_run_avx2<R: RoundingRule>(
+    plan: &F32Plan,
+    src: &[f32],
+    dst: &mut [f32],
+    rule: R,
+    random: &[u32],
+) -> bool {
+    plan.round_run(src, dst, rule, random)
+}
+
 /// Like [`map_elements`], but `f` receives the element's block number (tracked with
 /// counters instead of a division per element).
 fn map_blocks<T, F>(src: Option<&[T]>, dst: &mut [T], stream: Option<Stream>, grid: BlockGrid, f: F)
@@ -172,7 +278,7 @@ where
         for j in 0..out.len() {
             let i = base + j;
             if let Some(stream) = stream {
-                if i % 4 == 0 || j == 0 {
+                if i.is_multiple_of(4) || j == 0 {
                     words = stream.block((i / 4) as u64);
                 }
             }
@@ -273,6 +379,15 @@ fn run_rule<T: Element, R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
+    if let Some(out) = T::as_f32s_mut(dst) {
+        if let Some(plan) = F32Plan::new(format, R::KIND) {
+            let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+            map_f32_runs(src, out, stream, &plan, rule, |v, r| {
+                format.round_rule(v, rule, r)
+            });
+            return Ok(());
+        }
+    }
     if T::FITS_F32 {
         if let Some(plan) = F32Plan::new(format, R::KIND) {
             let fast = |_, x: f64, r| {
