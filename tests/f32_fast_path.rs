@@ -41,26 +41,33 @@ fn same(a: f32, b: f32) -> bool {
         || (a.is_nan() && b.is_nan() && a.is_sign_negative() == b.is_sign_negative())
 }
 
-/// Counts inputs where the fast path differs from the general path.
-fn mismatches<R: RoundingRule>(
-    format: &Format,
-    rule: R,
-    inputs: impl Iterator<Item = u32>,
-) -> usize {
+/// Counts inputs where the fast path differs from the general path: both the per-element
+/// `F32Plan::round` and the vectorised `F32Plan::round_run` (with its general-path fixups).
+fn mismatches<R: RoundingRule>(format: &Format, rule: R, inputs: impl Iterator<Item = u32>) -> usize {
     let plan = F32Plan::new(format, R::KIND).expect("elementwise format");
     let stream = Stream::new(99, 0);
+    let slow = |v: f64, r: u32| format.round_rule(v, rule, r);
+    let xs: Vec<f32> = inputs.map(f32::from_bits).collect();
+    let random: Vec<u32> = xs.iter().map(|x| stream.at(x.to_bits() as u64)).collect();
+    let mut run = vec![0f32; xs.len()];
+    if plan.round_run(&xs, &mut run, rule, &random) {
+        for (j, &x) in xs.iter().enumerate() {
+            if plan.needs_slow(x) {
+                run[j] = slow(x as f64, random[j]) as f32;
+            }
+        }
+    }
     let mut bad = 0;
-    for bits in inputs {
-        let x = f32::from_bits(bits);
-        let random = stream.at(bits as u64);
-        let slow = |v: f64, r: u32| format.round_rule(v, rule, r);
-        let fast = plan.round(x, rule, random, slow);
-        let general = format.round_rule(x as f64, rule, random) as f32;
-        if !same(fast, general) {
+    for (j, &x) in xs.iter().enumerate() {
+        let fast = plan.round(x, rule, random[j], slow);
+        let general = format.round_rule(x as f64, rule, random[j]) as f32;
+        if !same(fast, general) || !same(run[j], general) {
             if bad < 5 {
                 eprintln!(
-                    "{format} {:?}: x = {x:e} ({bits:#010x}): fast {fast:e} general {general:e}",
-                    R::KIND
+                    "{format} {:?}: x = {x:e} ({:#010x}): fast {fast:e} run {:e} general {general:e}",
+                    R::KIND,
+                    x.to_bits(),
+                    run[j]
                 );
             }
             bad += 1;

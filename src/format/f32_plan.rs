@@ -67,7 +67,9 @@ const SLOW: Entry = Entry {
 #[derive(Debug, Clone)]
 pub struct F32Plan {
     table: [Entry; 256],
-    /// The same table packed as `case << 16 | flip << 8 | s`, for the vectorised pass.
+    /// The same table packed as `tiny_s << 24 | case << 16 | flip << 8 | s` (`s` is 0
+    /// unless the case rounds at a bit, `tiny_s` the bit of `Tiny` entries), for the
+    /// vectorised pass.
     packed: [u32; 256],
     /// Magnitude bits above which a positive result overflows.
     limit_pos: u32,
@@ -119,12 +121,13 @@ impl F32Plan {
             Format::Block(_) => return None,
         };
         for (packed, entry) in plan.packed.iter_mut().zip(&plan.table) {
-            let s = if matches!(entry.case, Case::Exact | Case::Round) {
-                entry.s as u32
-            } else {
-                0
+            let (s, tiny_s) = match entry.case {
+                Case::Exact | Case::Round => (entry.s as u32, 0),
+                Case::Tiny => (0, entry.s as u32),
+                _ => (0, 0),
             };
-            *packed = ((entry.case as u32) << 16) | ((entry.flip as u32) << 8) | s;
+            *packed =
+                (tiny_s << 24) | ((entry.case as u32) << 16) | ((entry.flip as u32) << 8) | s;
         }
         Some(plan)
     }
@@ -303,9 +306,13 @@ impl F32Plan {
             let e = self.packed[(abs >> 23) as usize];
             let s = e & 0xff;
             let flip = (e >> 8) & 1;
-            let case = e >> 16;
+            let case = (e >> 16) & 0xff;
             let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
-            let mag = if case == Case::MinPos as u32 {
+            let m = (abs & 0x007f_ffff) | 0x0080_0000;
+            let tiny = if rule.up_tiny(m, e >> 24, r) { self.tiny } else { 0 };
+            let mag = if case == Case::Tiny as u32 {
+                tiny
+            } else if case == Case::MinPos as u32 {
                 self.min_pos
             } else if case == Case::MaxPos as u32 {
                 self.max_pos
@@ -330,7 +337,7 @@ impl F32Plan {
                 mag | sign
             };
             *o = f32::from_bits(out);
-            any_slow |= case >= Case::Tiny as u32 && abs != 0;
+            any_slow |= case == Case::Slow as u32 && abs != 0;
         }
         any_slow
     }

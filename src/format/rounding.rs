@@ -142,6 +142,11 @@ pub trait RoundingRule: Copy + Send + Sync {
     /// the kept value's parity (0 or 1). Same decision as [`RoundingRule::up`], written for
     /// the f32 fast path so that it vectorises.
     fn round_bits(&self, abs: u32, s: u32, odd: u32, random: u32) -> u32;
+
+    /// Branch-free decision for a grid coarser than the value: round the significand `m`
+    /// (`2^23 <= m < 2^24`) at bit `s >= 24`, where the kept count is 0 (even). Same decision
+    /// as [`RoundingRule::up`].
+    fn up_tiny(&self, m: u32, s: u32, random: u32) -> bool;
 }
 
 /// `rem` compared with half of `2^s`.
@@ -191,6 +196,11 @@ impl RoundingRule for NearestEven {
         let (half, mask) = half_and_mask(s);
         (abs + (half.wrapping_sub(1).wrapping_add(odd) & mask)) & !mask
     }
+    #[inline(always)]
+    fn up_tiny(&self, m: u32, s: u32, _random: u32) -> bool {
+        // Only at s = 24 can m reach half the quantum; the tie (m = 2^23) goes to the even 0.
+        (s == 24) & (m > 0x0080_0000)
+    }
 }
 
 /// `abs` with the bits below `s` cleared.
@@ -220,6 +230,10 @@ impl RoundingRule for NearestAway {
         let (half, mask) = half_and_mask(s);
         (abs + half) & !mask
     }
+    #[inline(always)]
+    fn up_tiny(&self, _m: u32, s: u32, _random: u32) -> bool {
+        s == 24
+    }
 }
 
 impl RoundingRule for TowardZero {
@@ -234,6 +248,10 @@ impl RoundingRule for TowardZero {
     #[inline(always)]
     fn round_bits(&self, abs: u32, s: u32, _odd: u32, _random: u32) -> u32 {
         truncate(abs, s)
+    }
+    #[inline(always)]
+    fn up_tiny(&self, _m: u32, _s: u32, _random: u32) -> bool {
+        false
     }
 }
 
@@ -267,5 +285,11 @@ impl RoundingRule for Stochastic {
         let threshold = (rem << k) >> s;
         let up = ((random >> (32 - k)) as u64) < threshold;
         truncate(abs, s) + ((up as u32) << s)
+    }
+    #[inline(always)]
+    fn up_tiny(&self, m: u32, s: u32, random: u32) -> bool {
+        // floor(m * 2^k / 2^s) with s - k >= 1; shifts past 63 leave 0.
+        let shift = s.saturating_sub(self.bits).min(63);
+        ((random >> (32 - self.bits)) as u64) < ((m as u64) >> shift)
     }
 }
