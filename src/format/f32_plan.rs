@@ -126,8 +126,7 @@ impl F32Plan {
                 Case::Tiny => (0, entry.s as u32),
                 _ => (0, 0),
             };
-            *packed =
-                (tiny_s << 24) | ((entry.case as u32) << 16) | ((entry.flip as u32) << 8) | s;
+            *packed = (tiny_s << 24) | ((entry.case as u32) << 16) | ((entry.flip as u32) << 8) | s;
         }
         Some(plan)
     }
@@ -309,7 +308,11 @@ impl F32Plan {
             let case = (e >> 16) & 0xff;
             let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
             let m = (abs & 0x007f_ffff) | 0x0080_0000;
-            let tiny = if rule.up_tiny(m, e >> 24, r) { self.tiny } else { 0 };
+            let tiny = if rule.up_tiny(m, e >> 24, r) {
+                self.tiny
+            } else {
+                0
+            };
             let mag = if case == Case::Tiny as u32 {
                 tiny
             } else if case == Case::MinPos as u32 {
@@ -351,6 +354,110 @@ impl F32Plan {
                 self.table[(abs >> 23) as usize].case,
                 Case::Tiny | Case::Slow
             )
+    }
+}
+
+impl BlockF32Plan {
+    /// Branch-free rounding of a run of values of this block (vectorises); returns whether
+    /// any element needs the general path ([`BlockF32Plan::needs_slow`]).
+    #[inline(always)]
+    pub fn round_run<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        if !self.fast {
+            return true;
+        }
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let bits = x.to_bits();
+            let sign = bits & SIGN;
+            let abs = bits ^ sign;
+            let byte = abs >> 23;
+            let shift = self.q150 - byte as i32;
+            let s = shift.clamp(0, 23) as u32;
+            let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
+            let rounded = rule.round_bits(abs, s, odd, r);
+            let m = (abs & 0x007f_ffff) | 0x0080_0000;
+            let tiny_s = shift.clamp(24, 255) as u32;
+            let tiny = if rule.up_tiny(m, tiny_s, r) {
+                self.tiny
+            } else {
+                0
+            };
+            let mag = if shift >= 24 { tiny } else { rounded };
+            let limit = if sign == 0 {
+                self.limit_pos
+            } else {
+                self.limit_neg
+            };
+            let mag = if abs == 0 { 0 } else { mag.min(limit) };
+            *o = f32::from_bits(if mag == 0 { 0 } else { mag | sign });
+            any_slow |= (byte == 0 && abs != 0) || byte == 255;
+        }
+        any_slow
+    }
+
+    /// Whether [`BlockF32Plan::round_run`] leaves `x` to the general path.
+    #[inline(always)]
+    pub fn needs_slow(&self, x: f32) -> bool {
+        let abs = x.to_bits() & !SIGN;
+        let byte = abs >> 23;
+        !self.fast || (byte == 0 && abs != 0) || byte == 255
+    }
+}
+
+/// A rounding of f32 runs with a vectorisable pass and per-element fixups: the
+/// elementwise [`F32Plan`] and one block's [`BlockF32Plan`].
+pub trait RunRounder: Sync {
+    /// Rounds `src` into `dst`; true if some element needs the general path.
+    fn round_run<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool;
+    /// Whether `x` needs the general path.
+    fn needs_slow(&self, x: f32) -> bool;
+}
+
+impl RunRounder for F32Plan {
+    #[inline(always)]
+    fn round_run<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        F32Plan::round_run(self, src, dst, rule, random)
+    }
+    #[inline(always)]
+    fn needs_slow(&self, x: f32) -> bool {
+        F32Plan::needs_slow(self, x)
+    }
+}
+
+impl RunRounder for BlockF32Plan {
+    #[inline(always)]
+    fn round_run<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        BlockF32Plan::round_run(self, src, dst, rule, random)
+    }
+    #[inline(always)]
+    fn needs_slow(&self, x: f32) -> bool {
+        BlockF32Plan::needs_slow(self, x)
     }
 }
 

@@ -11,7 +11,7 @@ use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::format::f32_plan::{BlockF32Plan, F32Plan};
+use crate::format::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
 use crate::philox::Stream;
@@ -179,14 +179,15 @@ const RUN: usize = 1024;
 /// The f32 kernel: each run of [`RUN`] elements goes through [`F32Plan::round_run`]
 /// (vectorised with AVX2 where the CPU has it), then the few elements it leaves to the
 /// general path (`slow`) are redone one by one.
-fn map_f32_runs<R, S>(
+fn map_f32_runs<P, R, S>(
     src: Option<&[f32]>,
     dst: &mut [f32],
     stream: Option<Stream>,
-    plan: &F32Plan,
+    plan: &P,
     rule: R,
     slow: S,
 ) where
+    P: RunRounder,
     R: RoundingRule,
     S: Fn(f64, u32) -> f64 + Sync,
 {
@@ -233,8 +234,8 @@ fn map_f32_runs<R, S>(
 
 /// [`F32Plan::round_run`], compiled for AVX2 when the CPU has it.
 #[inline(always)]
-fn round_run_dispatch<R: RoundingRule>(
-    plan: &F32Plan,
+fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
+    plan: &P,
     src: &[f32],
     dst: &mut [f32],
     rule: R,
@@ -252,8 +253,8 @@ fn round_run_dispatch<R: RoundingRule>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn round_run_avx2<R: RoundingRule>(
-    plan: &F32Plan,
+unsafe fn round_run_avx2<P: RunRounder, R: RoundingRule>(
+    plan: &P,
     src: &[f32],
     dst: &mut [f32],
     rule: R,
@@ -344,6 +345,19 @@ impl BlockGrid {
     }
 }
 
+/// Largest finite magnitude of an f32 slice (0 when there is none), as an integer max over
+/// magnitude bits (a vectorisable reduction; the bit order of finite floats is their order).
+fn max_abs_f32(xs: &[f32]) -> f64 {
+    let fold = |xs: &[f32]| {
+        xs.iter().fold(0u32, |m, x| {
+            let a = x.to_bits() & 0x7fff_ffff;
+            m.max(if a < 0x7f80_0000 { a } else { 0 })
+        })
+    };
+    let bits = xs.par_chunks(CHUNK).map(fold).max().unwrap_or(0);
+    f32::from_bits(bits) as f64
+}
+
 /// Largest finite magnitude of each block.
 fn block_maxima<T: Element>(data: &[T], grid: BlockGrid) -> Vec<f64> {
     let fold = |chunk: usize, xs: &[T]| {
@@ -394,6 +408,17 @@ fn run_rule<T: Element, R: RoundingRule>(
                 plan.round(x as f32, rule, r, |v, r| format.round_rule(v, rule, r)) as f64
             };
             map_elements(src, dst, stream, fast);
+            return Ok(());
+        }
+    }
+    if let (Some(out), Format::Block(b)) = (T::as_f32s_mut(dst), format) {
+        if b.scope() == BlockScope::Tensor {
+            let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+            let max = max_abs_f32(src.unwrap_or(out));
+            let plan = BlockF32Plan::new(b, max);
+            map_f32_runs(src, out, stream, &plan, rule, |v, r| {
+                b.round(v, max, rule, r)
+            });
             return Ok(());
         }
     }
