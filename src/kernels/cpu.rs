@@ -200,10 +200,7 @@ fn map_f32_runs<P, R, S>(
             let len = RUN.min(out.len() - start);
             let first = base + start;
             if let Some(stream) = stream {
-                for (g, w) in words[..len].chunks_mut(4).enumerate() {
-                    let block = stream.block((first / 4 + g) as u64);
-                    w.copy_from_slice(&block[..w.len()]);
-                }
+                fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
             }
             let o = &mut out[start..start + len];
             let inp: &[f32] = match src {
@@ -230,6 +227,25 @@ fn map_f32_runs<P, R, S>(
             .enumerate()
             .for_each(|(c, out)| work(c, out));
     }
+}
+
+/// [`Stream::fill`], compiled for AVX2 when the CPU has it.
+#[inline(always)]
+fn fill_dispatch(stream: &Stream, first_block: u64, out: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { fill_avx2(stream, first_block, out) };
+        }
+    }
+    stream.fill(first_block, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_avx2(stream: &Stream, first_block: u64, out: &mut [u32]) {
+    stream.fill(first_block, out)
 }
 
 /// [`F32Plan::round_run`], compiled for AVX2 when the CPU has it.
