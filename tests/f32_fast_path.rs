@@ -49,10 +49,9 @@ fn mismatches<R: RoundingRule>(
     inputs: impl Iterator<Item = u32>,
 ) -> usize {
     let plan = F32Plan::new(format, R::KIND).expect("elementwise format");
-    let stream = Stream::new(99, 0);
     let slow = |v: f64, r: u32| format.round_rule(v, rule, r);
     let xs: Vec<f32> = inputs.map(f32::from_bits).collect();
-    let random: Vec<u32> = xs.iter().map(|x| stream.at(x.to_bits() as u64)).collect();
+    let random: Vec<u32> = xs.iter().map(|x| random_word(x.to_bits())).collect();
     let mut run = vec![0f32; xs.len()];
     if plan.round_run(&xs, &mut run, rule, &random) {
         for (j, &x) in xs.iter().enumerate() {
@@ -78,6 +77,15 @@ fn mismatches<R: RoundingRule>(
         }
     }
     bad
+}
+
+/// A cheap well-mixed random word per input (the fast and general paths only need to agree
+/// for the same word; the Philox stream itself is tested elsewhere).
+fn random_word(bits: u32) -> u32 {
+    let mut h = bits.wrapping_mul(0x9E37_79B9) ^ 0x85EB_CA6B;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7FEB_352D);
+    h ^ (h >> 15)
 }
 
 /// Every exponent byte, with mantissas at and around every rounding position.
@@ -149,25 +157,15 @@ fn exhaustive<R: RoundingRule>(name: &str, rule: R) {
 #[test]
 #[ignore = "exhaustive: run with --release -- --ignored"]
 fn fast_path_equals_general_path_on_every_f32_nearest_even() {
-    for name in [
-        "posit<8,0>",
-        "posit<16,1>",
-        "fp16",
-        "bf16",
-        "e4m3",
-        "fixed<8,4>",
-    ] {
+    for name in ["posit<8,0>", "posit<16,1>", "e4m3", "fixed<8,4>"] {
         exhaustive(name, NearestEven);
     }
 }
 
 #[test]
 #[ignore = "exhaustive: run with --release -- --ignored"]
-fn fast_path_equals_general_path_on_every_f32_other_modes() {
-    exhaustive("posit<8,0>", NearestAway);
-    exhaustive("posit<8,0>", TowardZero);
+fn fast_path_equals_general_path_on_every_f32_stochastic() {
     exhaustive("posit<16,1>", Stochastic { bits: 23 });
-    exhaustive("e4m3", Stochastic { bits: 23 });
 }
 
 /// The block fast path against `Block::round` for blocks whose maxima sit in every binade

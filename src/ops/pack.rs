@@ -4,7 +4,8 @@
 //! most 8 bits, `i16` holding the 16-bit pattern for 9 to 16 bits (candle has no u16 dtype;
 //! read the bits with `as u16`), and `u32` above. `unpack` is its inverse and returns f32
 //! (or f64 with [`unpack_as`]). Posit and float formats have patterns; fixed point and block
-//! floating point are refused with an error.
+//! floating point are refused with an error. NaN packs to the format's canonical NaN pattern
+//! (positive sign; for IEEE formats the quiet-NaN pattern with the top mantissa bit set).
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
