@@ -8,7 +8,7 @@
 //! (exact, round, tiny, posit clamps, slow). The exhaustive comparison over all 2^32 inputs
 //! is `#[ignore]`d and run by `.ci/run`.
 
-use qcandle::format::f32_plan::F32Plan;
+use qcandle::format::f32_plan::{F32Plan, RunRounder};
 use qcandle::format::rounding::{NearestAway, NearestEven, RoundingRule, Stochastic, TowardZero};
 use qcandle::philox::Stream;
 use qcandle::Format;

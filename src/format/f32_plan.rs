@@ -234,62 +234,16 @@ impl F32Plan {
         }
         plan
     }
-
-    /// Rounds `x`; `slow` is the general f64 path for the cases the table does not cover.
-    #[inline(always)]
-    pub fn round<R: RoundingRule>(
-        &self,
-        x: f32,
-        rule: R,
-        random: u32,
-        slow: impl Fn(f64, u32) -> f64,
-    ) -> f32 {
-        let bits = x.to_bits();
-        let sign = bits & SIGN;
-        let abs = bits ^ sign;
-        let entry = self.table[(abs >> 23) as usize];
-        let mag = match entry.case {
-            Case::Exact => abs,
-            Case::Round => round_bits(abs, entry.s as u32, entry.flip as u32, rule, random),
-            Case::Tiny => {
-                let m = (abs & 0x007f_ffff) | 0x0080_0000;
-                if rule.up(m as u64, entry.s as u32, false, random) {
-                    self.tiny
-                } else {
-                    0
-                }
-            }
-            Case::MinPos => self.min_pos,
-            Case::MaxPos => self.max_pos,
-            Case::Slow => {
-                if abs == 0 {
-                    return if self.unsigned_zero { 0.0 } else { x };
-                }
-                return slow(x as f64, random) as f32;
-            }
-        };
-        let (limit, over) = if sign == 0 {
-            (self.limit_pos, self.over_pos)
-        } else {
-            (self.limit_neg, self.over_neg)
-        };
-        let mag = if mag > limit { over } else { mag };
-        if mag == 0 && self.unsigned_zero {
-            0.0
-        } else {
-            f32::from_bits(mag | sign)
-        }
-    }
 }
 
-impl F32Plan {
+impl RunRounder for F32Plan {
     /// Branch-free rounding of a run of values (no calls, no data-dependent branches, so the
     /// loop vectorises): writes every element's fast-path result to `dst` and returns whether
-    /// any element needs the general path ([`F32Plan::needs_slow`]); those elements hold a
+    /// any element needs the general path ([`RunRounder::needs_slow`]); those elements hold a
     /// placeholder. `random` holds each element's random word (ignored by deterministic
     /// rules; may be empty for them).
     #[inline(always)]
-    pub fn round_run<R: RoundingRule>(
+    fn round_run<R: RoundingRule>(
         &self,
         src: &[f32],
         dst: &mut [f32],
@@ -346,23 +300,19 @@ impl F32Plan {
         any_slow
     }
 
-    /// Whether [`F32Plan::round_run`] leaves `x` to the general path.
+    /// Whether `round_run` leaves `x` to the general path.
     #[inline(always)]
-    pub fn needs_slow(&self, x: f32) -> bool {
+    fn needs_slow(&self, x: f32) -> bool {
         let abs = x.to_bits() & !SIGN;
-        abs != 0
-            && matches!(
-                self.table[(abs >> 23) as usize].case,
-                Case::Tiny | Case::Slow
-            )
+        abs != 0 && self.table[(abs >> 23) as usize].case == Case::Slow
     }
 }
 
-impl BlockF32Plan {
+impl RunRounder for BlockF32Plan {
     /// Branch-free rounding of a run of values of this block (vectorises); returns whether
-    /// any element needs the general path ([`BlockF32Plan::needs_slow`]).
+    /// any element needs the general path ([`RunRounder::needs_slow`]).
     #[inline(always)]
-    pub fn round_run<R: RoundingRule>(
+    fn round_run<R: RoundingRule>(
         &self,
         src: &[f32],
         dst: &mut [f32],
@@ -404,9 +354,9 @@ impl BlockF32Plan {
         any_slow
     }
 
-    /// Whether [`BlockF32Plan::round_run`] leaves `x` to the general path.
+    /// Whether `round_run` leaves `x` to the general path.
     #[inline(always)]
-    pub fn needs_slow(&self, x: f32) -> bool {
+    fn needs_slow(&self, x: f32) -> bool {
         let abs = x.to_bits() & !SIGN;
         let byte = abs >> 23;
         !self.fast || (byte == 0 && abs != 0) || byte == 255
@@ -426,46 +376,23 @@ pub trait RunRounder: Sync {
     ) -> bool;
     /// Whether `x` needs the general path.
     fn needs_slow(&self, x: f32) -> bool;
-}
 
-impl RunRounder for F32Plan {
+    /// Rounds one value: the vectorised step on a run of one, or `slow` (the general f64
+    /// path) where the fast path does not apply.
     #[inline(always)]
-    fn round_run<R: RoundingRule>(
+    fn round<R: RoundingRule>(
         &self,
-        src: &[f32],
-        dst: &mut [f32],
+        x: f32,
         rule: R,
-        random: &[u32],
-    ) -> bool {
-        F32Plan::round_run(self, src, dst, rule, random)
+        random: u32,
+        slow: impl Fn(f64, u32) -> f64,
+    ) -> f32 {
+        let mut out = [0f32];
+        if self.round_run(&[x], &mut out, rule, &[random]) {
+            return slow(x as f64, random) as f32;
+        }
+        out[0]
     }
-    #[inline(always)]
-    fn needs_slow(&self, x: f32) -> bool {
-        F32Plan::needs_slow(self, x)
-    }
-}
-
-impl RunRounder for BlockF32Plan {
-    #[inline(always)]
-    fn round_run<R: RoundingRule>(
-        &self,
-        src: &[f32],
-        dst: &mut [f32],
-        rule: R,
-        random: &[u32],
-    ) -> bool {
-        BlockF32Plan::round_run(self, src, dst, rule, random)
-    }
-    #[inline(always)]
-    fn needs_slow(&self, x: f32) -> bool {
-        BlockF32Plan::needs_slow(self, x)
-    }
-}
-
-/// Rounds the magnitude bits `abs` at bit `s` (1..=23); `flip` corrects the tie parity.
-#[inline(always)]
-pub fn round_bits<R: RoundingRule>(abs: u32, s: u32, flip: u32, rule: R, random: u32) -> u32 {
-    rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, random)
 }
 
 /// The f32 fast path for one block of block floating point, whose grid (multiples of
@@ -503,52 +430,6 @@ impl BlockF32Plan {
             limit_neg: f32_bits(top),
             tiny: f32_bits(pow2(q)),
             fast: q >= -126,
-        }
-    }
-
-    /// Rounds `x`; `slow` is the general path for zeros' signs, subnormal, Inf and NaN
-    /// inputs and blocks the fast path does not cover.
-    #[inline(always)]
-    pub fn round<R: RoundingRule>(
-        &self,
-        x: f32,
-        rule: R,
-        random: u32,
-        slow: impl Fn(f64, u32) -> f64,
-    ) -> f32 {
-        let bits = x.to_bits();
-        let sign = bits & SIGN;
-        let abs = bits ^ sign;
-        let byte = abs >> 23;
-        if !self.fast || byte == 0 || byte == 255 {
-            return slow(x as f64, random) as f32;
-        }
-        let s = self.q150 - byte as i32;
-        let mag = if s <= 0 {
-            abs
-        } else if s <= 23 {
-            let s = s as u32;
-            // At s = 23 the kept count is the hidden bit alone: odd.
-            let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
-            rule.round_bits(abs, s, odd, random)
-        } else {
-            let m = (abs & 0x007f_ffff) | 0x0080_0000;
-            if rule.up(m as u64, s as u32, false, random) {
-                self.tiny
-            } else {
-                0
-            }
-        };
-        let limit = if sign == 0 {
-            self.limit_pos
-        } else {
-            self.limit_neg
-        };
-        let mag = mag.min(limit);
-        if mag == 0 {
-            0.0
-        } else {
-            f32::from_bits(mag | sign)
         }
     }
 }

@@ -96,22 +96,15 @@ impl Element for bf16 {
     }
 }
 
-/// Copies the elements of a (possibly strided) view into a new vector in logical order.
-pub fn gather<T: Copy>(data: &[T], layout: &Layout) -> Vec<T> {
-    if let Some((start, end)) = layout.contiguous_offsets() {
-        return data[start..end].to_vec();
-    }
+/// The storage offsets of a (possibly strided) view, in logical row-major order.
+fn strided_offsets(layout: &Layout) -> impl Iterator<Item = usize> + '_ {
     let dims = layout.dims();
     let strides = layout.stride();
     let n: usize = dims.iter().product();
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
     let mut index = vec![0usize; dims.len()];
     let mut offset = layout.start_offset();
-    for _ in 0..n {
-        out.push(data[offset]);
+    (0..n).map(move |_| {
+        let current = offset;
         for d in (0..dims.len()).rev() {
             index[d] += 1;
             offset += strides[d];
@@ -121,8 +114,28 @@ pub fn gather<T: Copy>(data: &[T], layout: &Layout) -> Vec<T> {
             offset -= strides[d] * dims[d];
             index[d] = 0;
         }
+        current
+    })
+}
+
+/// Copies the elements of a (possibly strided) view into a new vector in logical order.
+pub fn gather<T: Copy>(data: &[T], layout: &Layout) -> Vec<T> {
+    if let Some((start, end)) = layout.contiguous_offsets() {
+        return data[start..end].to_vec();
     }
-    out
+    strided_offsets(layout).map(|o| data[o]).collect()
+}
+
+/// Runs `work(chunk_number, chunk)` over `CHUNK`-element chunks of `dst`, in parallel when
+/// there is more than one.
+fn for_each_chunk<T: Send>(dst: &mut [T], work: impl Fn(usize, &mut [T]) + Sync) {
+    if dst.len() <= CHUNK {
+        work(0, dst);
+    } else {
+        dst.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, out)| work(c, out));
+    }
 }
 
 /// Applies `f(index, x, random)` to every element: `dst[i] = f(i, src[i])`, or in place
@@ -163,13 +176,7 @@ where
             }
         }
     };
-    if dst.len() <= CHUNK {
-        work(0, dst);
-    } else {
-        dst.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, out)| work(c, out));
-    }
+    for_each_chunk(dst, work);
 }
 
 /// Elements per run of the vectorised pass (its random words and, in place, its inputs are
@@ -220,13 +227,7 @@ fn map_f32_runs<P, R, S>(
             start += len;
         }
     };
-    if dst.len() <= CHUNK {
-        work(0, dst);
-    } else {
-        dst.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, out)| work(c, out));
-    }
+    for_each_chunk(dst, work);
 }
 
 /// [`Stream::fill`], compiled for AVX2 when the CPU has it.
@@ -314,13 +315,7 @@ where
             }
         }
     };
-    if dst.len() <= CHUNK {
-        work(0, dst);
-    } else {
-        dst.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, out)| work(c, out));
-    }
+    for_each_chunk(dst, work);
 }
 
 /// How the elements of a contiguous tensor of shape `dims` are grouped into blocks.
@@ -527,20 +522,8 @@ pub fn quantize_in_place<T: Element>(
     // Strided view: round a gathered copy, then scatter it back.
     let mut vals = gather(data, layout);
     quantize_slice(None, &mut vals, &dims, format, rounding, stream)?;
-    let strides = layout.stride();
-    let mut index = vec![0usize; dims.len()];
-    let mut offset = layout.start_offset();
-    for v in vals {
+    for (offset, v) in strided_offsets(layout).zip(vals) {
         data[offset] = v;
-        for d in (0..dims.len()).rev() {
-            index[d] += 1;
-            offset += strides[d];
-            if index[d] < dims[d] {
-                break;
-            }
-            offset -= strides[d] * dims[d];
-            index[d] = 0;
-        }
     }
     Ok(())
 }
