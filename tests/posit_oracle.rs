@@ -16,8 +16,11 @@
 //! Decoding is checked exhaustively (n <= 16) and on random patterns (n > 16) against the
 //! reference and for round trips; clamping (never 0, never NaR) and specials (NaN, ±Inf, -0)
 //! for every es at n in {2, 3, 5, 8, 16, 32}. The named facts of ORACLES.md (geometric
-//! boundaries in the cut-exponent zones) have their own tests. Failures are collected and
+//! boundaries in the cut-exponent zones) have their own tests. Mismatches are collected and
 //! reported (count and first few) rather than stopping at the first one.
+
+mod common;
+use common::Mismatches;
 
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use qcandle::format::Posit;
@@ -146,49 +149,6 @@ fn exact_threshold(x: f64, lo: f64, hi: f64, bits: u32) -> u128 {
     let hii = (mhi as u128) << (ehi - elo);
     let loi = mlo as u128;
     ((xi - loi) << bits) / (hii - loi)
-}
-
-/// Collects failures: counts all, keeps the first few messages.
-#[derive(Default)]
-struct Failures {
-    count: u64,
-    first: Vec<String>,
-}
-
-impl Failures {
-    const KEEP: usize = 12;
-
-    fn add(&mut self, msg: impl FnOnce() -> String) {
-        self.count += 1;
-        if self.first.len() < Self::KEEP {
-            self.first.push(msg());
-        }
-    }
-
-    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
-        if !ok {
-            self.add(msg);
-        }
-    }
-
-    fn merge(mut self, other: Failures) -> Failures {
-        self.count += other.count;
-        for m in other.first {
-            if self.first.len() < Self::KEEP {
-                self.first.push(m);
-            }
-        }
-        self
-    }
-
-    fn assert_none(&self, what: &str) {
-        assert!(
-            self.count == 0,
-            "{what}: {} failures; first ones:\n  {}",
-            self.count,
-            self.first.join("\n  ")
-        );
-    }
 }
 
 fn posit(n: u32, es: u32) -> Posit {
@@ -333,14 +293,14 @@ fn sample_f32(n: u32, es: u32, count: usize, seed: u64) -> Vec<f32> {
 
 /// Compares `encode`, `round` (nearest-even) and `decode` of the oracle's pattern with the
 /// oracle on one input.
-fn compare_one(posit: &Posit, oracle: Oracle, x: f32, fails: &mut Failures) {
+fn compare_one(posit: &Posit, oracle: Oracle, x: f32, fails: &mut Mismatches) {
     let (sp_bits, sp_val) = oracle(x);
     let xd = x as f64;
     let enc = posit.encode(xd);
     let val = posit.round(xd, NearestEven, 0);
     let dec = posit.decode(sp_bits);
     if enc != sp_bits || !same(val, sp_val) || !same(dec, sp_val) {
-        fails.add(|| {
+        fails.record(|| {
             format!(
                 "posit<{},{}> x = {x:e} (f32 bits {:#010x}): softposit {sp_bits:#x} = {sp_val:e}; \
                  ours encode {enc:#x}, round {val:e}, decode(softposit) {dec:e}",
@@ -352,20 +312,20 @@ fn compare_one(posit: &Posit, oracle: Oracle, x: f32, fails: &mut Failures) {
     }
 }
 
-fn compare_on_samples(n: u32, es: u32, oracle: Oracle, count: usize) -> Failures {
+fn compare_on_samples(n: u32, es: u32, oracle: Oracle, count: usize) -> Mismatches {
     let p = posit(n, es);
     let mut inputs = special_f32(n, es);
     inputs.extend(sample_f32(n, es, count, 0x5eed_0001));
     inputs
         .par_chunks(1 << 14)
         .map(|chunk| {
-            let mut f = Failures::default();
+            let mut f = Mismatches::default();
             for &x in chunk {
                 compare_one(&p, oracle, x, &mut f);
             }
             f
         })
-        .reduce(Failures::default, Failures::merge)
+        .reduce(Mismatches::default, Mismatches::merge)
 }
 
 const SAMPLES: usize = 1_000_000;
@@ -384,7 +344,7 @@ fn posit32_es2_encode_and_round_match_softposit_p32e2_from_f32_on_1e6_f32_and_sp
 fn posit_n_es1_encode_and_round_match_softposit_pxe1_for_every_n_3_to_32() {
     let table = oracle_table!(sp_pxe1; 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24
         25 26 27 28 29 30 31 32);
-    let mut all = Failures::default();
+    let mut all = Mismatches::default();
     for (n, oracle) in table {
         // ORACLES.md: PxE1<32> trips softposit's own overflow checks outside release builds.
         if n == 32 && cfg!(debug_assertions) {
@@ -399,7 +359,7 @@ fn posit_n_es1_encode_and_round_match_softposit_pxe1_for_every_n_3_to_32() {
 fn posit_n_es2_encode_and_round_match_softposit_pxe2_for_every_n_4_to_32() {
     let table = oracle_table!(sp_pxe2; 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24
         25 26 27 28 29 30 31 32);
-    let mut all = Failures::default();
+    let mut all = Mismatches::default();
     for (n, oracle) in table {
         all = all.merge(compare_on_samples(n, 2, oracle, SAMPLES));
     }
@@ -410,18 +370,18 @@ fn posit_n_es2_encode_and_round_match_softposit_pxe2_for_every_n_4_to_32() {
 // 2. Exhaustive over all 2^32 f32 bit patterns.
 // ---------------------------------------------------------------------------------------
 
-fn compare_every_f32(n: u32, es: u32, oracle: Oracle) -> Failures {
+fn compare_every_f32(n: u32, es: u32, oracle: Oracle) -> Mismatches {
     let p = posit(n, es);
     (0u32..=0xffff)
         .into_par_iter()
         .map(|hi| {
-            let mut f = Failures::default();
+            let mut f = Mismatches::default();
             for lo in 0u32..=0xffff {
                 compare_one(&p, oracle, f32::from_bits((hi << 16) | lo), &mut f);
             }
             f
         })
-        .reduce(Failures::default, Failures::merge)
+        .reduce(Mismatches::default, Mismatches::merge)
 }
 
 #[test]
@@ -514,7 +474,7 @@ fn neighbours_of(b: f64) -> Vec<(f64, f64)> {
 
 #[test]
 fn posit_nearest_even_switches_at_the_n_plus_1_bit_boundary_and_ties_to_even_pattern() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     let mut f32_checked = 0u64;
     for_each_pair(|posit, pr| {
         let mask = posit.mask();
@@ -566,7 +526,7 @@ fn posit_nearest_even_switches_at_the_n_plus_1_bit_boundary_and_ties_to_even_pat
 
 #[test]
 fn posit_nearest_away_sends_the_boundary_tie_to_the_larger_magnitude() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     for_each_pair(|posit, pr| {
         for sign in [1.0f64, -1.0] {
             let mut expect = |x: f64, want: f64, what: &str| {
@@ -593,7 +553,7 @@ fn posit_nearest_away_sends_the_boundary_tie_to_the_larger_magnitude() {
 
 #[test]
 fn posit_toward_zero_keeps_lower_pattern_on_the_whole_half_open_gap() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     for_each_pair(|posit, pr| {
         let inside = [
             pr.lo,
@@ -631,7 +591,7 @@ fn posit_toward_zero_keeps_lower_pattern_on_the_whole_half_open_gap() {
 /// where the gap is not a power of two in units of the input.
 #[test]
 fn posit_stochastic_rounds_up_iff_random_is_below_the_truncated_value_fraction_of_gap() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     for_each_pair(|posit, pr| {
         let xs = [
             pr.b,
@@ -755,7 +715,7 @@ fn posit8_es2_rounds_144179_2_to_262144_not_to_the_nearer_65536() {
 
 /// Checks pattern `q` of posit<n, es>: decode equals the reference, encode inverts decode,
 /// and the decoded value rounds to itself in every mode.
-fn check_pattern(posit: &Posit, q: u32, f: &mut Failures) {
+fn check_pattern(posit: &Posit, q: u32, f: &mut Mismatches) {
     let (n, es) = (posit.n(), posit.es());
     let v = posit.decode(q);
     let r = ref_decode(q as u64, n, es);
@@ -782,7 +742,7 @@ fn check_pattern(posit: &Posit, q: u32, f: &mut Failures) {
 
 #[test]
 fn posit_encode_inverts_decode_on_every_pattern_for_n_2_to_16_and_es_0_to_5() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     let mut checked = 0u64;
     for n in 2..=16u32 {
         for es in 0..=5u32 {
@@ -815,19 +775,19 @@ fn posit32_es2_encode_inverts_decode_on_1e6_random_patterns_and_extremes() {
     let f = patterns
         .par_chunks(1 << 14)
         .map(|c| {
-            let mut f = Failures::default();
+            let mut f = Mismatches::default();
             for &q in c {
                 check_pattern(&posit, q, &mut f);
             }
             f
         })
-        .reduce(Failures::default, Failures::merge);
+        .reduce(Mismatches::default, Mismatches::merge);
     f.assert_none("posit<32,2> round trip");
 }
 
 #[test]
 fn posit_encode_inverts_decode_on_random_patterns_for_n_17_to_32_and_es_0_to_5() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     let mut rng = SplitMix64(0x1732);
     for n in 17..=32u32 {
         for es in 0..=5u32 {
@@ -937,7 +897,7 @@ fn all_modes(posit: &Posit, x: f64) -> Vec<(String, f64)> {
 
 #[test]
 fn posit_nonzero_below_minpos_rounds_to_signed_minpos_in_every_mode() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     for n in CLAMP_NS {
         for es in 0..=5u32 {
             let p = posit(n, es);
@@ -978,7 +938,7 @@ fn posit_nonzero_below_minpos_rounds_to_signed_minpos_in_every_mode() {
 
 #[test]
 fn posit_above_maxpos_rounds_to_signed_maxpos_never_nar_in_every_mode() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     for n in CLAMP_NS {
         for es in 0..=5u32 {
             let p = posit(n, es);
@@ -1021,7 +981,7 @@ fn posit_above_maxpos_rounds_to_signed_maxpos_never_nar_in_every_mode() {
 
 #[test]
 fn posit_nan_and_infinities_round_to_nar_in_every_mode() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     let specials = [
         f64::NAN,
         -f64::NAN,
@@ -1050,7 +1010,7 @@ fn posit_nan_and_infinities_round_to_nar_in_every_mode() {
 
 #[test]
 fn posit_negative_zero_rounds_to_positive_zero_in_every_mode() {
-    let mut f = Failures::default();
+    let mut f = Mismatches::default();
     for n in CLAMP_NS {
         for es in 0..=5u32 {
             let p = posit(n, es);
