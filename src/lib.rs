@@ -25,10 +25,13 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod data;
 pub mod format;
 pub mod io;
 pub mod kernels;
+pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod philox;
 pub mod report;
 

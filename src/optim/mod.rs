@@ -1,0 +1,1 @@
+//! Optimizers whose gradients, state and weights are rounded to low-precision formats.
