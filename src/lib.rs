@@ -24,8 +24,8 @@
 //! [`io`] (tensor files), and the `qcandle` command-line tool.
 #![warn(missing_docs)]
 
-pub mod error;
 pub mod data;
+pub mod error;
 pub mod format;
 pub mod io;
 pub mod kernels;
