@@ -1,0 +1,564 @@
+//! Which numbers of a training run are rounded, and how: the per-category config.
+//!
+//! Low-precision training rounds six kinds of numbers, each possibly to its own format:
+//!
+//! | category      | what is rounded                                        | where            |
+//! |---------------|--------------------------------------------------------|------------------|
+//! | `weight`      | parameters as the model sees them                      | layer forward, optimizer |
+//! | `activation`  | each layer's output                                    | layer forward    |
+//! | `error`       | the gradient w.r.t. each layer's output                | layer backward   |
+//! | `gradient`    | the gradient w.r.t. each parameter                     | optimizer        |
+//! | `momentum`    | optimizer state (SGD momentum, Adam's two moments)     | optimizer        |
+//! | `accumulator` | a separate copy of the weights that updates land in    | optimizer        |
+//!
+//! A category left out is not rounded (f32). With an accumulator the model still sees the
+//! weight format: after each step the weights are set to `round_weight(accumulator)`.
+//!
+//! Per-layer overrides: `[[layer]]` entries whose `pattern` matches a layer name (`*` any
+//! run of characters, `?` one character; `fc*` matches `fc1`, `fc2`, ...) replace the
+//! categories they name, in file order (a later match wins); `"none"` switches a category
+//! off for those layers. A parameter belongs to the layer named by its variable name up to
+//! the last dot (`conv1.weight` → `conv1`).
+//!
+//! Config files are TOML or JSON with the same fields:
+//!
+//! ```toml
+//! seed = 7
+//! weight = "posit<16,1>"                                   # a format, nearest-even
+//! gradient = { format = "posit<16,1>", rounding = "stochastic" }
+//! [[layer]]
+//! pattern = "fc3"
+//! weight = "none"
+//! ```
+//!
+//! Stochastic rounding needs independent random streams: every (layer, category) pair gets
+//! its own seed, a hash of the config seed, the layer name and the category, so runs are
+//! reproducible and adding a layer does not shift the other layers' streams.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use serde_json::{Map, Value};
+
+use crate::format::{Format, Rounding};
+use crate::ops::Quant;
+use crate::optim::ParamQuant;
+
+/// A number category of low-precision training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Category {
+    /// Parameters as the model sees them.
+    Weight,
+    /// Layer outputs.
+    Activation,
+    /// Gradients w.r.t. parameters.
+    Gradient,
+    /// Gradients w.r.t. layer outputs (backward through activations).
+    Error,
+    /// Optimizer state.
+    Momentum,
+    /// The high-precision weight copy that updates land in.
+    Accumulator,
+}
+
+impl Category {
+    /// Every category, in config-file order.
+    pub const ALL: [Category; 6] = [
+        Category::Weight,
+        Category::Activation,
+        Category::Gradient,
+        Category::Error,
+        Category::Momentum,
+        Category::Accumulator,
+    ];
+
+    /// The config-file key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Category::Weight => "weight",
+            Category::Activation => "activation",
+            Category::Gradient => "gradient",
+            Category::Error => "error",
+            Category::Momentum => "momentum",
+            Category::Accumulator => "accumulator",
+        }
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// A format and a rounding mode, without a random stream (the config assigns seeds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantSpec {
+    /// The target format.
+    pub format: Format,
+    /// The rounding mode.
+    pub rounding: Rounding,
+}
+
+impl QuantSpec {
+    /// `format` with nearest-even rounding.
+    pub fn nearest(format: Format) -> Self {
+        QuantSpec {
+            format,
+            rounding: Rounding::NearestEven,
+        }
+    }
+}
+
+/// One optional [`QuantSpec`] per category.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Categories {
+    /// Parameters as the model sees them.
+    pub weight: Option<QuantSpec>,
+    /// Layer outputs.
+    pub activation: Option<QuantSpec>,
+    /// Gradients w.r.t. parameters.
+    pub gradient: Option<QuantSpec>,
+    /// Gradients w.r.t. layer outputs.
+    pub error: Option<QuantSpec>,
+    /// Optimizer state.
+    pub momentum: Option<QuantSpec>,
+    /// The weight copy that updates land in.
+    pub accumulator: Option<QuantSpec>,
+}
+
+impl Categories {
+    /// Every category set to `spec`, except the accumulator (absent).
+    pub fn all(spec: QuantSpec) -> Self {
+        Categories {
+            weight: Some(spec),
+            activation: Some(spec),
+            gradient: Some(spec),
+            error: Some(spec),
+            momentum: Some(spec),
+            accumulator: None,
+        }
+    }
+
+    /// The setting of one category.
+    pub fn get(&self, category: Category) -> Option<QuantSpec> {
+        *self.slot(category)
+    }
+
+    /// Sets one category.
+    pub fn set(&mut self, category: Category, spec: Option<QuantSpec>) {
+        *self.slot_mut(category) = spec;
+    }
+
+    fn slot(&self, category: Category) -> &Option<QuantSpec> {
+        match category {
+            Category::Weight => &self.weight,
+            Category::Activation => &self.activation,
+            Category::Gradient => &self.gradient,
+            Category::Error => &self.error,
+            Category::Momentum => &self.momentum,
+            Category::Accumulator => &self.accumulator,
+        }
+    }
+
+    fn slot_mut(&mut self, category: Category) -> &mut Option<QuantSpec> {
+        match category {
+            Category::Weight => &mut self.weight,
+            Category::Activation => &mut self.activation,
+            Category::Gradient => &mut self.gradient,
+            Category::Error => &mut self.error,
+            Category::Momentum => &mut self.momentum,
+            Category::Accumulator => &mut self.accumulator,
+        }
+    }
+}
+
+/// Settings that replace some categories for the layers whose name matches `pattern`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerOverride {
+    /// Glob over layer names: `*` any run of characters, `?` one character.
+    pub pattern: String,
+    /// The categories replaced; `None` switches the category off.
+    pub set: BTreeMap<Category, Option<QuantSpec>>,
+}
+
+/// The quantization config of a training run: one optional format per category, per-layer
+/// overrides, and the seed of the stochastic-rounding streams.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QConfig {
+    /// Seed from which every (layer, category) stream seed is derived.
+    pub seed: u64,
+    /// Settings for every layer.
+    pub base: Categories,
+    /// Per-layer replacements, applied in order.
+    pub layers: Vec<LayerOverride>,
+}
+
+/// A config that could not be read: the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config {field}: {message}")]
+pub struct ConfigError {
+    /// The offending field (`weight`, `layer[1].pattern`, `file`, ...).
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ConfigError> for candle_core::Error {
+    fn from(e: ConfigError) -> Self {
+        candle_core::Error::Msg(e.to_string())
+    }
+}
+
+/// The named presets: (name, description).
+pub const PRESETS: [(&str, &str); 6] = [
+    ("float32", "nothing rounded"),
+    ("bf16", "bf16 in every category"),
+    ("posit16", "posit<16,1> in every category"),
+    ("posit32", "posit<32,2> in every category"),
+    ("posit8", "posit<8,0> in every category"),
+    (
+        "fp8",
+        "e4m3 weights and activations, e5m2 gradients and errors, f32 optimizer state and weight copy",
+    ),
+];
+
+impl QConfig {
+    /// Nothing rounded.
+    pub fn float32() -> Self {
+        QConfig::default()
+    }
+
+    /// Every category except the accumulator set to `spec`.
+    pub fn uniform(spec: QuantSpec) -> Self {
+        QConfig {
+            seed: 0,
+            base: Categories::all(spec),
+            layers: Vec::new(),
+        }
+    }
+
+    /// A named preset (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Result<Self, ConfigError> {
+        let format = |s: &str| QuantSpec::nearest(s.parse().expect("preset formats parse"));
+        Ok(match name {
+            "float32" => QConfig::float32(),
+            "bf16" => QConfig::uniform(format("bf16")),
+            "posit16" => QConfig::uniform(format("posit<16,1>")),
+            "posit32" => QConfig::uniform(format("posit<32,2>")),
+            "posit8" => QConfig::uniform(format("posit<8,0>")),
+            "fp8" => QConfig {
+                seed: 0,
+                base: Categories {
+                    weight: Some(format("e4m3")),
+                    activation: Some(format("e4m3")),
+                    gradient: Some(format("e5m2")),
+                    error: Some(format("e5m2")),
+                    momentum: None,
+                    accumulator: Some(format("float<8,23>")),
+                },
+                layers: Vec::new(),
+            },
+            _ => {
+                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+                return Err(ConfigError::new(
+                    "preset",
+                    format!("unknown preset `{name}`; presets: {}", names.join(", ")),
+                ));
+            }
+        })
+    }
+
+    /// The same config with another seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// A preset name, or a path to a `.toml` or `.json` file.
+    pub fn load(name_or_path: &str) -> Result<Self, ConfigError> {
+        if PRESETS.iter().any(|p| p.0 == name_or_path) {
+            return QConfig::preset(name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(
+                "file",
+                format!("`{name_or_path}` is neither a preset nor a readable file: {e}"),
+            )
+        })?;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => QConfig::from_json(&text),
+            _ => QConfig::from_toml(&text),
+        }
+    }
+
+    /// Parses a TOML config.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let value: Value =
+            toml::from_str(text).map_err(|e| ConfigError::new("file", format!("TOML: {e}")))?;
+        QConfig::from_value(&value)
+    }
+
+    /// Parses a JSON config.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| ConfigError::new("file", format!("JSON: {e}")))?;
+        QConfig::from_value(&value)
+    }
+
+    /// The config as TOML (parses back to an equal config).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(&self.to_value()).expect("a config value is valid TOML")
+    }
+
+    /// The config as pretty JSON (parses back to an equal config).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(&self.to_value()).expect("a config value is valid JSON")
+    }
+
+    /// The categories of layer `name` after applying the matching overrides.
+    pub fn layer(&self, name: &str) -> Categories {
+        let mut categories = self.base;
+        for o in self.layers.iter().filter(|o| glob_match(&o.pattern, name)) {
+            for (&category, &spec) in &o.set {
+                categories.set(category, spec);
+            }
+        }
+        categories
+    }
+
+    /// The quantizer of `category` in layer `layer`, with its own random stream.
+    pub fn quant(&self, layer: &str, category: Category) -> Option<Quant> {
+        let spec = self.layer(layer).get(category)?;
+        Some(
+            Quant::new(spec.format)
+                .with_rounding(spec.rounding)
+                .with_seed(stream_seed(self.seed, layer, category)),
+        )
+    }
+
+    /// The optimizer's quantizers for the variable `var_name` (`conv1.weight` belongs to
+    /// layer `conv1`).
+    pub fn param_quant(&self, var_name: &str) -> ParamQuant {
+        let layer = var_name.rsplit_once('.').map_or(var_name, |(l, _)| l);
+        // Streams are per variable, not per layer, so a layer's weight and bias draw
+        // different random bits.
+        let resolved = self.layer(layer);
+        let with = |c: Category| {
+            resolved.get(c).map(|s| {
+                Quant::new(s.format)
+                    .with_rounding(s.rounding)
+                    .with_seed(stream_seed(self.seed, var_name, c))
+            })
+        };
+        ParamQuant {
+            gradient: with(Category::Gradient),
+            momentum: with(Category::Momentum),
+            weight: with(Category::Weight),
+            accumulator: with(Category::Accumulator),
+        }
+    }
+
+    fn from_value(value: &Value) -> Result<Self, ConfigError> {
+        let map = value
+            .as_object()
+            .ok_or_else(|| ConfigError::new("file", "expected a table of fields"))?;
+        let mut config = QConfig::default();
+        for (key, v) in map {
+            match key.as_str() {
+                "seed" => {
+                    config.seed = v
+                        .as_u64()
+                        .ok_or_else(|| ConfigError::new("seed", "expected an integer >= 0"))?
+                }
+                "layer" | "layers" => {
+                    let list = v.as_array().ok_or_else(|| {
+                        ConfigError::new(key.as_str(), "expected a list of tables")
+                    })?;
+                    for (i, entry) in list.iter().enumerate() {
+                        config
+                            .layers
+                            .push(parse_override(entry, &format!("layer[{i}]"))?);
+                    }
+                }
+                other => {
+                    let category = parse_category(other, "")?;
+                    config.base.set(category, parse_spec(v, other)?);
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    fn to_value(&self) -> Value {
+        let mut map = Map::new();
+        map.insert("seed".into(), Value::from(self.seed));
+        for c in Category::ALL {
+            if let Some(spec) = self.base.get(c) {
+                map.insert(c.key().into(), spec_value(Some(spec)));
+            }
+        }
+        if !self.layers.is_empty() {
+            let layers = self
+                .layers
+                .iter()
+                .map(|o| {
+                    let mut m = Map::new();
+                    m.insert("pattern".into(), Value::from(o.pattern.clone()));
+                    for (c, spec) in &o.set {
+                        m.insert(c.key().into(), spec_value(*spec));
+                    }
+                    Value::Object(m)
+                })
+                .collect();
+            map.insert("layer".into(), Value::Array(layers));
+        }
+        Value::Object(map)
+    }
+}
+
+fn spec_value(spec: Option<QuantSpec>) -> Value {
+    match spec {
+        None => Value::from("none"),
+        Some(s) => {
+            let mut m = Map::new();
+            m.insert("format".into(), Value::from(s.format.to_string()));
+            m.insert("rounding".into(), Value::from(s.rounding.to_string()));
+            Value::Object(m)
+        }
+    }
+}
+
+fn parse_category(key: &str, prefix: &str) -> Result<Category, ConfigError> {
+    Category::ALL
+        .into_iter()
+        .find(|c| c.key() == key)
+        .ok_or_else(|| {
+            let keys: Vec<&str> = Category::ALL.iter().map(|c| c.key()).collect();
+            ConfigError::new(
+                format!("{prefix}{key}"),
+                format!(
+                    "unknown field; expected seed, layer or one of {}",
+                    keys.join(", ")
+                ),
+            )
+        })
+}
+
+/// `"posit<16,1>"`, `"none"`, or `{ format = "...", rounding = "..." }`.
+fn parse_spec(v: &Value, field: &str) -> Result<Option<QuantSpec>, ConfigError> {
+    let parse_format = |s: &str, field: &str| -> Result<Option<Format>, ConfigError> {
+        if s == "none" {
+            return Ok(None);
+        }
+        Format::from_str(s)
+            .map(Some)
+            .map_err(|e| ConfigError::new(field, e.to_string()))
+    };
+    match v {
+        Value::String(s) => Ok(parse_format(s, field)?.map(QuantSpec::nearest)),
+        Value::Object(m) => {
+            let mut format = None;
+            let mut rounding = Rounding::NearestEven;
+            for (key, v) in m {
+                let sub = format!("{field}.{key}");
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| ConfigError::new(sub.as_str(), "expected a string"))?;
+                match key.as_str() {
+                    "format" => format = Some(parse_format(s, &sub)?),
+                    "rounding" => {
+                        rounding = Rounding::from_str(s)
+                            .map_err(|e| ConfigError::new(sub.as_str(), e.to_string()))?
+                    }
+                    _ => {
+                        return Err(ConfigError::new(
+                            sub,
+                            "unknown field; expected format or rounding",
+                        ))
+                    }
+                }
+            }
+            let format = format.ok_or_else(|| {
+                ConfigError::new(format!("{field}.format"), "missing (a format or \"none\")")
+            })?;
+            Ok(format.map(|format| QuantSpec { format, rounding }))
+        }
+        _ => Err(ConfigError::new(
+            field,
+            "expected a format string, \"none\", or a table with format and rounding",
+        )),
+    }
+}
+
+fn parse_override(v: &Value, field: &str) -> Result<LayerOverride, ConfigError> {
+    let map = v
+        .as_object()
+        .ok_or_else(|| ConfigError::new(field, "expected a table"))?;
+    let mut pattern = None;
+    let mut set = BTreeMap::new();
+    for (key, v) in map {
+        if key == "pattern" {
+            let p = v.as_str().filter(|p| !p.is_empty()).ok_or_else(|| {
+                ConfigError::new(format!("{field}.pattern"), "expected a non-empty string")
+            })?;
+            pattern = Some(p.to_string());
+        } else {
+            let category = parse_category(key, &format!("{field}."))?;
+            set.insert(category, parse_spec(v, &format!("{field}.{key}"))?);
+        }
+    }
+    let pattern = pattern.ok_or_else(|| ConfigError::new(format!("{field}.pattern"), "missing"))?;
+    Ok(LayerOverride { pattern, set })
+}
+
+/// Glob match with `*` (any run, possibly empty) and `?` (one character).
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let s: Vec<char> = name.chars().collect();
+    // Iterative matcher with backtracking to the last `*`.
+    let (mut pi, mut si) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, si));
+            pi += 1;
+        } else if let Some((sp, ss)) = star {
+            pi = sp + 1;
+            si = ss + 1;
+            star = Some((sp, ss + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// The seed of the stream for (`name`, `category`): FNV-1a over the name and category,
+/// mixed with the config seed by SplitMix64's finaliser.
+fn stream_seed(seed: u64, name: &str, category: Category) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes().chain([0xff, category as u8]) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = seed ^ h;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,255 @@
+//! A small model zoo built from the quantized layers: MLP, LeNet-5 and CifarNet.
+//!
+//! Every model takes images (N, C, H, W) scaled to [-1, 1] and returns logits (N, 10). The
+//! input is rounded with the activation format of the pseudo-layer `input` (real hardware
+//! would hold its input in the format too); each linear or convolution layer rounds its
+//! output and error (see [`crate::nn::layers`]).
+//!
+//! LeNet-5 follows Deep PeNSieve's network: 28x28 images padded to 32x32 with the
+//! background value (-1 after scaling), conv 5x5 (6) → ReLU → max-pool 2 → conv 5x5 (16) →
+//! ReLU → max-pool 2 → fc 120 → ReLU → fc 84 → ReLU → fc 10: 61,706 parameters. Without the
+//! padding, fc1 sees 16·4·4 inputs instead of 16·5·5 and the count is 44,426.
+//!
+//! CifarNet is TF-slim's CIFAR-10 network without local response normalisation and
+//! dropout, with 2x2 pooling: conv 5x5 (64, same) → ReLU → max-pool 2 → conv 5x5 (64, same)
+//! → ReLU → max-pool 2 → fc 384 → ReLU → fc 192 → ReLU → fc 10 on 3x32x32 images.
+
+use std::fmt;
+use std::str::FromStr;
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::{Conv2dConfig, VarBuilder};
+
+use crate::nn::config::{Category, QConfig};
+use crate::nn::layers::{QConv2d, QLinear};
+use crate::ops::{quantize_no_grad, Quant};
+
+/// The models of the zoo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// 784 → 256 → 128 → 10, ReLU.
+    Mlp,
+    /// LeNet-5 on 28x28 images padded to 32x32 (61,706 parameters).
+    Lenet5,
+    /// LeNet-5 on unpadded 28x28 images (44,426 parameters).
+    Lenet5Unpadded,
+    /// CifarNet on 3x32x32 images.
+    CifarNet,
+}
+
+impl ModelKind {
+    /// Every model, with its command-line name.
+    pub const ALL: [(ModelKind, &'static str); 4] = [
+        (ModelKind::Mlp, "mlp"),
+        (ModelKind::Lenet5, "lenet5"),
+        (ModelKind::Lenet5Unpadded, "lenet5-unpadded"),
+        (ModelKind::CifarNet, "cifarnet"),
+    ];
+
+    /// The input image shape (C, H, W) the model expects.
+    pub fn input_shape(self) -> (usize, usize, usize) {
+        match self {
+            ModelKind::CifarNet => (3, 32, 32),
+            _ => (1, 28, 28),
+        }
+    }
+
+    /// Builds the model's variables under `vb` and the model itself.
+    pub fn build(self, vb: VarBuilder, config: &QConfig) -> Result<Model> {
+        let input = config.quant("input", Category::Activation);
+        let net = match self {
+            ModelKind::Mlp => Net::Mlp(Mlp::new(&[784, 256, 128, 10], vb, config)?),
+            ModelKind::Lenet5 => Net::Lenet5(LeNet5::new(true, vb, config)?),
+            ModelKind::Lenet5Unpadded => Net::Lenet5(LeNet5::new(false, vb, config)?),
+            ModelKind::CifarNet => Net::CifarNet(CifarNet::new(vb, config)?),
+        };
+        Ok(Model {
+            kind: self,
+            input,
+            net,
+        })
+    }
+}
+
+impl fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = ModelKind::ALL.iter().find(|(k, _)| k == self).map(|p| p.1);
+        f.write_str(name.unwrap_or("?"))
+    }
+}
+
+impl FromStr for ModelKind {
+    type Err = candle_core::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        ModelKind::ALL
+            .iter()
+            .find(|(_, name)| *name == s)
+            .map(|p| p.0)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ModelKind::ALL.iter().map(|p| p.1).collect();
+                candle_core::Error::Msg(format!(
+                    "unknown model `{s}`; models: {}",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
+/// A model of the zoo: logits from images.
+#[derive(Debug, Clone)]
+pub struct Model {
+    kind: ModelKind,
+    input: Option<Quant>,
+    net: Net,
+}
+
+#[derive(Debug, Clone)]
+enum Net {
+    Mlp(Mlp),
+    Lenet5(LeNet5),
+    CifarNet(CifarNet),
+}
+
+impl Model {
+    /// Which model this is.
+    pub fn kind(&self) -> ModelKind {
+        self.kind
+    }
+}
+
+impl Module for Model {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = match &self.input {
+            Some(q) => quantize_no_grad(x, q)?,
+            None => x.clone(),
+        };
+        match &self.net {
+            Net::Mlp(m) => m.forward(&x),
+            Net::Lenet5(m) => m.forward(&x),
+            Net::CifarNet(m) => m.forward(&x),
+        }
+    }
+}
+
+/// Max-pooling with a square window and equal stride.
+fn max_pool(x: &Tensor, size: usize) -> Result<Tensor> {
+    x.max_pool2d(size)
+}
+
+/// A multilayer perceptron on flattened images, ReLU between layers.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    layers: Vec<QLinear>,
+}
+
+impl Mlp {
+    /// Layers `fc1`, `fc2`, ... mapping `dims[0]` → ... → `dims[last]`.
+    pub fn new(dims: &[usize], vb: VarBuilder, config: &QConfig) -> Result<Self> {
+        if dims.len() < 2 {
+            candle_core::bail!("an MLP needs at least an input and an output size, got {dims:?}");
+        }
+        let layers = dims
+            .windows(2)
+            .enumerate()
+            .map(|(i, d)| QLinear::new(d[0], d[1], vb.pp(format!("fc{}", i + 1)), config))
+            .collect::<Result<_>>()?;
+        Ok(Mlp { layers })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut x = x.flatten_from(1)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x)?;
+            if i + 1 < self.layers.len() {
+                x = x.relu()?;
+            }
+        }
+        Ok(x)
+    }
+}
+
+/// LeNet-5 as in Deep PeNSieve (see the module docs).
+#[derive(Debug, Clone)]
+pub struct LeNet5 {
+    padded: bool,
+    conv1: QConv2d,
+    conv2: QConv2d,
+    fc1: QLinear,
+    fc2: QLinear,
+    fc3: QLinear,
+}
+
+impl LeNet5 {
+    /// LeNet-5 on 28x28 images, padded to 32x32 with -1 when `padded`.
+    pub fn new(padded: bool, vb: VarBuilder, config: &QConfig) -> Result<Self> {
+        let conv = Conv2dConfig::default();
+        let side = if padded { 5 } else { 4 };
+        Ok(LeNet5 {
+            padded,
+            conv1: QConv2d::new(1, 6, 5, conv, vb.pp("conv1"), config)?,
+            conv2: QConv2d::new(6, 16, 5, conv, vb.pp("conv2"), config)?,
+            fc1: QLinear::new(16 * side * side, 120, vb.pp("fc1"), config)?,
+            fc2: QLinear::new(120, 84, vb.pp("fc2"), config)?,
+            fc3: QLinear::new(84, 10, vb.pp("fc3"), config)?,
+        })
+    }
+}
+
+impl Module for LeNet5 {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = if self.padded {
+            // Pad with the background value -1: shift so it becomes 0, zero-pad, shift back.
+            (x + 1.0)?
+                .pad_with_zeros(2, 2, 2)?
+                .pad_with_zeros(3, 2, 2)?
+                .affine(1.0, -1.0)?
+        } else {
+            x.clone()
+        };
+        let x = max_pool(&self.conv1.forward(&x)?.relu()?, 2)?;
+        let x = max_pool(&self.conv2.forward(&x)?.relu()?, 2)?;
+        let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;
+        let x = self.fc2.forward(&x)?.relu()?;
+        self.fc3.forward(&x)
+    }
+}
+
+/// CifarNet (see the module docs).
+#[derive(Debug, Clone)]
+pub struct CifarNet {
+    conv1: QConv2d,
+    conv2: QConv2d,
+    fc1: QLinear,
+    fc2: QLinear,
+    fc3: QLinear,
+}
+
+impl CifarNet {
+    /// CifarNet on 3x32x32 images.
+    pub fn new(vb: VarBuilder, config: &QConfig) -> Result<Self> {
+        let same = Conv2dConfig {
+            padding: 2,
+            ..Default::default()
+        };
+        Ok(CifarNet {
+            conv1: QConv2d::new(3, 64, 5, same, vb.pp("conv1"), config)?,
+            conv2: QConv2d::new(64, 64, 5, same, vb.pp("conv2"), config)?,
+            fc1: QLinear::new(64 * 8 * 8, 384, vb.pp("fc1"), config)?,
+            fc2: QLinear::new(384, 192, vb.pp("fc2"), config)?,
+            fc3: QLinear::new(192, 10, vb.pp("fc3"), config)?,
+        })
+    }
+}
+
+impl Module for CifarNet {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = max_pool(&self.conv1.forward(x)?.relu()?, 2)?;
+        let x = max_pool(&self.conv2.forward(&x)?.relu()?, 2)?;
+        let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;
+        let x = self.fc2.forward(&x)?.relu()?;
+        self.fc3.forward(&x)
+    }
+}
