@@ -18,7 +18,6 @@ fn spec(s: &str) -> QuantSpec {
 fn randn(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     let v = qcandle::report::normal_samples(n, seed);
-    let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
 }
 
