@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+use qcandle::data::Dataset;
 use qcandle::io::{read_tensors, write_tensors};
+use qcandle::nn::{ModelKind, QConfig};
+use qcandle::train::{train, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
 
 #[derive(Parser)]
@@ -39,15 +42,133 @@ enum Command {
         /// Output file (.npy or .safetensors), written atomically.
         output: PathBuf,
     },
-    /// Round a normal sample to every preset and print the error statistics.
+    /// Train a model of the zoo under a quantization config; results go to --out.
+    Train(TrainArgs),
+    /// Round a normal sample to every preset, then train LeNet-5 on the embedded
+    /// Fashion-MNIST subset in float32 and posit16 and print both accuracies.
     Demo {
-        /// Number of samples.
-        #[arg(long, default_value_t = 1 << 20)]
+        /// Number of samples of the rounding table.
+        #[arg(long, default_value_t = 1 << 16)]
         samples: usize,
-        /// Seed of the sample and of stochastic rounding.
+        /// Training epochs on the embedded subset.
+        #[arg(long, default_value_t = 2)]
+        epochs: usize,
+        /// Seed of the sample, the initial weights, the batch order and stochastic rounding.
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Model: mlp, lenet5, lenet5-unpadded, cifarnet.
+    #[arg(long, default_value = "lenet5")]
+    model: String,
+    /// Dataset: fashion-mnist, mnist, or embedded (the Fashion-MNIST subset in the binary).
+    #[arg(long, default_value = "fashion-mnist")]
+    data: String,
+    /// Directory of the IDX .gz files (default: $QCANDLE_DATA, then the dataset's
+    /// standard location).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Quantization config: a preset (float32, bf16, posit16, posit32, posit8, fp8) or a
+    /// .toml/.json file.
+    #[arg(long, default_value = "float32")]
+    config: String,
+    /// Number of epochs.
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    /// Mini-batch size.
+    #[arg(long, default_value_t = 128)]
+    batch: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Optimizer: adam, adamw, sgd (momentum 0.9).
+    #[arg(long, default_value = "adam")]
+    optimizer: OptimizerKind,
+    /// Seed of the initial weights, the batch order and stochastic rounding.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Use only the first N training images.
+    #[arg(long)]
+    train_limit: Option<usize>,
+    /// Output directory (default runs/<model>-<data>-<config>-s<seed>); a run there with
+    /// the same settings resumes.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
+    Ok(match name {
+        "embedded" => qcandle::data::embedded()?,
+        _ => qcandle::data::load(name.parse()?, dir)?,
+    })
+}
+
+fn run_train(args: TrainArgs) -> Result<()> {
+    let mut data = load_data(&args.data, args.data_dir.as_deref())?;
+    if let Some(n) = args.train_limit {
+        data = data.subset(n, usize::MAX);
+    }
+    let config = QConfig::load(&args.config)?;
+    let options = TrainOptions {
+        model: args.model.parse::<ModelKind>()?.to_string(),
+        config_name: args.config.clone(),
+        epochs: args.epochs,
+        batch: args.batch,
+        lr: args.lr,
+        optimizer: args.optimizer,
+        seed: args.seed,
+    };
+    let out = args
+        .out
+        .unwrap_or_else(|| qcandle::train::default_out(&options, &args.data));
+    eprintln!(
+        "training {} on {} ({}) with config {}, {} epochs -> {}",
+        options.model,
+        args.data,
+        data.source,
+        options.config_name,
+        options.epochs,
+        out.display()
+    );
+    let records = train(&data, &options, &config, Some(&out), args.quiet)?;
+    print!("{}", qcandle::train::metrics_csv(&records));
+    Ok(())
+}
+
+fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
+    print!("{}", qcandle::report::demo_report(samples, seed)?);
+    let data = qcandle::data::embedded()?;
+    println!(
+        "\nLeNet-5 on the embedded Fashion-MNIST subset ({}), {epochs} epochs, Adam lr 1e-3, batch 128\n",
+        data.source
+    );
+    println!("| config | train loss | test top-1 | test top-5 | seconds |");
+    println!("|---|---|---|---|---|");
+    for config_name in ["float32", "posit16"] {
+        let options = TrainOptions {
+            model: "lenet5".into(),
+            config_name: config_name.into(),
+            epochs,
+            batch: 128,
+            lr: 1e-3,
+            optimizer: OptimizerKind::Adam,
+            seed,
+        };
+        let records = train(&data, &options, &QConfig::preset(config_name)?, None, false)?;
+        let last = records.last().context("no epochs were run")?;
+        let seconds: f64 = records.iter().map(|r| r.seconds).sum();
+        println!(
+            "| {config_name} | {:.4} | {:.2}% | {:.2}% | {seconds:.1} |",
+            last.train_loss, last.top1, last.top5
+        );
+    }
+    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -81,9 +202,12 @@ fn main() -> Result<()> {
                 output.display()
             );
         }
-        Command::Demo { samples, seed } => {
-            print!("{}", qcandle::report::demo_report(samples, seed)?)
-        }
+        Command::Train(args) => run_train(args)?,
+        Command::Demo {
+            samples,
+            epochs,
+            seed,
+        } => run_demo(samples, epochs, seed)?,
     }
     Ok(())
 }

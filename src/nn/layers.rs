@@ -27,6 +27,16 @@ pub fn output_quantizer(config: &QConfig, name: &str) -> Option<Quantizer> {
     (forward.is_some() || backward.is_some()).then(|| Quantizer::new(forward, backward))
 }
 
+/// The quantizers of a weight and an output quantizer, for resetting their streams.
+fn collect_quants(weight: Option<&Quant>, output: Option<&Quantizer>) -> Vec<Quant> {
+    let mut quants: Vec<Quant> = weight.into_iter().cloned().collect();
+    if let Some(o) = output {
+        quants.extend(o.forward_quant().cloned());
+        quants.extend(o.backward_quant().cloned());
+    }
+    quants
+}
+
 fn round_weight(t: &Tensor, q: Option<&Quant>) -> Result<Tensor> {
     match q {
         Some(q) => quantize(t, q),
@@ -74,6 +84,11 @@ impl QLinear {
     /// The full-precision weight variable.
     pub fn weight(&self) -> &Tensor {
         &self.weight
+    }
+
+    /// The layer's quantizers (clones sharing their call counters).
+    pub fn quants(&self) -> Vec<Quant> {
+        collect_quants(self.weight_quant.as_ref(), self.output.as_ref())
     }
 }
 
@@ -132,6 +147,11 @@ impl QConv2d {
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
+
+    /// The layer's quantizers (clones sharing their call counters).
+    pub fn quants(&self) -> Vec<Quant> {
+        collect_quants(self.weight_quant.as_ref(), self.output.as_ref())
+    }
 }
 
 impl Module for QConv2d {
@@ -185,6 +205,11 @@ impl<M: Module> QWrap<M> {
     /// The wrapped module.
     pub fn inner(&self) -> &M {
         &self.inner
+    }
+
+    /// The layer's quantizers (clones sharing their call counters).
+    pub fn quants(&self) -> Vec<Quant> {
+        collect_quants(None, self.output.as_ref())
     }
 }
 

@@ -116,6 +116,31 @@ impl Model {
     pub fn kind(&self) -> ModelKind {
         self.kind
     }
+
+    /// Every quantizer of the model (clones sharing their call counters), so a training
+    /// loop can place their random streams.
+    pub fn quants(&self) -> Vec<Quant> {
+        let mut quants: Vec<Quant> = self.input.iter().cloned().collect();
+        let layers: Vec<Vec<Quant>> = match &self.net {
+            Net::Mlp(m) => m.layers.iter().map(QLinear::quants).collect(),
+            Net::Lenet5(m) => vec![
+                m.conv1.quants(),
+                m.conv2.quants(),
+                m.fc1.quants(),
+                m.fc2.quants(),
+                m.fc3.quants(),
+            ],
+            Net::CifarNet(m) => vec![
+                m.conv1.quants(),
+                m.conv2.quants(),
+                m.fc1.quants(),
+                m.fc2.quants(),
+                m.fc3.quants(),
+            ],
+        };
+        quants.extend(layers.into_iter().flatten());
+        quants
+    }
 }
 
 impl Module for Model {

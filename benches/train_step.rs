@@ -1,0 +1,52 @@
+//! One LeNet-5 training step (batch 128, Adam lr 1e-3: forward, cross-entropy, backward,
+//! optimizer step) with every category quantized, against the same step in plain f32, in
+//! one run. The figure of merit is the time ratio to `float32`.
+//! Run: `cargo bench --bench train_step`.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use qcandle::nn::QConfig;
+use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
+
+fn bench_train_step(c: &mut Criterion) {
+    let data = qcandle::data::embedded().expect("the embedded subset loads");
+    let (images, labels) = data
+        .train_batches(128, 1, 0)
+        .expect("batches")
+        .into_iter()
+        .next()
+        .expect("one batch");
+    let mut group = c.benchmark_group("lenet5_step_b128");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8));
+    for (model, preset) in [
+        ("lenet5", "float32"),
+        ("lenet5", "posit16"),
+        ("lenet5", "bf16"),
+        ("lenet5", "posit8"),
+        ("lenet5-unpadded", "float32"),
+        ("lenet5-unpadded", "posit16"),
+    ] {
+        let options = TrainOptions {
+            model: model.into(),
+            config_name: preset.into(),
+            epochs: 1,
+            batch: 128,
+            lr: 1e-3,
+            optimizer: OptimizerKind::Adam,
+            seed: 0,
+        };
+        let config = QConfig::preset(preset).expect("a preset");
+        let mut trainer = Trainer::new(options, config).expect("a trainer");
+        group.bench_function(format!("{model}/{preset}"), |b| {
+            b.iter(|| trainer.step(&images, &labels).expect("a step"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_train_step);
+criterion_main!(benches);

@@ -1,0 +1,561 @@
+//! The training workflow: a model of the zoo trained on a dataset under a [`QConfig`],
+//! evaluated after every epoch, with results written atomically and runs that resume.
+//!
+//! Reproducibility: the initial weights come from a Philox stream keyed by the run seed
+//! and each variable's name (PyTorch's default initialisation: weights and biases uniform
+//! in ±1/√fan_in); the batch order of epoch `e` is a Philox shuffle keyed by (seed, e);
+//! every stochastic quantizer restarts epoch `e` at call index `e·2^32`. An epoch's result
+//! therefore depends only on the state at its start, which the checkpoint holds, and a
+//! resumed run equals an uninterrupted one.
+//!
+//! Output directory (`--out`): `run.json` (options, config and per-epoch records),
+//! `metrics.csv`, `config.toml`, `model.safetensors` (the weights as candle-nn names
+//! them), `checkpoint.safetensors` (weights and optimizer state after the last finished
+//! epoch) and `curves.png`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use serde::{Deserialize, Serialize};
+
+use crate::data::Dataset;
+use crate::io::{read_tensors, write_atomically, write_tensors};
+use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
+use crate::ops::Quant;
+use crate::optim::{AdamParams, AdamWParams, LpAdam, LpAdamW, LpSgd, ParamQuant, SgdParams};
+use crate::philox::Stream;
+
+/// The optimizers `train` can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Adam (L2 weight decay added to the gradient).
+    Adam,
+    /// AdamW (decoupled weight decay).
+    AdamW,
+    /// SGD with momentum 0.9.
+    Sgd,
+}
+
+impl FromStr for OptimizerKind {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "adam" => OptimizerKind::Adam,
+            "adamw" => OptimizerKind::AdamW,
+            "sgd" => OptimizerKind::Sgd,
+            _ => bail!("unknown optimizer `{s}`; optimizers: adam, adamw, sgd"),
+        })
+    }
+}
+
+impl fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Sgd => "sgd",
+        })
+    }
+}
+
+/// Everything that determines a training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainOptions {
+    /// The model of the zoo (its command-line name).
+    pub model: String,
+    /// The config's name: a preset or the file it was read from.
+    pub config_name: String,
+    /// Number of epochs.
+    pub epochs: usize,
+    /// Mini-batch size.
+    pub batch: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// The optimizer.
+    pub optimizer: OptimizerKind,
+    /// Seed of initialisation, shuffling and stochastic rounding.
+    pub seed: u64,
+}
+
+/// The results of one epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// 1-based epoch number.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's batches.
+    pub train_loss: f64,
+    /// Mean test loss.
+    pub test_loss: f64,
+    /// Test top-1 accuracy in percent.
+    pub top1: f64,
+    /// Test top-5 accuracy in percent.
+    pub top5: f64,
+    /// Wall-clock seconds of the epoch's training steps.
+    pub seconds: f64,
+}
+
+/// A run's options, config and records, as stored in `run.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run's options.
+    pub options: TrainOptions,
+    /// The quantization config, as TOML.
+    pub config: String,
+    /// The dataset's name and where it came from.
+    pub data: String,
+    /// One record per finished epoch.
+    pub epochs: Vec<EpochRecord>,
+}
+
+/// A model being trained with its variables and optimizer.
+pub struct Trainer {
+    options: TrainOptions,
+    config: QConfig,
+    varmap: VarMap,
+    model: Model,
+    optimizer: Optimizer,
+    quants: Vec<Quant>,
+}
+
+enum Optimizer {
+    Adam(LpAdam),
+    AdamW(LpAdamW),
+    Sgd(LpSgd),
+}
+
+impl Optimizer {
+    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
+        match self {
+            Optimizer::Adam(o) => o.step(grads),
+            Optimizer::AdamW(o) => o.step(grads),
+            Optimizer::Sgd(o) => o.step(grads),
+        }
+    }
+
+    fn state_tensors(&self) -> candle_core::Result<Vec<(String, Tensor)>> {
+        match self {
+            Optimizer::Adam(o) => o.state_tensors(),
+            Optimizer::AdamW(o) => o.state_tensors(),
+            Optimizer::Sgd(o) => o.state_tensors(),
+        }
+    }
+
+    fn load_state_tensors(&mut self, state: &[(String, Tensor)]) -> candle_core::Result<()> {
+        match self {
+            Optimizer::Adam(o) => o.load_state_tensors(state),
+            Optimizer::AdamW(o) => o.load_state_tensors(state),
+            Optimizer::Sgd(o) => o.load_state_tensors(state),
+        }
+    }
+}
+
+/// Variable names in a fixed order (the var map is a hash map).
+fn sorted_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
+    let data = varmap
+        .data()
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned var map"))?;
+    let mut vars: Vec<(String, Var)> = data.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(vars)
+}
+
+/// PyTorch's default initialisation from a Philox stream keyed by the seed and the name:
+/// uniform in ±1/√fan_in, fan_in = the product of all dimensions but the first (the
+/// weight's) or, for a bias, its weight's fan-in.
+pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
+    let vars = sorted_vars(varmap)?;
+    for (name, var) in &vars {
+        let layer = name.rsplit_once('.').map_or(name.as_str(), |p| p.0);
+        let weight = vars
+            .iter()
+            .find(|(n, _)| *n == format!("{layer}.weight"))
+            .map_or(var, |p| &p.1);
+        let dims = weight.dims();
+        let fan_in: usize = dims.iter().skip(1).product::<usize>().max(1);
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let n = var.elem_count();
+        let mut bits = vec![0u32; n.div_ceil(4) * 4];
+        Stream::new(seed, name_hash(name)).fill(0, &mut bits);
+        let values: Vec<f32> = bits[..n]
+            .iter()
+            .map(|&b| ((f64::from(b) + 0.5) / 4294967296.0 * 2.0 - 1.0) * bound)
+            .map(|x| x as f32)
+            .collect();
+        var.set(&Tensor::from_vec(values, var.shape(), var.device())?)?;
+    }
+    Ok(())
+}
+
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl Trainer {
+    /// A freshly initialised model and optimizer.
+    pub fn new(options: TrainOptions, config: QConfig) -> Result<Self> {
+        let kind: ModelKind = options.model.parse()?;
+        let config = config.with_seed(options.seed);
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let model = kind.build(vb, &config)?;
+        init_vars(&varmap, options.seed)?;
+        round_vars_in_place(&varmap, &config)?;
+        let params: Vec<(Var, ParamQuant)> = sorted_vars(&varmap)?
+            .into_iter()
+            .map(|(name, var)| (var, config.param_quant(&name)))
+            .collect();
+        let mut quants = model.quants();
+        for (_, p) in &params {
+            quants.extend(
+                [&p.gradient, &p.momentum, &p.weight, &p.accumulator]
+                    .into_iter()
+                    .flatten()
+                    .cloned(),
+            );
+        }
+        let lr = options.lr;
+        let optimizer = match options.optimizer {
+            OptimizerKind::Adam => Optimizer::Adam(LpAdam::new(
+                params,
+                AdamParams {
+                    lr,
+                    ..Default::default()
+                },
+            )?),
+            OptimizerKind::AdamW => Optimizer::AdamW(LpAdamW::new(
+                params,
+                AdamWParams {
+                    lr,
+                    ..Default::default()
+                },
+            )?),
+            OptimizerKind::Sgd => Optimizer::Sgd(LpSgd::new(
+                params,
+                SgdParams {
+                    lr,
+                    momentum: 0.9,
+                    ..Default::default()
+                },
+            )?),
+        };
+        Ok(Trainer {
+            options,
+            config,
+            varmap,
+            model,
+            optimizer,
+            quants,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The model's variables.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// Trains one epoch (1-based `epoch`), calling `progress` after each batch with the
+    /// batch index, the batch count and the running mean loss. Returns the mean loss.
+    pub fn train_epoch(
+        &mut self,
+        data: &Dataset,
+        epoch: usize,
+        mut progress: impl FnMut(usize, usize, f64),
+    ) -> Result<f64> {
+        for q in &self.quants {
+            q.set_calls((epoch as u64) << 32);
+        }
+        let batches = data.train_batches(self.options.batch, epoch, self.options.seed)?;
+        let count = batches.len();
+        let mut total = 0.0;
+        for (i, (images, labels)) in batches.into_iter().enumerate() {
+            let loss = f64::from(self.step(&images, &labels)?);
+            if !loss.is_finite() {
+                bail!("epoch {epoch}, batch {i}: the training loss is {loss}");
+            }
+            total += loss;
+            progress(i + 1, count, total / (i + 1) as f64);
+        }
+        Ok(total / count.max(1) as f64)
+    }
+
+    /// One training step on a batch: forward, cross-entropy loss, backward, optimizer
+    /// step. Returns the batch's loss.
+    pub fn step(&mut self, images: &Tensor, labels: &Tensor) -> Result<f32> {
+        let logits = self.model.forward(images)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, labels)?;
+        let grads = loss.backward()?;
+        self.optimizer.step(&grads)?;
+        Ok(loss.to_scalar::<f32>()?)
+    }
+
+    /// Test loss, top-1 and top-5 accuracy (percent) on the dataset's test split.
+    pub fn evaluate(&self, data: &Dataset) -> Result<(f64, f64, f64)> {
+        evaluate(&self.model, data)
+    }
+
+    fn checkpoint_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut tensors: Vec<(String, Tensor)> = sorted_vars(&self.varmap)?
+            .into_iter()
+            .map(|(n, v)| (format!("model.{n}"), v.as_tensor().clone()))
+            .collect();
+        for (n, t) in self.optimizer.state_tensors()? {
+            tensors.push((format!("optim.{n}"), t));
+        }
+        Ok(tensors)
+    }
+
+    fn load_checkpoint(&mut self, tensors: Vec<(String, Tensor)>) -> Result<()> {
+        let vars = sorted_vars(&self.varmap)?;
+        let mut state = Vec::new();
+        let mut seen = 0;
+        for (name, t) in tensors {
+            if let Some(var_name) = name.strip_prefix("model.") {
+                let (_, var) = vars
+                    .iter()
+                    .find(|(n, _)| n == var_name)
+                    .with_context(|| format!("checkpoint variable `{var_name}` is not in the model"))?;
+                if var.dims() != t.dims() {
+                    bail!(
+                        "checkpoint variable `{var_name}` has shape {:?}, the model {:?}",
+                        t.dims(),
+                        var.dims()
+                    );
+                }
+                var.set(&t.to_dtype(DType::F32)?)?;
+                seen += 1;
+            } else if let Some(n) = name.strip_prefix("optim.") {
+                state.push((n.to_string(), t));
+            }
+        }
+        if seen != vars.len() {
+            bail!("the checkpoint holds {seen} of the model's {} variables", vars.len());
+        }
+        self.optimizer.load_state_tensors(&state)?;
+        Ok(())
+    }
+}
+
+/// Test loss, top-1 and top-5 accuracy (percent) of `model` on the test split.
+pub fn evaluate(model: &dyn Module, data: &Dataset) -> Result<(f64, f64, f64)> {
+    let (mut loss, mut top1, mut top5, mut n) = (0.0, 0usize, 0usize, 0usize);
+    for (images, labels) in data.test_batches(1000)? {
+        let logits = model.forward(&images)?;
+        let b = labels.dim(0)?;
+        loss += f64::from(candle_nn::loss::cross_entropy(&logits, &labels)?.to_scalar::<f32>()?)
+            * b as f64;
+        let logits = logits.to_vec2::<f32>()?;
+        let labels = labels.to_vec1::<u32>()?;
+        for (row, &label) in logits.iter().zip(&labels) {
+            let rank = rank_of(row, label as usize);
+            top1 += usize::from(rank < 1);
+            top5 += usize::from(rank < 5);
+        }
+        n += b;
+    }
+    let pct = |k: usize| 100.0 * k as f64 / n.max(1) as f64;
+    Ok((loss / n.max(1) as f64, pct(top1), pct(top5)))
+}
+
+/// The position of class `target` when the logits are sorted in decreasing order by a
+/// stable sort: classes with a larger logit, and classes with an equal logit and a lower
+/// index, come first. A NaN logit ranks last (a NaN target is never in the top k).
+pub fn rank_of(logits: &[f32], target: usize) -> usize {
+    let t = logits[target];
+    if t.is_nan() {
+        return logits.len();
+    }
+    logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, &x)| x > t || (x == t && i < target))
+        .count()
+}
+
+/// Trains per `options` and `config` on `data`, writing results under `out` (if any) after
+/// every epoch and resuming from `out`'s checkpoint when it holds the same run. `quiet`
+/// hides the progress bar. Returns the per-epoch records.
+pub fn train(
+    data: &Dataset,
+    options: &TrainOptions,
+    config: &QConfig,
+    out: Option<&Path>,
+    quiet: bool,
+) -> Result<Vec<EpochRecord>> {
+    let mut trainer = Trainer::new(options.clone(), config.clone())?;
+    let mut record = RunRecord {
+        options: options.clone(),
+        config: trainer.config.to_toml(),
+        data: data.source.clone(),
+        epochs: Vec::new(),
+    };
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+        if let Some(previous) = resumable(dir, &record)? {
+            trainer.load_checkpoint(read_tensors(&dir.join("checkpoint.safetensors"))?)?;
+            record.epochs = previous.epochs;
+            if !quiet && !record.epochs.is_empty() {
+                eprintln!(
+                    "resuming {} after epoch {}",
+                    dir.display(),
+                    record.epochs.len()
+                );
+            }
+        }
+    }
+    for epoch in record.epochs.len() + 1..=options.epochs {
+        let bar = progress_bar(quiet, epoch, options.epochs);
+        let start = Instant::now();
+        let train_loss = trainer.train_epoch(data, epoch, |i, n, loss| {
+            bar.set_length(n as u64);
+            bar.set_position(i as u64);
+            bar.set_message(format!("loss {loss:.4}"));
+        })?;
+        let seconds = start.elapsed().as_secs_f64();
+        let (test_loss, top1, top5) = trainer.evaluate(data)?;
+        bar.finish_with_message(format!(
+            "loss {train_loss:.4}  test top-1 {top1:.2}%  top-5 {top5:.2}%"
+        ));
+        record.epochs.push(EpochRecord {
+            epoch,
+            train_loss,
+            test_loss,
+            top1,
+            top5,
+            seconds,
+        });
+        if let Some(dir) = out {
+            save_run(dir, &trainer, &record)?;
+        }
+    }
+    Ok(record.epochs)
+}
+
+fn progress_bar(quiet: bool, epoch: usize, epochs: usize) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template(
+        "epoch {prefix} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}",
+    )
+    .expect("a valid template")
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{epoch}/{epochs}"));
+    bar
+}
+
+/// The previous run in `dir` if it is the same run (same options but the epoch count,
+/// same config and data) and has a checkpoint.
+fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<RunRecord>> {
+    let (run, checkpoint) = (dir.join("run.json"), dir.join("checkpoint.safetensors"));
+    if !run.exists() || !checkpoint.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&run)?;
+    let previous: RunRecord = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a run record", run.display()))?;
+    let same = TrainOptions {
+        epochs: current.options.epochs,
+        ..previous.options.clone()
+    } == current.options
+        && previous.config == current.config
+        && previous.data == current.data;
+    if !same {
+        bail!(
+            "{} holds a different run; choose another --out or delete it",
+            dir.display()
+        );
+    }
+    Ok(Some(previous))
+}
+
+fn save_run(dir: &Path, trainer: &Trainer, record: &RunRecord) -> Result<()> {
+    let model: Vec<(String, Tensor)> = sorted_vars(&trainer.varmap)?
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect();
+    write_tensors(&dir.join("model.safetensors"), &model)?;
+    write_tensors(
+        &dir.join("checkpoint.safetensors"),
+        &trainer.checkpoint_tensors()?,
+    )?;
+    write_text(&dir.join("config.toml"), &record.config)?;
+    write_text(&dir.join("metrics.csv"), &metrics_csv(&record.epochs))?;
+    let curves = crate::plot::Series {
+        label: format!("{} {}", record.options.model, record.options.config_name),
+        points: Vec::new(),
+    };
+    let loss = crate::plot::Series {
+        points: record
+            .epochs
+            .iter()
+            .map(|e| (e.epoch as f64, e.train_loss))
+            .collect(),
+        ..curves.clone()
+    };
+    let accuracy = crate::plot::Series {
+        points: record
+            .epochs
+            .iter()
+            .map(|e| (e.epoch as f64, e.top1))
+            .collect(),
+        ..curves
+    };
+    crate::plot::training_curves(
+        &format!("{} on {}", record.options.model, record.data),
+        &[loss],
+        &[accuracy],
+        &dir.join("curves.png"),
+    )?;
+    // run.json last: it marks the checkpoint as complete.
+    write_text(&dir.join("run.json"), &serde_json::to_string_pretty(record)?)?;
+    Ok(())
+}
+
+/// The records as CSV: `epoch,train_loss,test_loss,top1,top5,seconds`.
+pub fn metrics_csv(records: &[EpochRecord]) -> String {
+    let mut csv = String::from("epoch,train_loss,test_loss,top1,top5,seconds\n");
+    for r in records {
+        csv.push_str(&format!(
+            "{},{:.6},{:.6},{:.2},{:.2},{:.3}\n",
+            r.epoch, r.train_loss, r.test_loss, r.top1, r.top5, r.seconds
+        ));
+    }
+    csv
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    write_atomically(path, |tmp| {
+        std::fs::write(tmp, text).with_context(|| format!("cannot write {}", tmp.display()))
+    })
+}
+
+/// The default output directory of a run: `runs/<model>-<data>-<config>-s<seed>`.
+pub fn default_out(options: &TrainOptions, data: &str) -> PathBuf {
+    let config = Path::new(&options.config_name)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("config")
+        .to_string();
+    PathBuf::from("runs").join(format!(
+        "{}-{}-{}-s{}",
+        options.model, data, config, options.seed
+    ))
+}
