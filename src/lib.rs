@@ -21,7 +21,7 @@
 //!
 //! Layers: [`format`] (scalar rounding math, one file per family), [`philox`] (the
 //! counter-based random stream), [`kernels`] (loops over storage), [`ops`] (candle ops),
-//! [`io`] (tensor files), and the `qcandle` command-line tool.
+//! [`io`] (tensor files), [`plot`] (training-curve PNGs), and the `qcandle` command-line tool.
 #![warn(missing_docs)]
 
 pub mod data;
@@ -33,7 +33,9 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod philox;
+pub mod plot;
 pub mod report;
+pub mod train;
 
 pub use error::FormatError;
 pub use format::{Format, Rounding};
