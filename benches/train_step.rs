@@ -14,9 +14,9 @@ fn bench_train_step(c: &mut Criterion) {
     let (images, labels) = data
         .train_batches(128, 1, 0)
         .expect("batches")
-        .into_iter()
         .next()
-        .expect("one batch");
+        .expect("one batch")
+        .expect("a batch");
     let mut group = c.benchmark_group("lenet5_step_b128");
     group
         .sample_size(30)

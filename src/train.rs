@@ -282,7 +282,8 @@ impl Trainer {
         let batches = data.train_batches(self.options.batch, epoch, self.options.seed)?;
         let count = batches.len();
         let mut total = 0.0;
-        for (i, (images, labels)) in batches.into_iter().enumerate() {
+        for (i, batch) in batches.enumerate() {
+            let (images, labels) = batch?;
             let loss = f64::from(self.step(&images, &labels)?);
             if !loss.is_finite() {
                 bail!("epoch {epoch}, batch {i}: the training loss is {loss}");
@@ -353,7 +354,8 @@ impl Trainer {
 /// Test loss, top-1 and top-5 accuracy (percent) of `model` on the test split.
 pub fn evaluate(model: &dyn Module, data: &Dataset) -> Result<(f64, f64, f64)> {
     let (mut loss, mut top1, mut top5, mut n) = (0.0, 0usize, 0usize, 0usize);
-    for (images, labels) in data.test_batches(1000)? {
+    for batch in data.test_batches(1000)? {
+        let (images, labels) = batch?;
         let logits = model.forward(&images)?;
         let b = labels.dim(0)?;
         loss += f64::from(candle_nn::loss::cross_entropy(&logits, &labels)?.to_scalar::<f32>()?)

@@ -15,6 +15,7 @@ fn subset(train: usize, test: usize) -> Dataset {
     qcandle::data::embedded()
         .expect("the embedded subset loads")
         .subset(train, test)
+        .expect("a subset")
 }
 
 fn options(config: &str, epochs: usize) -> TrainOptions {

@@ -112,7 +112,7 @@ fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
 fn run_train(args: TrainArgs) -> Result<()> {
     let mut data = load_data(&args.data, args.data_dir.as_deref())?;
     if let Some(n) = args.train_limit {
-        data = data.subset(n, usize::MAX);
+        data = data.subset(n, usize::MAX)?;
     }
     let config = QConfig::load(&args.config)?;
     let options = TrainOptions {
