@@ -105,7 +105,7 @@ impl AdamParams {
             eps,
             weight_decay,
         } = *self;
-        if !(lr >= 0.0) || !(eps >= 0.0) || !(weight_decay >= 0.0) {
+        if ![lr, eps, weight_decay].iter().all(|x| *x >= 0.0) {
             bail!("{name}: lr ({lr}), eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
         }
         if !(0.0..1.0).contains(&beta1) || !(0.0..1.0).contains(&beta2) {

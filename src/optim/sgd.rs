@@ -41,7 +41,7 @@ impl SgdParams {
             weight_decay,
             ..
         } = *self;
-        if !(lr >= 0.0) || !(momentum >= 0.0) || !(weight_decay >= 0.0) {
+        if ![lr, momentum, weight_decay].iter().all(|x| *x >= 0.0) {
             bail!("LpSgd: lr ({lr}), momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
         }
         if self.nesterov && (momentum <= 0.0 || self.dampening != 0.0) {
