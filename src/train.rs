@@ -149,9 +149,9 @@ impl Optimizer {
 
     fn load_state_tensors(&mut self, state: &[(String, Tensor)]) -> candle_core::Result<()> {
         match self {
-            Optimizer::Adam(o) => o.load_state_tensors(state),
-            Optimizer::AdamW(o) => o.load_state_tensors(state),
-            Optimizer::Sgd(o) => o.load_state_tensors(state),
+            Optimizer::Adam(o) => o.load_state_tensors(state.iter().cloned()),
+            Optimizer::AdamW(o) => o.load_state_tensors(state.iter().cloned()),
+            Optimizer::Sgd(o) => o.load_state_tensors(state.iter().cloned()),
         }
     }
 }

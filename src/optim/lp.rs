@@ -1,0 +1,131 @@
+//! `OptimLP`: low-precision gradients, weights and accumulators around any candle optimizer.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor, Var};
+use candle_nn::Optimizer;
+
+use super::{export, import, ParamQuant, Slot};
+
+/// Wraps an optimizer `O`: its gradients are rounded before it reads them, and the weights
+/// it writes are rounded after (through an accumulator where one is set); see the
+/// [module docs](super).
+///
+/// The `momentum` quantization of a [`ParamQuant`] is ignored: the inner optimizer's own
+/// state (momentum buffers, moments) is private to it and stays in its precision. Use
+/// [`super::LpSgd`], [`super::LpAdam`] or [`super::LpAdamW`] to round optimizer state. The
+/// accumulator has the var's dtype, since the inner optimizer updates it through the var.
+#[derive(Debug)]
+pub struct OptimLP<O> {
+    inner: O,
+    slots: Vec<Slot>,
+}
+
+impl<O: Optimizer> OptimLP<O> {
+    /// Wraps `inner`, rounding each var of `params` with its quantizations (the vars are
+    /// normally the ones `inner` optimizes; vars of `inner` not listed are not rounded).
+    /// Errors on a non-float var.
+    pub fn new(inner: O, params: Vec<(Var, ParamQuant)>) -> Result<Self> {
+        let slots = params
+            .into_iter()
+            .map(|(v, q)| Slot::new(v, q, false, 0))
+            .collect::<Result<_>>()?;
+        Ok(OptimLP { inner, slots })
+    }
+
+    /// One step: gradients rounded, accumulators loaded into their vars, the inner step,
+    /// then the weights rounded. Vars without a gradient in `grads` are left alone.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        let mut rounded = GradStore::default();
+        for id in grads.get_ids() {
+            if let Some(g) = grads.get_id(*id) {
+                rounded.insert_id(*id, g.clone());
+            }
+        }
+        let mut stepped = Vec::with_capacity(self.slots.len());
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.quant.gradient.is_some() {
+                let Some(g) = slot.gradient(grads)? else {
+                    continue;
+                };
+                rounded.insert(slot.var.as_tensor(), g);
+            } else if grads.get(slot.var.as_tensor()).is_none() {
+                continue;
+            }
+            slot.load_accumulator_into_var()?;
+            stepped.push(i);
+        }
+        self.inner.step(&rounded)?;
+        for i in stepped {
+            let slot = &mut self.slots[i];
+            slot.step += 1;
+            slot.round_var()?;
+        }
+        Ok(())
+    }
+
+    /// Computes the gradients of `loss` and takes a step.
+    pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
+        self.step(&loss.backward()?)
+    }
+
+    /// The inner optimizer's learning rate.
+    pub fn learning_rate(&self) -> f64 {
+        self.inner.learning_rate()
+    }
+
+    /// Sets the inner optimizer's learning rate.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.inner.set_learning_rate(lr)
+    }
+
+    /// The wrapped optimizer.
+    pub fn inner(&self) -> &O {
+        &self.inner
+    }
+
+    /// The wrapped optimizer, mutably (to change its hyper-parameters).
+    pub fn inner_mut(&mut self) -> &mut O {
+        &mut self.inner
+    }
+
+    /// The wrapper's own state as named tensors (per parameter `i`: `{i}.step`,
+    /// `{i}.accumulator`, `{i}.calls.*`); the inner optimizer's state is not included.
+    pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        export(&self.slots, &[])
+    }
+
+    /// Loads state written by [`OptimLP::state_tensors`]; entries not given keep their
+    /// current value.
+    pub fn load_state_tensors<S: AsRef<str>>(
+        &mut self,
+        state: impl IntoIterator<Item = (S, Tensor)>,
+    ) -> Result<()> {
+        import(&mut self.slots, &[], state)
+    }
+}
+
+impl<O: Optimizer> Optimizer for OptimLP<O> {
+    type Config = O::Config;
+
+    /// `O` over `vars` with no quantization.
+    fn new(vars: Vec<Var>, config: O::Config) -> Result<Self> {
+        let params = vars
+            .iter()
+            .filter(|v| v.dtype().is_float())
+            .map(|v| (v.clone(), ParamQuant::default()))
+            .collect();
+        OptimLP::new(O::new(vars, config)?, params)
+    }
+
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        OptimLP::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        OptimLP::learning_rate(self)
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        OptimLP::set_learning_rate(self, lr)
+    }
+}
