@@ -70,7 +70,7 @@ fn lenet5_learns_fashion_mnist_in_float32_and_posit16() -> R {
         // Chance is 10% top-1 and 50% top-5.
         assert!(last.top1 > 60.0, "{config}: {last:?}");
         assert!(last.top5 > 95.0, "{config}: {last:?}");
-        assert!(last.train_loss < 1.5, "{config}: {last:?}");
+        assert!(last.test_loss < 1.2, "{config}: {last:?}");
     }
     Ok(())
 }
@@ -170,6 +170,9 @@ fn training_keeps_weights_and_optimizer_state_on_their_grids() -> R {
     let accumulator: Format = "posit<16,1>".parse()?;
     let mut checked = (0, 0);
     for (name, t) in read_tensors(&dir.path().join("checkpoint.safetensors"))? {
+        if t.dtype() != DType::F32 {
+            continue; // step counts and stream positions
+        }
         let v = t.flatten_all()?.to_vec1::<f32>()?;
         if name.starts_with("model.") {
             assert!(all_on_grid(&v, &weight), "{name}");
