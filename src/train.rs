@@ -326,10 +326,9 @@ impl Trainer {
         let mut seen = 0;
         for (name, t) in tensors {
             if let Some(var_name) = name.strip_prefix("model.") {
-                let (_, var) = vars
-                    .iter()
-                    .find(|(n, _)| n == var_name)
-                    .with_context(|| format!("checkpoint variable `{var_name}` is not in the model"))?;
+                let (_, var) = vars.iter().find(|(n, _)| n == var_name).with_context(|| {
+                    format!("checkpoint variable `{var_name}` is not in the model")
+                })?;
                 if var.dims() != t.dims() {
                     bail!(
                         "checkpoint variable `{var_name}` has shape {:?}, the model {:?}",
@@ -344,7 +343,10 @@ impl Trainer {
             }
         }
         if seen != vars.len() {
-            bail!("the checkpoint holds {seen} of the model's {} variables", vars.len());
+            bail!(
+                "the checkpoint holds {seen} of the model's {} variables",
+                vars.len()
+            );
         }
         self.optimizer.load_state_tensors(&state)?;
         Ok(())
@@ -463,6 +465,14 @@ fn progress_bar(quiet: bool, epoch: usize, epochs: usize) -> indicatif::Progress
     bar
 }
 
+/// The run record (`run.json`) of a run directory.
+pub fn load_run(dir: &Path) -> Result<RunRecord> {
+    let path = dir.join("run.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a run record", path.display()))
+}
+
 /// The previous run in `dir` if it is the same run (same options but the epoch count,
 /// same config and data) and has a checkpoint.
 fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<RunRecord>> {
@@ -470,9 +480,7 @@ fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<RunRecord>> {
     if !run.exists() || !checkpoint.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&run)?;
-    let previous: RunRecord = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a run record", run.display()))?;
+    let previous = load_run(dir)?;
     let same = TrainOptions {
         epochs: current.options.epochs,
         ..previous.options.clone()
@@ -527,7 +535,10 @@ fn save_run(dir: &Path, trainer: &Trainer, record: &RunRecord) -> Result<()> {
         &dir.join("curves.png"),
     )?;
     // run.json last: it marks the checkpoint as complete.
-    write_text(&dir.join("run.json"), &serde_json::to_string_pretty(record)?)?;
+    write_text(
+        &dir.join("run.json"),
+        &serde_json::to_string_pretty(record)?,
+    )?;
     Ok(())
 }
 

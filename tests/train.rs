@@ -65,7 +65,13 @@ fn top_k_ranks_follow_a_stable_sort_where_the_lower_class_wins_a_tie() {
 fn lenet5_learns_fashion_mnist_in_float32_and_posit16() -> R {
     let data = subset(3000, 1000);
     for config in ["float32", "posit16"] {
-        let records = train(&data, &options(config, 1), &QConfig::preset(config)?, None, true)?;
+        let records = train(
+            &data,
+            &options(config, 1),
+            &QConfig::preset(config)?,
+            None,
+            true,
+        )?;
         let last = records.last().unwrap();
         // Chance is 10% top-1 and 50% top-5.
         assert!(last.top1 > 60.0, "{config}: {last:?}");
@@ -129,7 +135,10 @@ fn an_interrupted_run_resumes_to_the_same_results_and_files() -> R {
     }
     let csv = std::fs::read_to_string(resumed.join("metrics.csv"))?;
     assert_eq!(csv.lines().count(), 4, "{csv}");
-    assert_eq!(QConfig::load(resumed.join("config.toml").to_str().unwrap())?, config.with_seed(3));
+    assert_eq!(
+        QConfig::load(resumed.join("config.toml").to_str().unwrap())?,
+        config.with_seed(3)
+    );
     // Nothing left half-written.
     let leftovers: Vec<_> = std::fs::read_dir(&resumed)?
         .filter_map(|e| e.ok())
@@ -143,7 +152,13 @@ fn an_interrupted_run_resumes_to_the_same_results_and_files() -> R {
 fn a_different_run_in_the_same_directory_is_refused() -> R {
     let data = subset(128, 100);
     let dir = tempfile::tempdir()?;
-    train(&data, &options("float32", 1), &QConfig::float32(), Some(dir.path()), true)?;
+    train(
+        &data,
+        &options("float32", 1),
+        &QConfig::float32(),
+        Some(dir.path()),
+        true,
+    )?;
     let other = TrainOptions {
         lr: 0.1,
         ..options("float32", 2)
@@ -203,7 +218,12 @@ fn initialisation_is_reproducible_and_within_pytorchs_bounds() -> R {
             .lock()
             .unwrap()
             .iter()
-            .map(|(n, v)| (n.clone(), v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .map(|(n, v)| {
+                (
+                    n.clone(),
+                    v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                )
+            })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(v)

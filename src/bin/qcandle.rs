@@ -44,6 +44,19 @@ enum Command {
     },
     /// Train a model of the zoo under a quantization config; results go to --out.
     Train(TrainArgs),
+    /// Compare finished runs: a markdown table of their last epochs and one PNG of all
+    /// their curves.
+    Compare {
+        /// Run directories (each holds the run.json that `train` writes).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Where to write the PNG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Title of the plot.
+        #[arg(long, default_value = "")]
+        title: String,
+    },
     /// Round a normal sample to every preset, then train LeNet-5 on the embedded
     /// Fashion-MNIST subset in float32 and posit16 and print both accuracies.
     Demo {
@@ -109,6 +122,13 @@ fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
     })
 }
 
+/// The process's peak resident set size (VmHWM), where /proc provides it.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn run_train(args: TrainArgs) -> Result<()> {
     let mut data = load_data(&args.data, args.data_dir.as_deref())?;
     if let Some(n) = args.train_limit {
@@ -138,6 +158,57 @@ fn run_train(args: TrainArgs) -> Result<()> {
     );
     let records = train(&data, &options, &config, Some(&out), args.quiet)?;
     print!("{}", qcandle::train::metrics_csv(&records));
+    if let Some(kib) = peak_rss_kib() {
+        eprintln!("peak resident memory: {:.1} MiB", kib as f64 / 1024.0);
+    }
+    Ok(())
+}
+
+fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) -> Result<()> {
+    use qcandle::plot::Series;
+    let (mut loss, mut accuracy) = (Vec::new(), Vec::new());
+    println!(
+        "| run | config | epochs | train loss | test top-1 | test top-5 | best top-1 | s/epoch |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for dir in runs {
+        let record = qcandle::train::load_run(dir)?;
+        let last = record
+            .epochs
+            .last()
+            .with_context(|| format!("{} has no finished epoch", dir.display()))?;
+        let best = record.epochs.iter().map(|e| e.top1).fold(0.0, f64::max);
+        let seconds =
+            record.epochs.iter().map(|e| e.seconds).sum::<f64>() / record.epochs.len() as f64;
+        let name = dir
+            .file_name()
+            .map_or(dir.display().to_string(), |n| n.to_string_lossy().into());
+        println!(
+            "| {name} | {} | {} | {:.4} | {:.2} | {:.2} | {best:.2} | {seconds:.1} |",
+            record.options.config_name, last.epoch, last.train_loss, last.top1, last.top5
+        );
+        let label = record.options.config_name.clone();
+        loss.push(Series::new(
+            &label,
+            record
+                .epochs
+                .iter()
+                .map(|e| (e.epoch as f64, e.train_loss))
+                .collect(),
+        ));
+        accuracy.push(Series::new(
+            &label,
+            record
+                .epochs
+                .iter()
+                .map(|e| (e.epoch as f64, e.top1))
+                .collect(),
+        ));
+    }
+    if let Some(path) = plot {
+        qcandle::plot::training_curves(title, &loss, &accuracy, path)?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }
 
@@ -203,6 +274,7 @@ fn main() -> Result<()> {
             );
         }
         Command::Train(args) => run_train(args)?,
+        Command::Compare { runs, plot, title } => run_compare(&runs, plot.as_deref(), &title)?,
         Command::Demo {
             samples,
             epochs,
