@@ -136,7 +136,7 @@ pub fn conv2d(
         )
     };
     let fast = x.device().is_cpu() && x.dtype() == DType::F32 && cfg.groups == 1;
-    if !fast || n == 0 || oc == 0 || geom.rows() == 0 {
+    if !fast || n == 0 || oc == 0 || geom.rows() == 0 || geom.image_len() == 0 {
         let y = x.conv2d(w, cfg.padding, cfg.stride, cfg.dilation, cfg.groups)?;
         return match bias {
             Some(b) => y.broadcast_add(&b.reshape((1, oc, 1, 1))?),
@@ -260,6 +260,38 @@ fn gemm_threads(n: usize) -> Option<usize> {
     (n < threads).then_some(threads)
 }
 
+/// Runs `f(i, scratch, out_i, parallelism)` for every image `i` of `n`, `out_i` being the
+/// `i`-th of `n` equal parts of `out` and `scratch` a buffer of `scratch` elements. Images
+/// are split into one contiguous run per thread, each with its own buffer.
+fn per_image<F>(out: &mut [f32], n: usize, scratch: usize, f: F)
+where
+    F: Fn(usize, &mut [f32], &mut [f32], Parallelism) + Sync,
+{
+    let len = out.len() / n.max(1);
+    if len == 0 {
+        return;
+    }
+    match gemm_threads(n) {
+        None => {
+            let per = n.div_ceil(rayon::current_num_threads());
+            out.par_chunks_mut(per * len)
+                .enumerate()
+                .for_each(|(run, chunk)| {
+                    let mut buf = vec![0f32; scratch];
+                    for (j, o) in chunk.chunks_mut(len).enumerate() {
+                        f(run * per + j, &mut buf, o, Parallelism::None);
+                    }
+                })
+        }
+        Some(t) => {
+            let mut buf = vec![0f32; scratch];
+            for (i, o) in out.chunks_mut(len).enumerate() {
+                f(i, &mut buf, o, Parallelism::Rayon(t));
+            }
+        }
+    }
+}
+
 fn image_strides(l: &Layout) -> (usize, [usize; 3]) {
     let s = l.stride();
     (s[0], [s[1], s[2], s[3]])
@@ -299,18 +331,7 @@ impl ConvOp {
             };
             sgemm((oc, p, k), y, bias.is_some(), lhs, rhs, par);
         };
-        match gemm_threads(n) {
-            None => out.par_chunks_mut(oc * p).enumerate().for_each_init(
-                || vec![0f32; k * p],
-                |cols, (i, y)| image(i, cols, y, Parallelism::None),
-            ),
-            Some(t) => {
-                let mut cols = vec![0f32; k * p];
-                for (i, y) in out.chunks_mut(oc * p).enumerate() {
-                    image(i, &mut cols, y, Parallelism::Rayon(t));
-                }
-            }
-        }
+        per_image(&mut out, n, k * p, image);
         Ok((CpuStorage::F32(out), Shape::from((n, oc, g.out_h, g.out_w))))
     }
 
@@ -506,18 +527,7 @@ impl CustomOp2 for InputGrad {
             sgemm((k, p, oc), dcols, false, lhs, rhs, par);
             col2im(dcols, g, dxi);
         };
-        match gemm_threads(n) {
-            None => dx.par_chunks_mut(img).enumerate().for_each_init(
-                || vec![0f32; k * p],
-                |dcols, (i, dxi)| image(i, dcols, dxi, Parallelism::None),
-            ),
-            Some(t) => {
-                let mut dcols = vec![0f32; k * p];
-                for (i, dxi) in dx.chunks_mut(img).enumerate() {
-                    image(i, &mut dcols, dxi, Parallelism::Rayon(t));
-                }
-            }
-        }
+        per_image(&mut dx, n, k * p, image);
         let shape = Shape::from((n, g.channels, g.height, g.width));
         Ok((CpuStorage::F32(dx), shape))
     }
