@@ -8,8 +8,12 @@
 //!   so both compute all three gradients.
 //! * `pool1`: 2x2 max pool of the 6x28x28 conv1 output.
 //!
-//! Each group times `forward` alone and `fwd+bwd` (forward, `sum(y * r)`, backward) for
-//! `qcandle` and `candle`. The thread-count lookup is pinned first
+//! Each group times `forward` alone and `fwd+bwd` (forward, the loss `sum(y)`, backward) for
+//! `qcandle` and `candle`, and `loss-only`, the loss and its backward on a variable of the
+//! output's shape (the part of `fwd+bwd` that is not the layer). candle materialises the
+//! loss gradient, so the layer's backward receives a contiguous tensor, as from a following
+//! layer; other losses (`sum(y * r)`, a dot product) cost candle several milliseconds more
+//! on the conv1 output, the same on both sides. The thread-count lookup is pinned first
 //! ([`qcandle::ops::conv::pin_thread_count`]), which speeds up candle's matmuls as well.
 //! Run: `cargo bench --bench conv`.
 
@@ -46,9 +50,17 @@ fn bench_conv(c: &mut Criterion) {
         };
         let w = Var::randn(0f32, 0.1, (cout, cin, 5, 5), &dev).expect("weight");
         let b = Var::zeros(cout, DType::F32, &dev).expect("bias");
-        let out = size - 4;
-        let r = Tensor::randn(0f32, 1.0, (BATCH, cout, out, out), &dev).expect("r");
         let mut g = c.benchmark_group(name);
+        // The loss and its backward alone, on a variable of the output's shape.
+        let y0 = Var::from_tensor(&ours(&x, &w, &b).expect("forward")).expect("var");
+        g.bench_function("loss-only", |bench| {
+            bench.iter(|| {
+                y0.flatten_all()
+                    .and_then(|t| t.sum_all())
+                    .and_then(|l| l.backward())
+                    .expect("backward")
+            })
+        });
         for (impl_name, op) in [("qcandle", ours as Op), ("candle", theirs as Op)] {
             g.bench_function(format!("forward/{impl_name}"), |bench| {
                 bench.iter(|| op(&x, &w, &b).expect("forward"))
@@ -56,7 +68,7 @@ fn bench_conv(c: &mut Criterion) {
             g.bench_function(format!("fwd+bwd/{impl_name}"), |bench| {
                 bench.iter(|| {
                     let y = op(&x, &w, &b).expect("forward");
-                    (&y * &r)
+                    y.flatten_all()
                         .and_then(|t| t.sum_all())
                         .and_then(|l| l.backward())
                         .expect("backward")
@@ -67,7 +79,6 @@ fn bench_conv(c: &mut Criterion) {
     }
 
     let x = Var::randn(0f32, 1.0, (BATCH, 6, 28, 28), &dev).expect("input");
-    let r = Tensor::randn(0f32, 1.0, (BATCH, 6, 14, 14), &dev).expect("r");
     let mut g = c.benchmark_group("pool1");
     type Pool = fn(&Tensor) -> candle_core::Result<Tensor>;
     let pools: [(&str, Pool); 2] = [
@@ -81,7 +92,7 @@ fn bench_conv(c: &mut Criterion) {
         g.bench_function(format!("fwd+bwd/{impl_name}"), |bench| {
             bench.iter(|| {
                 let y = op(x.as_tensor()).expect("forward");
-                (&y * &r)
+                y.flatten_all()
                     .and_then(|t| t.sum_all())
                     .and_then(|l| l.backward())
                     .expect("backward")
