@@ -2,3 +2,4 @@
 //! `kernels/*.cu` at the repository root.
 
 pub mod cpu;
+pub mod im2col;

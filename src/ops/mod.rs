@@ -1,8 +1,11 @@
-//! candle operations: the fused quantize op (straight-through backward), the `Quantizer`
-//! layer with its own backward format, and bit-pattern packing.
+//! candle operations: convolution and max pooling with fast CPU backward passes, the fused
+//! quantize op (straight-through backward), the `Quantizer` layer with its own backward
+//! format, and bit-pattern packing.
 
+pub mod conv;
 pub mod pack;
 pub mod quantize;
 
+pub use conv::{conv2d, max_pool2d};
 pub use pack::{pack, unpack};
 pub use quantize::{quantize, quantize_, quantize_no_grad, Quant, Quantizer};

@@ -1,0 +1,698 @@
+//! 2-D convolution and max pooling on CPU f32 tensors, with their own backward passes.
+//!
+//! # Math
+//!
+//! For a batch of `N` images `x` of shape `(N, C, H, W)`, a weight `w` of shape
+//! `(OC, C, KH, KW)` and an optional bias `b` of shape `(OC)`, let `cols[n]` be the
+//! `K x P` column matrix of image `n` ([`crate::kernels::im2col`]: `K = C*KH*KW` rows,
+//! `P = OH*OW` columns) and read `w` as the row-major `OC x K` matrix `W`. Then, per image:
+//!
+//! * forward: `Y[n] (OC x P) = W (OC x K) * cols[n] (K x P) + b` (one GEMM of `m = OC`,
+//!   `n = P`, `k = K`, written straight into the `(OC, OH, OW)` output plane);
+//! * weight gradient: `dW (OC x K) = sum_n dY[n] (OC x P) * cols[n]^T (P x K)` (`cols[n]` is
+//!   recomputed by im2col; the transpose is a stride swap, nothing is copied);
+//! * input gradient: `dX[n] = col2im(W^T (K x OC) * dY[n] (OC x P))`, skipped entirely when
+//!   the input tensor tracks no gradient (a data batch);
+//! * bias gradient: `db[o] = sum_n sum_q dY[n][o, q]`, a reduction over contiguous rows.
+//!
+//! Images are spread over the rayon pool (one GEMM per image on its thread, with its own
+//! column buffer); for fewer images than threads the GEMM itself is parallel instead. The
+//! weight gradient sums one partial `dW` per thread. The GEMMs are the `gemm` crate's, the
+//! kernel candle-core uses for its own CPU matmul.
+//!
+//! Other devices, dtypes and grouped convolutions use candle's `Tensor::conv2d`, so results
+//! are correct everywhere and fast on CPU f32.
+//!
+//! Max pooling ([`max_pool2d`]) takes the first maximum of each window in row-major order
+//! (as candle's and PyTorch's forward do) and its backward sends each window's gradient to
+//! that element, recomputing the position from the input; windows may overlap. This is
+//! PyTorch's gradient. candle 0.11.1's own max-pool backward differs: it scales each
+//! gradient by `1 / kernel^2` (it multiplies by the window mean of the max mask), misplaces
+//! gradients when the input size is not a multiple of the window, and refuses overlapping
+//! windows.
+//!
+//! The per-image GEMMs are small (for LeNet's conv2, `16 x 100 x 150`) but run at about
+//! 60 GFLOP/s on one core, so the op needs no larger batched GEMM.
+//!
+//! # Thread count lookup
+//!
+//! candle looks up its thread count on every CPU matmul, reading the CPU topology from
+//! `/proc` each time unless `RAYON_NUM_THREADS` is set. [`pin_thread_count`] (called by
+//! [`conv2d`] and [`max_pool2d`] on first use) sets `RAYON_NUM_THREADS` once to the value
+//! candle would have computed, after starting rayon's global pool so its size is unchanged.
+
+use std::borrow::Cow;
+use std::sync::Once;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use crate::kernels::im2col::{col2im, im2col, ConvGeom};
+
+static PIN: Once = Once::new();
+
+/// Makes candle's per-matmul thread-count lookup a cheap environment read: when neither
+/// `RAYON_NUM_THREADS` nor `CANDLE_NUM_THREADS` is set, sets `RAYON_NUM_THREADS` (once per
+/// process) to the count candle computes from the CPU topology, after rayon's global pool
+/// has been built (so the pool keeps its size). Child processes inherit the variable.
+/// Call it early, before other threads read the environment.
+pub fn pin_thread_count() {
+    PIN.call_once(|| {
+        let set = |k| std::env::var_os(k).is_some();
+        if !set("RAYON_NUM_THREADS") && !set("CANDLE_NUM_THREADS") {
+            let _ = rayon::current_num_threads();
+            let n = candle_core::utils::get_num_threads();
+            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        }
+    });
+}
+
+/// A 2-D convolution of `x` `(N, C, H, W)` with `w` `(OC, C/groups, KH, KW)`, plus `bias`
+/// `(OC)` when given, with `cfg`'s padding, stride, dilation and groups.
+///
+/// On CPU with f32 tensors and `groups == 1` this is an im2col + GEMM op with its own
+/// backward (see the module docs); otherwise candle's `Tensor::conv2d`. Shape, dtype and
+/// device mismatches are errors.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// let x = Tensor::ones((1, 1, 3, 3), candle_core::DType::F32, &Device::Cpu)?;
+/// let w = Tensor::ones((2, 1, 2, 2), candle_core::DType::F32, &Device::Cpu)?;
+/// let b = Tensor::new(&[0.0f32, 1.0], &Device::Cpu)?;
+/// let y = qcandle::ops::conv2d(&x, &w, Some(&b), &Default::default())?;
+/// assert_eq!(y.dims(), [1, 2, 2, 2]);
+/// assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, [4.0, 4.0, 4.0, 4.0, 5.0, 5.0, 5.0, 5.0]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    cfg: &candle_nn::Conv2dConfig,
+) -> Result<Tensor> {
+    let (n, c, h, wd) = x.dims4()?;
+    let (oc, wc, kh, kw) = w.dims4()?;
+    if cfg.groups == 0 || cfg.stride == 0 || cfg.dilation == 0 {
+        bail!(
+            "conv2d: groups ({}), stride ({}) and dilation ({}) must be positive",
+            cfg.groups,
+            cfg.stride,
+            cfg.dilation
+        )
+    }
+    if wc.checked_mul(cfg.groups) != Some(c) || oc % cfg.groups != 0 {
+        bail!(
+            "conv2d: input (N, C, H, W) = {:?} and weight (OC, C/groups, KH, KW) = {:?} do not \
+             match for groups = {}",
+            x.dims(),
+            w.dims(),
+            cfg.groups
+        )
+    }
+    if x.dtype() != w.dtype() || !x.device().same_device(w.device()) {
+        bail!(
+            "conv2d: input ({:?}, {:?}) and weight ({:?}, {:?}) differ in dtype or device",
+            x.dtype(),
+            x.device().location(),
+            w.dtype(),
+            w.device().location()
+        )
+    }
+    if let Some(b) = bias {
+        if b.dims() != [oc] {
+            bail!(
+                "conv2d: bias of shape {:?} for a weight with {oc} output channels",
+                b.dims()
+            )
+        }
+        if b.dtype() != x.dtype() || !b.device().same_device(x.device()) {
+            bail!("conv2d: bias differs from the input in dtype or device")
+        }
+    }
+    let Some(geom) = ConvGeom::new((c, h, wd), (kh, kw), cfg.stride, cfg.padding, cfg.dilation)
+    else {
+        bail!(
+            "conv2d: kernel {kh}x{kw} (dilation {}) does not fit the {h}x{wd} input with \
+             padding {}",
+            cfg.dilation,
+            cfg.padding
+        )
+    };
+    let fast = x.device().is_cpu() && x.dtype() == DType::F32 && cfg.groups == 1;
+    if !fast || n == 0 || oc == 0 || geom.rows() == 0 || geom.image_len() == 0 {
+        let y = x.conv2d(w, cfg.padding, cfg.stride, cfg.dilation, cfg.groups)?;
+        return match bias {
+            Some(b) => y.broadcast_add(&b.reshape((1, oc, 1, 1))?),
+            None => Ok(y),
+        };
+    }
+    pin_thread_count();
+    let op = ConvOp {
+        geom,
+        out_channels: oc,
+    };
+    match bias {
+        Some(b) => x.apply_op3(w, b, op),
+        None => x.apply_op2(w, op),
+    }
+}
+
+/// The forward op: `(x, w)` or `(x, w, bias)`.
+#[derive(Debug, Clone, Copy)]
+struct ConvOp {
+    geom: ConvGeom,
+    out_channels: usize,
+}
+
+fn f32s<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
+    match s {
+        CpuStorage::F32(v) => Ok(v),
+        other => bail!("conv2d: {what} must be f32, got {:?}", other.dtype()),
+    }
+}
+
+/// The elements of a tensor in row-major order, borrowed when the layout is contiguous.
+fn contiguous<'a>(v: &'a [f32], l: &Layout) -> Cow<'a, [f32]> {
+    if let Some((a, b)) = l.contiguous_offsets() {
+        return Cow::Borrowed(&v[a..b]);
+    }
+    let dims = l.dims();
+    let strides = l.stride();
+    let total: usize = dims.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0usize; dims.len()];
+    for _ in 0..total {
+        let off: usize =
+            l.start_offset() + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
+        out.push(v[off]);
+        for d in (0..dims.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A row-major view of a matrix: element `(i, j)` at `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+impl Mat<'_> {
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst (m x n, row-major, contiguous) = [dst +] lhs (m x k) * rhs (k x n)`.
+fn sgemm(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: Mat,
+    rhs: Mat,
+    par: Parallelism,
+) {
+    assert!(dst.len() >= m * n && lhs.fits(m, k) && rhs.fits(k, n));
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    // SAFETY: the assert above keeps every index the kernel touches inside the slices, and
+    // `dst` is borrowed mutably so it does not alias `lhs` or `rhs`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// None to spread `n` images over the threads (each GEMM sequential); `Some(threads)` when
+/// there are fewer images than threads, to run them one after the other with parallel GEMMs.
+fn gemm_threads(n: usize) -> Option<usize> {
+    let threads = rayon::current_num_threads();
+    (n < threads).then_some(threads)
+}
+
+/// Runs `f(i, scratch, out_i, parallelism)` for every image `i` of `n`, `out_i` being the
+/// `i`-th of `n` equal parts of `out` and `scratch` a buffer of `scratch` elements. Images
+/// are split into one contiguous run per thread, each with its own buffer.
+fn per_image<F>(out: &mut [f32], n: usize, scratch: usize, f: F)
+where
+    F: Fn(usize, &mut [f32], &mut [f32], Parallelism) + Sync,
+{
+    let len = out.len() / n.max(1);
+    if len == 0 {
+        return;
+    }
+    match gemm_threads(n) {
+        None => {
+            let per = n.div_ceil(rayon::current_num_threads());
+            out.par_chunks_mut(per * len)
+                .enumerate()
+                .for_each(|(run, chunk)| {
+                    let mut buf = vec![0f32; scratch];
+                    for (j, o) in chunk.chunks_mut(len).enumerate() {
+                        f(run * per + j, &mut buf, o, Parallelism::None);
+                    }
+                })
+        }
+        Some(t) => {
+            let mut buf = vec![0f32; scratch];
+            for (i, o) in out.chunks_mut(len).enumerate() {
+                f(i, &mut buf, o, Parallelism::Rayon(t));
+            }
+        }
+    }
+}
+
+fn image_strides(l: &Layout) -> (usize, [usize; 3]) {
+    let s = l.stride();
+    (s[0], [s[1], s[2], s[3]])
+}
+
+impl ConvOp {
+    fn forward(
+        &self,
+        x: (&[f32], &Layout),
+        w: (&[f32], &Layout),
+        bias: Option<(&[f32], &Layout)>,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        let (n, oc) = (x.1.dims()[0], self.out_channels);
+        let (k, p) = (g.rows(), g.cols());
+        let wm = contiguous(w.0, w.1);
+        let bias = bias.map(|(b, l)| contiguous(b, l));
+        let (sn, strides) = image_strides(x.1);
+        let x0 = x.1.start_offset();
+        let mut out = vec![0f32; n * oc * p];
+        let image = |i: usize, cols: &mut [f32], y: &mut [f32], par| {
+            im2col(x.0, x0 + i * sn, strides, g, 0.0, cols);
+            if let Some(b) = &bias {
+                for (row, &bv) in y.chunks_exact_mut(p).zip(b.iter()) {
+                    row.fill(bv);
+                }
+            }
+            let lhs = Mat {
+                data: &wm,
+                rs: k,
+                cs: 1,
+            };
+            let rhs = Mat {
+                data: cols,
+                rs: p,
+                cs: 1,
+            };
+            sgemm((oc, p, k), y, bias.is_some(), lhs, rhs, par);
+        };
+        per_image(&mut out, n, k * p, image);
+        Ok((CpuStorage::F32(out), Shape::from((n, oc, g.out_h, g.out_w))))
+    }
+
+    fn grads(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dw = if w.track_op() {
+            Some(x.apply_op2_no_bwd(grad, &WeightGrad(*self))?)
+        } else {
+            None
+        };
+        let dx = if x.track_op() {
+            Some(grad.apply_op2_no_bwd(w, &InputGrad(*self))?)
+        } else {
+            None
+        };
+        let db = match b {
+            Some(b) if b.track_op() => Some(grad.apply_op1_no_bwd(&BiasGrad)?),
+            _ => None,
+        };
+        Ok((dx, dw, db))
+    }
+}
+
+impl CustomOp2 for ConvOp {
+    fn name(&self) -> &'static str {
+        "qcandle-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.forward((f32s(s1, "input")?, l1), (f32s(s2, "weight")?, l2), None)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, _) = self.grads(x, w, None, grad)?;
+        Ok((dx, dw))
+    }
+}
+
+impl CustomOp3 for ConvOp {
+    fn name(&self) -> &'static str {
+        "qcandle-conv2d-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let b = (f32s(s3, "bias")?, l3);
+        self.forward((f32s(s1, "input")?, l1), (f32s(s2, "weight")?, l2), Some(b))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.grads(x, w, Some(b), grad)
+    }
+}
+
+/// `dW = sum_n dY[n] * cols[n]^T`, applied to `(x, dY)`.
+struct WeightGrad(ConvOp);
+
+impl CustomOp2 for WeightGrad {
+    fn name(&self) -> &'static str {
+        "qcandle-conv2d-weight-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0.geom;
+        let (n, oc) = (l1.dims()[0], self.0.out_channels);
+        let (k, p) = (g.rows(), g.cols());
+        let x = f32s(s1, "input")?;
+        let dy = contiguous(f32s(s2, "gradient")?, l2);
+        let (sn, strides) = image_strides(l1);
+        let x0 = l1.start_offset();
+        // Adds images `range` into `dw`.
+        let chunk = |range: std::ops::Range<usize>, dw: &mut [f32], cols: &mut [f32], par| {
+            for i in range {
+                im2col(x, x0 + i * sn, strides, g, 0.0, cols);
+                let lhs = Mat {
+                    data: &dy[i * oc * p..(i + 1) * oc * p],
+                    rs: p,
+                    cs: 1,
+                };
+                let rhs = Mat {
+                    data: cols,
+                    rs: 1,
+                    cs: p,
+                };
+                sgemm((oc, k, p), dw, true, lhs, rhs, par);
+            }
+        };
+        let dw = match gemm_threads(n) {
+            None => {
+                let threads = rayon::current_num_threads().min(n);
+                let per = n.div_ceil(threads);
+                (0..threads)
+                    .into_par_iter()
+                    .map(|t| {
+                        let mut dw = vec![0f32; oc * k];
+                        let mut cols = vec![0f32; k * p];
+                        chunk(
+                            t * per..((t + 1) * per).min(n),
+                            &mut dw,
+                            &mut cols,
+                            Parallelism::None,
+                        );
+                        dw
+                    })
+                    .reduce_with(|mut a, b| {
+                        a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                        a
+                    })
+                    .unwrap_or_else(|| vec![0f32; oc * k])
+            }
+            Some(t) => {
+                let mut dw = vec![0f32; oc * k];
+                let mut cols = vec![0f32; k * p];
+                chunk(0..n, &mut dw, &mut cols, Parallelism::Rayon(t));
+                dw
+            }
+        };
+        let shape = Shape::from((oc, g.channels, g.kernel_h, g.kernel_w));
+        Ok((CpuStorage::F32(dw), shape))
+    }
+}
+
+/// `dX[n] = col2im(W^T * dY[n])`, applied to `(dY, w)`.
+struct InputGrad(ConvOp);
+
+impl CustomOp2 for InputGrad {
+    fn name(&self) -> &'static str {
+        "qcandle-conv2d-input-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0.geom;
+        let (n, oc) = (l1.dims()[0], self.0.out_channels);
+        let (k, p) = (g.rows(), g.cols());
+        let dy = contiguous(f32s(s1, "gradient")?, l1);
+        let wm = contiguous(f32s(s2, "weight")?, l2);
+        let img = g.image_len();
+        let mut dx = vec![0f32; n * img];
+        let image = |i: usize, dcols: &mut [f32], dxi: &mut [f32], par| {
+            let lhs = Mat {
+                data: &wm,
+                rs: 1,
+                cs: k,
+            };
+            let rhs = Mat {
+                data: &dy[i * oc * p..(i + 1) * oc * p],
+                rs: p,
+                cs: 1,
+            };
+            sgemm((k, p, oc), dcols, false, lhs, rhs, par);
+            col2im(dcols, g, dxi);
+        };
+        per_image(&mut dx, n, k * p, image);
+        let shape = Shape::from((n, g.channels, g.height, g.width));
+        Ok((CpuStorage::F32(dx), shape))
+    }
+}
+
+/// `db[o] = sum over n, q of dY[n, o, q]`, applied to `dY`.
+struct BiasGrad;
+
+impl CustomOp1 for BiasGrad {
+    fn name(&self) -> &'static str {
+        "qcandle-conv2d-bias-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, oc, h, w) = l.shape().dims4()?;
+        let p = h * w;
+        let dy = contiguous(f32s(s, "gradient")?, l);
+        let db: Vec<f32> = (0..oc)
+            .into_par_iter()
+            .map(|o| {
+                let mut acc = 0f64;
+                for i in 0..n {
+                    let row = &dy[(i * oc + o) * p..(i * oc + o + 1) * p];
+                    acc += row.iter().sum::<f32>() as f64;
+                }
+                acc as f32
+            })
+            .collect();
+        Ok((CpuStorage::F32(db), Shape::from(oc)))
+    }
+}
+
+/// Max pooling of `x` `(N, C, H, W)` over `kernel x kernel` windows every `stride` pixels
+/// (no padding; output `(H - kernel) / stride + 1` per axis).
+///
+/// On CPU with f32 this is an op whose backward sends each window's gradient to the first
+/// maximum of the window (overlapping windows add up); otherwise candle's
+/// `max_pool2d_with_stride`. Forward values equal candle's.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// let x = Tensor::arange(0f32, 16.0, &Device::Cpu)?.reshape((1, 1, 4, 4))?;
+/// let y = qcandle::ops::max_pool2d(&x, 2, 2)?;
+/// assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, [5.0, 7.0, 13.0, 15.0]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
+    let (n, c, h, w) = x.dims4()?;
+    if kernel == 0 || stride == 0 {
+        bail!("max_pool2d: kernel ({kernel}) and stride ({stride}) must be positive")
+    }
+    if h < kernel || w < kernel {
+        bail!("max_pool2d: kernel {kernel} is larger than the {h}x{w} input")
+    }
+    if !x.device().is_cpu() || x.dtype() != DType::F32 || n * c == 0 {
+        return x.max_pool2d_with_stride(kernel, stride);
+    }
+    pin_thread_count();
+    x.apply_op1(MaxPool { kernel, stride })
+}
+
+#[derive(Debug, Clone, Copy)]
+struct MaxPool {
+    kernel: usize,
+    stride: usize,
+}
+
+impl MaxPool {
+    fn out(&self, h: usize, w: usize) -> (usize, usize) {
+        (
+            (h - self.kernel) / self.stride + 1,
+            (w - self.kernel) / self.stride + 1,
+        )
+    }
+
+    /// Calls `f(q, y, x, value)` for every window `q` of `plane` (an index into `N * C`) with
+    /// the coordinates and value of the window's first maximum in row-major order.
+    fn for_each_argmax(
+        &self,
+        x: &[f32],
+        l: &Layout,
+        plane: usize,
+        mut f: impl FnMut(usize, usize, usize, f32),
+    ) {
+        let (c, h, w) = (l.dims()[1], l.dims()[2], l.dims()[3]);
+        let s = l.stride();
+        let (oh, ow) = self.out(h, w);
+        let base = l.start_offset() + (plane / c) * s[0] + (plane % c) * s[1];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let (y0, x0) = (oy * self.stride, ox * self.stride);
+                let (mut by, mut bx) = (y0, x0);
+                let mut best = x[base + y0 * s[2] + x0 * s[3]];
+                for yy in y0..y0 + self.kernel {
+                    let row = base + yy * s[2];
+                    for xx in x0..x0 + self.kernel {
+                        let v = x[row + xx * s[3]];
+                        if best < v {
+                            (best, by, bx) = (v, yy, xx);
+                        }
+                    }
+                }
+                f(oy * ow + ox, by, bx, best);
+            }
+        }
+    }
+}
+
+impl CustomOp1 for MaxPool {
+    fn name(&self) -> &'static str {
+        "qcandle-max-pool2d"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, c, h, w) = l.shape().dims4()?;
+        let x = f32s(s, "input")?;
+        let (oh, ow) = self.out(h, w);
+        let mut y = vec![0f32; n * c * oh * ow];
+        y.par_chunks_mut(oh * ow)
+            .enumerate()
+            .for_each(|(plane, yp)| {
+                self.for_each_argmax(x, l, plane, |q, _, _, v| yp[q] = v);
+            });
+        Ok((CpuStorage::F32(y), Shape::from((n, c, oh, ow))))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(grad, &MaxPoolGrad(*self))?))
+    }
+}
+
+/// Scatters the output gradient to the window maxima, applied to `(x, dY)`.
+struct MaxPoolGrad(MaxPool);
+
+impl CustomOp2 for MaxPoolGrad {
+    fn name(&self) -> &'static str {
+        "qcandle-max-pool2d-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, c, h, w) = l1.shape().dims4()?;
+        let x = f32s(s1, "input")?;
+        let dy = contiguous(f32s(s2, "gradient")?, l2);
+        let (oh, ow) = self.0.out(h, w);
+        let mut dx = vec![0f32; n * c * h * w];
+        dx.par_chunks_mut(h * w)
+            .enumerate()
+            .for_each(|(plane, dxp)| {
+                let g = &dy[plane * oh * ow..(plane + 1) * oh * ow];
+                self.0
+                    .for_each_argmax(x, l1, plane, |q, yy, xx, _| dxp[yy * w + xx] += g[q]);
+            });
+        Ok((CpuStorage::F32(dx), Shape::from((n, c, h, w))))
+    }
+}
