@@ -161,16 +161,8 @@ impl Module for QConv2d {
             Some(b) => Some(round_weight(b, self.weight_quant.as_ref())?),
             None => None,
         };
-        let y = conv2d(x, &w, b.as_ref(), &self.config)?;
+        let y = crate::ops::conv2d(x, &w, b.as_ref(), &self.config)?;
         round_output(y, self.output.as_ref())
-    }
-}
-
-fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &Conv2dConfig) -> Result<Tensor> {
-    let y = x.conv2d(w, c.padding, c.stride, c.dilation, c.groups)?;
-    match b {
-        Some(b) => y.broadcast_add(&b.reshape((1, b.elem_count(), 1, 1))?),
-        None => Ok(y),
     }
 }
 

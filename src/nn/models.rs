@@ -159,7 +159,7 @@ impl Module for Model {
 
 /// Max-pooling with a square window and equal stride.
 fn max_pool(x: &Tensor, size: usize) -> Result<Tensor> {
-    x.max_pool2d(size)
+    crate::ops::max_pool2d(x, size, size)
 }
 
 /// A multilayer perceptron on flattened images, ReLU between layers.
