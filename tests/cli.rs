@@ -188,8 +188,8 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
 }
 
 #[test]
-fn demo_reports_every_preset() {
-    let o = qcandle(&["demo", "--samples", "4096"]);
+fn demo_reports_every_preset_and_two_trained_accuracies() {
+    let o = qcandle(&["demo", "--samples", "4096", "--epochs", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
     for (name, _, _) in qcandle::Format::presets() {
@@ -198,5 +198,126 @@ fn demo_reports_every_preset() {
             "{name}"
         );
         assert!(out.contains(&format!("| {name} | stochastic |")), "{name}");
+    }
+    for config in ["float32", "posit16"] {
+        let training = out
+            .split("| config | train loss")
+            .nth(1)
+            .expect("a training table");
+        let line = training
+            .lines()
+            .find(|l| l.starts_with(&format!("| {config} |")))
+            .unwrap_or_else(|| panic!("no {config} row in\n{out}"));
+        let top1: f64 = line
+            .split('|')
+            .nth(3)
+            .unwrap()
+            .trim()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert!(top1 > 50.0, "{line}");
+    }
+}
+
+#[test]
+fn train_writes_a_run_that_compare_reads_and_a_second_call_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.to_str().unwrap();
+    let args = [
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        "embedded",
+        "--train-limit",
+        "512",
+        "--config",
+        "posit16",
+        "--epochs",
+        "1",
+        "--batch",
+        "64",
+        "--quiet",
+        "--out",
+        out_s,
+    ];
+    let o = qcandle(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(
+        csv.starts_with("epoch,train_loss,test_loss,top1,top5,seconds\n1,"),
+        "{csv}"
+    );
+    assert!(
+        stderr(&o).contains("peak resident memory"),
+        "{}",
+        stderr(&o)
+    );
+    let mut more = args.to_vec();
+    more[10] = "2";
+    let o = qcandle(&more);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let first = csv
+        .lines()
+        .nth(1)
+        .unwrap()
+        .rsplit_once(',')
+        .unwrap()
+        .0
+        .to_string();
+    assert!(std::fs::read_to_string(out.join("metrics.csv"))
+        .unwrap()
+        .contains(&first));
+    let png = dir.path().join("c.png");
+    let o = qcandle(&["compare", out_s, "--plot", png.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("| run | posit16 | 2 |")),
+        "{table}"
+    );
+    assert!(png.is_file());
+}
+
+#[test]
+fn train_and_compare_refuse_bad_input_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["train", "--model", "resnet"], "unknown model `resnet`"),
+        (vec!["train", "--data", "cifar"], "cifar"),
+        (
+            vec!["train", "--data", "embedded", "--config", "posit12"],
+            "posit12",
+        ),
+        (
+            vec![
+                "train",
+                "--data",
+                "mnist",
+                "--data-dir",
+                missing.to_str().unwrap(),
+            ],
+            "nothing",
+        ),
+        (vec!["train", "--optimizer", "lion"], "lion"),
+        (vec!["compare", missing.to_str().unwrap()], "run.json"),
+    ];
+    for (args, needle) in cases {
+        let o = qcandle(&args);
+        // 1: our errors; 2: clap's usage errors.
+        assert!(
+            matches!(o.status.code(), Some(1 | 2)),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
     }
 }
