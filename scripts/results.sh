@@ -8,8 +8,12 @@ cd "$(dirname "$0")/.."
 epochs="${1:-10}"
 mnist="${2:-../shared/data/mnist}"
 configs="float32 bf16 posit32 posit16 posit8"
-cargo build --release --quiet
-bin=target/release/qcandle
+# QCANDLE_BIN: a prebuilt binary (default: build this checkout).
+bin="${QCANDLE_BIN:-}"
+if [ -z "$bin" ]; then
+    cargo build --release --quiet
+    bin=target/release/qcandle
+fi
 mkdir -p results
 for data in fashion-mnist mnist; do
     dir_arg=()
