@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Conv2dConfig;
-use qcandle::ops::{conv2d, max_pool2d};
+use qcandle::ops::{conv2d, conv2d_relu, max_pool2d};
 
 type Result<T> = anyhow::Result<T>;
 
@@ -217,6 +217,35 @@ fn forward_and_input_weight_bias_gradients_equal_a_direct_f64_loop() -> Result<(
             &format!("case {i}"),
         )?;
     }
+    Ok(())
+}
+
+/// The fused ReLU equals our convolution followed by candle's ReLU, in value and in all
+/// three gradients, on every case (ReLU kills roughly half of the outputs).
+#[test]
+fn fused_relu_equals_conv2d_then_relu_with_all_gradients() -> Result<()> {
+    let relu_after = |x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &Conv2dConfig| {
+        Ok(conv2d(x, w, b, c)?.relu()?)
+    };
+    let fused =
+        |x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &Conv2dConfig| Ok(conv2d_relu(x, w, b, c)?);
+    let (mut zeros, mut total) = (0, 0);
+    for (i, case) in CASES.iter().enumerate() {
+        let (x, w, b, c) = case_args(i, case)?;
+        let args = (&x, &w, b.as_ref());
+        let y = conv2d(&x, &w, b.as_ref(), &c)?;
+        let r = rand(y.dims(), i as u64 + 200)?;
+        let got = run(fused, args, &r, &c)?;
+        check(&got, &run(relu_after, args, &r, &c)?, &format!("case {i}"))?;
+        let y = got[0].flatten_all()?.to_vec1::<f32>()?;
+        assert!(y.iter().all(|&v| v >= 0.0), "case {i}: negative output");
+        zeros += y.iter().filter(|&&v| v == 0.0).count();
+        total += y.len();
+    }
+    assert!(
+        zeros > total / 4 && zeros < total * 3 / 4,
+        "{zeros} of {total} zero"
+    );
     Ok(())
 }
 

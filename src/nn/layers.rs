@@ -110,6 +110,7 @@ pub struct QConv2d {
     weight: Tensor,
     bias: Option<Tensor>,
     config: Conv2dConfig,
+    relu: bool,
     weight_quant: Option<Quant>,
     output: Option<Quantizer>,
     name: String,
@@ -132,10 +133,19 @@ impl QConv2d {
             weight: layer.weight().clone(),
             bias: layer.bias().cloned(),
             config: conv,
+            relu: false,
             weight_quant: config.quant(&name, Category::Weight),
             output: output_quantizer(config, &name),
             name,
         })
+    }
+
+    /// The same layer followed by a ReLU, fused into the convolution op
+    /// ([`crate::ops::conv2d_relu`]): the output is `Q_act(relu(conv(x)))`, which equals
+    /// `relu(Q_act(conv(x)))` because rounding keeps signs and zero.
+    pub fn with_relu(mut self) -> Self {
+        self.relu = true;
+        self
     }
 
     /// The layer name (its variables' prefix).
@@ -161,7 +171,11 @@ impl Module for QConv2d {
             Some(b) => Some(round_weight(b, self.weight_quant.as_ref())?),
             None => None,
         };
-        let y = crate::ops::conv2d(x, &w, b.as_ref(), &self.config)?;
+        let y = if self.relu {
+            crate::ops::conv2d_relu(x, &w, b.as_ref(), &self.config)?
+        } else {
+            crate::ops::conv2d(x, &w, b.as_ref(), &self.config)?
+        };
         round_output(y, self.output.as_ref())
     }
 }

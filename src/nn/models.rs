@@ -214,8 +214,8 @@ impl LeNet5 {
         let side = if padded { 5 } else { 4 };
         Ok(LeNet5 {
             padded,
-            conv1: QConv2d::new(1, 6, 5, conv, vb.pp("conv1"), config)?,
-            conv2: QConv2d::new(6, 16, 5, conv, vb.pp("conv2"), config)?,
+            conv1: QConv2d::new(1, 6, 5, conv, vb.pp("conv1"), config)?.with_relu(),
+            conv2: QConv2d::new(6, 16, 5, conv, vb.pp("conv2"), config)?.with_relu(),
             fc1: QLinear::new(16 * side * side, 120, vb.pp("fc1"), config)?,
             fc2: QLinear::new(120, 84, vb.pp("fc2"), config)?,
             fc3: QLinear::new(84, 10, vb.pp("fc3"), config)?,
@@ -234,8 +234,8 @@ impl Module for LeNet5 {
         } else {
             x.clone()
         };
-        let x = max_pool(&self.conv1.forward(&x)?.relu()?, 2)?;
-        let x = max_pool(&self.conv2.forward(&x)?.relu()?, 2)?;
+        let x = max_pool(&self.conv1.forward(&x)?, 2)?;
+        let x = max_pool(&self.conv2.forward(&x)?, 2)?;
         let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;
         let x = self.fc2.forward(&x)?.relu()?;
         self.fc3.forward(&x)
@@ -260,8 +260,8 @@ impl CifarNet {
             ..Default::default()
         };
         Ok(CifarNet {
-            conv1: QConv2d::new(3, 64, 5, same, vb.pp("conv1"), config)?,
-            conv2: QConv2d::new(64, 64, 5, same, vb.pp("conv2"), config)?,
+            conv1: QConv2d::new(3, 64, 5, same, vb.pp("conv1"), config)?.with_relu(),
+            conv2: QConv2d::new(64, 64, 5, same, vb.pp("conv2"), config)?.with_relu(),
             fc1: QLinear::new(64 * 8 * 8, 384, vb.pp("fc1"), config)?,
             fc2: QLinear::new(384, 192, vb.pp("fc2"), config)?,
             fc3: QLinear::new(192, 10, vb.pp("fc3"), config)?,
@@ -271,8 +271,8 @@ impl CifarNet {
 
 impl Module for CifarNet {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = max_pool(&self.conv1.forward(x)?.relu()?, 2)?;
-        let x = max_pool(&self.conv2.forward(&x)?.relu()?, 2)?;
+        let x = max_pool(&self.conv1.forward(x)?, 2)?;
+        let x = max_pool(&self.conv2.forward(&x)?, 2)?;
         let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;
         let x = self.fc2.forward(&x)?.relu()?;
         self.fc3.forward(&x)

@@ -94,6 +94,33 @@ pub fn conv2d(
     bias: Option<&Tensor>,
     cfg: &candle_nn::Conv2dConfig,
 ) -> Result<Tensor> {
+    conv2d_act(x, w, bias, cfg, false)
+}
+
+/// `relu(conv2d(x, w, bias))` in one op: the ReLU is applied to each output as it is
+/// written and, in backward, the incoming gradient is masked by `y > 0` inside the op, so
+/// neither pass makes extra passes over the (large) activation.
+///
+/// For any elementwise rounding `Q` with `Q(0) = 0` that keeps signs (every format here),
+/// `Q(relu(y)) = relu(Q(y))` and masking commutes with rounding the gradient, so a
+/// quantizer may follow the fused op instead of sitting between the convolution and the
+/// ReLU.
+pub fn conv2d_relu(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    cfg: &candle_nn::Conv2dConfig,
+) -> Result<Tensor> {
+    conv2d_act(x, w, bias, cfg, true)
+}
+
+fn conv2d_act(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    cfg: &candle_nn::Conv2dConfig,
+    relu: bool,
+) -> Result<Tensor> {
     let (n, c, h, wd) = x.dims4()?;
     let (oc, wc, kh, kw) = w.dims4()?;
     if cfg.groups == 0 || cfg.stride == 0 || cfg.dilation == 0 {
@@ -145,15 +172,17 @@ pub fn conv2d(
     let fast = x.device().is_cpu() && x.dtype() == DType::F32 && cfg.groups == 1;
     if !fast || n == 0 || oc == 0 || geom.rows() == 0 || geom.image_len() == 0 {
         let y = x.conv2d(w, cfg.padding, cfg.stride, cfg.dilation, cfg.groups)?;
-        return match bias {
-            Some(b) => y.broadcast_add(&b.reshape((1, oc, 1, 1))?),
-            None => Ok(y),
+        let y = match bias {
+            Some(b) => y.broadcast_add(&b.reshape((1, oc, 1, 1))?)?,
+            None => y,
         };
+        return if relu { y.relu() } else { Ok(y) };
     }
     pin_thread_count();
     let op = ConvOp {
         geom,
         out_channels: oc,
+        relu,
     };
     match bias {
         Some(b) => x.apply_op3(w, b, op),
@@ -166,6 +195,8 @@ pub fn conv2d(
 struct ConvOp {
     geom: ConvGeom,
     out_channels: usize,
+    /// Whether a ReLU follows the convolution (inside the op).
+    relu: bool,
 }
 
 fn f32s<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
@@ -337,6 +368,9 @@ impl ConvOp {
                 cs: 1,
             };
             sgemm((oc, p, k), y, bias.is_some(), lhs, rhs, par);
+            if self.relu {
+                y.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
         };
         per_image(&mut out, n, k * p, image);
         Ok((CpuStorage::F32(out), Shape::from((n, oc, g.out_h, g.out_w))))
@@ -347,8 +381,16 @@ impl ConvOp {
         x: &Tensor,
         w: &Tensor,
         b: Option<&Tensor>,
+        res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let masked;
+        let grad = if self.relu {
+            masked = grad.apply_op2_no_bwd(res, &ReluMask)?;
+            &masked
+        } else {
+            grad
+        };
         let dw = if w.track_op() {
             Some(x.apply_op2_no_bwd(grad, &WeightGrad(*self))?)
         } else {
@@ -386,10 +428,10 @@ impl CustomOp2 for ConvOp {
         &self,
         x: &Tensor,
         w: &Tensor,
-        _res: &Tensor,
+        res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = self.grads(x, w, None, grad)?;
+        let (dx, dw, _) = self.grads(x, w, None, res, grad)?;
         Ok((dx, dw))
     }
 }
@@ -417,10 +459,39 @@ impl CustomOp3 for ConvOp {
         x: &Tensor,
         w: &Tensor,
         b: &Tensor,
-        _res: &Tensor,
+        res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.grads(x, w, Some(b), grad)
+        self.grads(x, w, Some(b), res, grad)
+    }
+}
+
+/// The ReLU's backward: `dY * (Y > 0)`, applied to `(dY, Y)`.
+struct ReluMask;
+
+impl CustomOp2 for ReluMask {
+    fn name(&self) -> &'static str {
+        "qcandle-relu-mask"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dy = contiguous(f32s(s1, "gradient")?, l1);
+        let y = contiguous(f32s(s2, "output")?, l2);
+        let mut out = vec![0f32; dy.len()];
+        out.par_chunks_mut(1 << 14)
+            .zip(dy.par_chunks(1 << 14).zip(y.par_chunks(1 << 14)))
+            .for_each(|(o, (g, y))| {
+                for ((o, &g), &y) in o.iter_mut().zip(g).zip(y) {
+                    *o = if y > 0.0 { g } else { 0.0 };
+                }
+            });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
 
