@@ -495,7 +495,11 @@ impl CustomOp2 for ReluMask {
     }
 }
 
-/// `dW = sum_n dY[n] * cols[n]^T`, applied to `(x, dY)`.
+/// Images per partial weight gradient (see [`WeightGrad`]).
+const IMAGES_PER_PARTIAL: usize = 16;
+
+/// `dW = sum_n dY[n] * cols[n]^T`, applied to `(x, dY)`: partial sums over fixed runs of
+/// [`IMAGES_PER_PARTIAL`] images, in parallel, then added in order.
 struct WeightGrad(ConvOp);
 
 impl CustomOp2 for WeightGrad {
@@ -534,36 +538,35 @@ impl CustomOp2 for WeightGrad {
                 sgemm((oc, k, p), dw, true, lhs, rhs, par);
             }
         };
-        let dw = match gemm_threads(n) {
-            None => {
-                let threads = rayon::current_num_threads().min(n);
-                let per = n.div_ceil(threads);
-                (0..threads)
-                    .into_par_iter()
-                    .map(|t| {
-                        let mut dw = vec![0f32; oc * k];
-                        let mut cols = vec![0f32; k * p];
-                        chunk(
-                            t * per..((t + 1) * per).min(n),
-                            &mut dw,
-                            &mut cols,
-                            Parallelism::None,
-                        );
-                        dw
-                    })
-                    .reduce_with(|mut a, b| {
-                        a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                        a
-                    })
-                    .unwrap_or_else(|| vec![0f32; oc * k])
-            }
-            Some(t) => {
+        // Partial sums over fixed runs of images, added in order: the result does not
+        // depend on the thread count or on how rayon schedules the runs. With fewer runs
+        // than threads each GEMM is parallel itself (over its output tiles only).
+        let runs = n.div_ceil(IMAGES_PER_PARTIAL);
+        let threads = rayon::current_num_threads();
+        let par = if runs < threads {
+            Parallelism::Rayon(threads)
+        } else {
+            Parallelism::None
+        };
+        let partials: Vec<Vec<f32>> = (0..runs)
+            .into_par_iter()
+            .map(|run| {
                 let mut dw = vec![0f32; oc * k];
                 let mut cols = vec![0f32; k * p];
-                chunk(0..n, &mut dw, &mut cols, Parallelism::Rayon(t));
+                let start = run * IMAGES_PER_PARTIAL;
+                chunk(
+                    start..(start + IMAGES_PER_PARTIAL).min(n),
+                    &mut dw,
+                    &mut cols,
+                    par,
+                );
                 dw
-            }
-        };
+            })
+            .collect();
+        let mut dw = vec![0f32; oc * k];
+        for partial in &partials {
+            dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+        }
         let shape = Shape::from((oc, g.channels, g.kernel_h, g.kernel_w));
         Ok((CpuStorage::F32(dw), shape))
     }
