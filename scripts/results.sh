@@ -23,7 +23,7 @@ for data in fashion-mnist mnist; do
         out="runs/lenet5-$data-$config"
         "$bin" train --model lenet5 --data "$data" "${dir_arg[@]}" --config "$config" \
             --epochs "$epochs" --batch 128 --lr 1e-3 --optimizer adam --seed 0 --out "$out" --quiet \
-            > /dev/null
+            > /dev/null || echo "$out failed (its finished epochs are kept)" >&2
         runs+=("$out")
     done
     "$bin" compare "${runs[@]}" --plot "results/lenet5-$data.png" \
