@@ -629,3 +629,54 @@ fn gradients_are_bit_identical_on_any_thread_count() -> Result<()> {
     assert_eq!(one, on(3)?);
     Ok(())
 }
+
+/// The quantizer fused into the op gives the bits of the convolution followed by a
+/// separate `Quantizer` (values and all three gradients), with and without the ReLU, in
+/// stochastic rounding, where the streams must also be drawn in the same order.
+#[test]
+fn fused_quantizer_equals_a_separate_quantizer_bit_for_bit() -> Result<()> {
+    use candle_core::Module;
+    use qcandle::ops::conv2d_quantized;
+    use qcandle::{Quant, Quantizer, Rounding};
+    let quants = || -> Result<(Quant, Quant)> {
+        let sr = Rounding::stochastic(12)?;
+        let out = Quant::new("posit<8,1>".parse()?)
+            .with_rounding(sr)
+            .with_seed(5);
+        let err = Quant::new("e5m2".parse()?).with_rounding(sr).with_seed(6);
+        Ok((out, err))
+    };
+    for (i, case) in CASES.iter().enumerate() {
+        let (x, w, b, c) = case_args(i, case)?;
+        let args = (&x, &w, b.as_ref());
+        let y = conv2d(&x, &w, b.as_ref(), &c)?;
+        let r = rand(y.dims(), i as u64 + 300)?;
+        for relu in [false, true] {
+            let (o1, e1) = quants()?;
+            let fused = |x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &Conv2dConfig| {
+                Ok(conv2d_quantized(x, w, b, c, relu, Some(&o1), Some(&e1))?)
+            };
+            let (o2, e2) = quants()?;
+            let q = Quantizer::new(Some(o2), Some(e2));
+            let separate = |x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &Conv2dConfig| {
+                let y = if relu {
+                    conv2d_relu(x, w, b, c)?
+                } else {
+                    conv2d(x, w, b, c)?
+                };
+                Ok(q.forward(&y)?)
+            };
+            let got = run(fused, args, &r, &c)?;
+            let want = run(separate, args, &r, &c)?;
+            for (g, w) in got.iter().zip(&want) {
+                let (g, w) = (g.flatten_all()?, w.flatten_all()?);
+                assert_eq!(
+                    g.to_vec1::<f32>()?,
+                    w.to_vec1::<f32>()?,
+                    "case {i} relu {relu}"
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -171,12 +171,12 @@ impl Module for QConv2d {
             Some(b) => Some(round_weight(b, self.weight_quant.as_ref())?),
             None => None,
         };
-        let y = if self.relu {
-            crate::ops::conv2d_relu(x, &w, b.as_ref(), &self.config)?
-        } else {
-            crate::ops::conv2d(x, &w, b.as_ref(), &self.config)?
+        // The output quantizer runs inside the convolution op (same streams and calls).
+        let (output, error) = match &self.output {
+            Some(q) => (q.forward_quant(), q.backward_quant()),
+            None => (None, None),
         };
-        round_output(y, self.output.as_ref())
+        crate::ops::conv2d_quantized(x, &w, b.as_ref(), &self.config, self.relu, output, error)
     }
 }
 

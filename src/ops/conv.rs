@@ -52,6 +52,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use crate::kernels::im2col::{col2im, im2col, ConvGeom};
+use crate::ops::quantize::{quantize_no_grad, Quant, QuantizeOp, Quantizer};
 
 static PIN: Once = Once::new();
 
@@ -121,6 +122,23 @@ fn conv2d_act(
     cfg: &candle_nn::Conv2dConfig,
     relu: bool,
 ) -> Result<Tensor> {
+    conv2d_quantized(x, w, bias, cfg, relu, None, None)
+}
+
+/// [`conv2d`] or [`conv2d_relu`] (`relu`) followed by a quantizer, in one op: the output
+/// is rounded with `output` in place, and in backward the incoming gradient is rounded with
+/// `error` before the convolution's gradients are formed. Equal to the separate
+/// [`crate::Quantizer`] after the convolution (same streams, same calls), without the
+/// quantizer's allocations and graph node.
+pub fn conv2d_quantized(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    cfg: &candle_nn::Conv2dConfig,
+    relu: bool,
+    output: Option<&Quant>,
+    error: Option<&Quant>,
+) -> Result<Tensor> {
     let (n, c, h, wd) = x.dims4()?;
     let (oc, wc, kh, kw) = w.dims4()?;
     if cfg.groups == 0 || cfg.stride == 0 || cfg.dilation == 0 {
@@ -176,13 +194,20 @@ fn conv2d_act(
             Some(b) => y.broadcast_add(&b.reshape((1, oc, 1, 1))?)?,
             None => y,
         };
-        return if relu { y.relu() } else { Ok(y) };
+        let y = if relu { y.relu()? } else { y };
+        return if output.is_some() || error.is_some() {
+            candle_core::Module::forward(&Quantizer::new(output.cloned(), error.cloned()), &y)
+        } else {
+            Ok(y)
+        };
     }
     pin_thread_count();
     let op = ConvOp {
         geom,
         out_channels: oc,
         relu,
+        output: output.map(Quant::op),
+        error: error.cloned(),
     };
     match bias {
         Some(b) => x.apply_op3(w, b, op),
@@ -191,12 +216,16 @@ fn conv2d_act(
 }
 
 /// The forward op: `(x, w)` or `(x, w, bias)`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct ConvOp {
     geom: ConvGeom,
     out_channels: usize,
     /// Whether a ReLU follows the convolution (inside the op).
     relu: bool,
+    /// Rounding of the output (its random stream drawn when the op was built).
+    output: Option<QuantizeOp>,
+    /// Rounding of the incoming gradient in backward.
+    error: Option<Quant>,
 }
 
 fn f32s<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
@@ -373,7 +402,11 @@ impl ConvOp {
             }
         };
         per_image(&mut out, n, k * p, image);
-        Ok((CpuStorage::F32(out), Shape::from((n, oc, g.out_h, g.out_w))))
+        let dims = [n, oc, g.out_h, g.out_w];
+        if let Some(q) = &self.output {
+            q.round_f32_in_place(&mut out, &dims)?;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(dims.to_vec())))
     }
 
     fn grads(
@@ -384,6 +417,14 @@ impl ConvOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let rounded;
+        let grad = match &self.error {
+            Some(q) => {
+                rounded = quantize_no_grad(grad, q)?;
+                &rounded
+            }
+            None => grad,
+        };
         let masked;
         let grad = if self.relu {
             masked = grad.apply_op2_no_bwd(res, &ReluMask)?;
@@ -392,12 +433,12 @@ impl ConvOp {
             grad
         };
         let dw = if w.track_op() {
-            Some(x.apply_op2_no_bwd(grad, &WeightGrad(*self))?)
+            Some(x.apply_op2_no_bwd(grad, &WeightGrad(self.clone()))?)
         } else {
             None
         };
         let dx = if x.track_op() {
-            Some(grad.apply_op2_no_bwd(w, &InputGrad(*self))?)
+            Some(grad.apply_op2_no_bwd(w, &InputGrad(self.clone()))?)
         } else {
             None
         };

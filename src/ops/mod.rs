@@ -6,6 +6,6 @@ pub mod conv;
 pub mod pack;
 pub mod quantize;
 
-pub use conv::{conv2d, conv2d_relu, max_pool2d};
+pub use conv::{conv2d, conv2d_quantized, conv2d_relu, max_pool2d};
 pub use pack::{pack, unpack};
 pub use quantize::{quantize, quantize_, quantize_no_grad, Quant, Quantizer};

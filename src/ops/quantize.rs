@@ -90,7 +90,7 @@ impl Quant {
             .then(|| Stream::new(self.seed, self.calls.fetch_add(1, Ordering::Relaxed)))
     }
 
-    fn op(&self) -> QuantizeOp {
+    pub(crate) fn op(&self) -> QuantizeOp {
         QuantizeOp {
             format: self.format,
             rounding: self.rounding,
@@ -101,10 +101,17 @@ impl Quant {
 
 /// The forward kernel of one quantization, with its random stream fixed.
 #[derive(Debug, Clone, Copy)]
-struct QuantizeOp {
+pub(crate) struct QuantizeOp {
     format: Format,
     rounding: Rounding,
     stream: Option<Stream>,
+}
+
+impl QuantizeOp {
+    /// Rounds a contiguous f32 buffer (shape `dims`) in place.
+    pub(crate) fn round_f32_in_place(&self, data: &mut [f32], dims: &[usize]) -> Result<()> {
+        cpu::quantize_slice(None, data, dims, &self.format, self.rounding, self.stream)
+    }
 }
 
 fn unsupported(op: &str, dtype: candle_core::DType) -> candle_core::Error {
