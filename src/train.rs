@@ -183,7 +183,7 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
         let bound = 1.0 / (fan_in as f64).sqrt();
         let n = var.elem_count();
         let mut bits = vec![0u32; n.div_ceil(4) * 4];
-        Stream::new(seed, name_hash(name)).fill(0, &mut bits);
+        Stream::new(seed, crate::philox::fnv1a(name.bytes())).fill(0, &mut bits);
         let values: Vec<f32> = bits[..n]
             .iter()
             .map(|&b| ((f64::from(b) + 0.5) / 4294967296.0 * 2.0 - 1.0) * bound)
@@ -192,12 +192,6 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
         var.set(&Tensor::from_vec(values, var.shape(), var.device())?)?;
     }
     Ok(())
-}
-
-fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 impl Trainer {

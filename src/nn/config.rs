@@ -552,11 +552,7 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
 /// The seed of the stream for (`name`, `category`): FNV-1a over the name and category,
 /// mixed with the config seed by SplitMix64's finaliser.
 fn stream_seed(seed: u64, name: &str, category: Category) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes().chain([0xff, category as u8]) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = crate::philox::fnv1a(name.bytes().chain([0xff, category as u8]));
     let mut z = seed ^ h;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

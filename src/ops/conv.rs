@@ -237,27 +237,10 @@ fn f32s<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
 
 /// The elements of a tensor in row-major order, borrowed when the layout is contiguous.
 fn contiguous<'a>(v: &'a [f32], l: &Layout) -> Cow<'a, [f32]> {
-    if let Some((a, b)) = l.contiguous_offsets() {
-        return Cow::Borrowed(&v[a..b]);
+    match l.contiguous_offsets() {
+        Some((a, b)) => Cow::Borrowed(&v[a..b]),
+        None => Cow::Owned(crate::kernels::cpu::gather(v, l)),
     }
-    let dims = l.dims();
-    let strides = l.stride();
-    let total: usize = dims.iter().product();
-    let mut out = Vec::with_capacity(total);
-    let mut idx = vec![0usize; dims.len()];
-    for _ in 0..total {
-        let off: usize =
-            l.start_offset() + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
-        out.push(v[off]);
-        for d in (0..dims.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < dims[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    Cow::Owned(out)
 }
 
 /// A row-major view of a matrix: element `(i, j)` at `data[i * rs + j * cs]`.
