@@ -115,6 +115,14 @@ impl Stream {
     }
 }
 
+/// FNV-1a over `bytes`: turns names into stream keys (the stream seed or call index of a
+/// named variable), stable across runs and platforms.
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,12 +144,4 @@ mod tests {
             }
         }
     }
-}
-
-/// FNV-1a over `bytes`: turns names into stream keys (the stream seed or call index of a
-/// named variable), stable across runs and platforms.
-pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }

@@ -114,6 +114,17 @@ pub struct RunRecord {
     pub epochs: Vec<EpochRecord>,
 }
 
+impl RunRecord {
+    /// The train-loss and test top-1 curves (per epoch), labelled `label`.
+    pub fn curves(&self, label: &str) -> (crate::plot::Series, crate::plot::Series) {
+        let series = |value: fn(&EpochRecord) -> f64| {
+            let points = self.epochs.iter().map(|e| (e.epoch as f64, value(e)));
+            crate::plot::Series::new(label, points.collect())
+        };
+        (series(|e| e.train_loss), series(|e| e.top1))
+    }
+}
+
 /// A model being trained with its variables and optimizer.
 pub struct Trainer {
     options: TrainOptions,
@@ -502,26 +513,10 @@ fn save_run(dir: &Path, trainer: &Trainer, record: &RunRecord) -> Result<()> {
     )?;
     write_text(&dir.join("config.toml"), &record.config)?;
     write_text(&dir.join("metrics.csv"), &metrics_csv(&record.epochs))?;
-    let curves = crate::plot::Series {
-        label: format!("{} {}", record.options.model, record.options.config_name),
-        points: Vec::new(),
-    };
-    let loss = crate::plot::Series {
-        points: record
-            .epochs
-            .iter()
-            .map(|e| (e.epoch as f64, e.train_loss))
-            .collect(),
-        ..curves.clone()
-    };
-    let accuracy = crate::plot::Series {
-        points: record
-            .epochs
-            .iter()
-            .map(|e| (e.epoch as f64, e.top1))
-            .collect(),
-        ..curves
-    };
+    let (loss, accuracy) = record.curves(&format!(
+        "{} {}",
+        record.options.model, record.options.config_name
+    ));
     crate::plot::training_curves(
         &format!("{} on {}", record.options.model, record.data),
         &[loss],

@@ -165,7 +165,6 @@ fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) -> Result<()> {
-    use qcandle::plot::Series;
     let (mut loss, mut accuracy) = (Vec::new(), Vec::new());
     println!(
         "| run | config | epochs | train loss | test top-1 | test top-5 | best top-1 | s/epoch |"
@@ -187,23 +186,9 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
             "| {name} | {} | {} | {:.4} | {:.2} | {:.2} | {best:.2} | {seconds:.1} |",
             record.options.config_name, last.epoch, last.train_loss, last.top1, last.top5
         );
-        let label = record.options.config_name.clone();
-        loss.push(Series::new(
-            &label,
-            record
-                .epochs
-                .iter()
-                .map(|e| (e.epoch as f64, e.train_loss))
-                .collect(),
-        ));
-        accuracy.push(Series::new(
-            &label,
-            record
-                .epochs
-                .iter()
-                .map(|e| (e.epoch as f64, e.top1))
-                .collect(),
-        ));
+        let (l, a) = record.curves(&record.options.config_name);
+        loss.push(l);
+        accuracy.push(a);
     }
     if let Some(path) = plot {
         qcandle::plot::training_curves(title, &loss, &accuracy, path)?;

@@ -51,14 +51,44 @@ fn round_output(y: Tensor, q: Option<&Quantizer>) -> Result<Tensor> {
     }
 }
 
-/// A fully connected layer `y = x Wᵀ + b` with quantized weight, output and error.
+/// What `QLinear` and `QConv2d` share: the variables, their weight rounding and the
+/// layer's output quantizer.
 #[derive(Debug, Clone)]
-pub struct QLinear {
+struct LayerParams {
     weight: Tensor,
     bias: Option<Tensor>,
     weight_quant: Option<Quant>,
     output: Option<Quantizer>,
     name: String,
+}
+
+impl LayerParams {
+    fn new(name: String, weight: &Tensor, bias: Option<&Tensor>, config: &QConfig) -> Self {
+        LayerParams {
+            weight: weight.clone(),
+            bias: bias.cloned(),
+            weight_quant: config.quant(&name, Category::Weight),
+            output: output_quantizer(config, &name),
+            name,
+        }
+    }
+
+    /// The weight and bias as the layer uses them: rounded, straight-through.
+    fn rounded(&self) -> Result<(Tensor, Option<Tensor>)> {
+        let q = self.weight_quant.as_ref();
+        let b = self.bias.as_ref().map(|b| round_weight(b, q)).transpose()?;
+        Ok((round_weight(&self.weight, q)?, b))
+    }
+
+    fn quants(&self) -> Vec<Quant> {
+        collect_quants(self.weight_quant.as_ref(), self.output.as_ref())
+    }
+}
+
+/// A fully connected layer `y = x Wᵀ + b` with quantized weight, output and error.
+#[derive(Debug, Clone)]
+pub struct QLinear {
+    params: LayerParams,
 }
 
 impl QLinear {
@@ -68,52 +98,40 @@ impl QLinear {
         let name = vb.prefix();
         let linear = candle_nn::linear(in_dim, out_dim, vb)?;
         Ok(QLinear {
-            weight: linear.weight().clone(),
-            bias: linear.bias().cloned(),
-            weight_quant: config.quant(&name, Category::Weight),
-            output: output_quantizer(config, &name),
-            name,
+            params: LayerParams::new(name, linear.weight(), linear.bias(), config),
         })
     }
 
     /// The layer name (its variables' prefix).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.params.name
     }
 
     /// The full-precision weight variable.
     pub fn weight(&self) -> &Tensor {
-        &self.weight
+        &self.params.weight
     }
 
     /// The layer's quantizers (clones sharing their call counters).
     pub fn quants(&self) -> Vec<Quant> {
-        collect_quants(self.weight_quant.as_ref(), self.output.as_ref())
+        self.params.quants()
     }
 }
 
 impl Module for QLinear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = round_weight(&self.weight, self.weight_quant.as_ref())?;
-        let b = match &self.bias {
-            Some(b) => Some(round_weight(b, self.weight_quant.as_ref())?),
-            None => None,
-        };
+        let (w, b) = self.params.rounded()?;
         let y = candle_nn::Linear::new(w, b).forward(x)?;
-        round_output(y, self.output.as_ref())
+        round_output(y, self.params.output.as_ref())
     }
 }
 
 /// A 2-D convolution with quantized weight, output and error.
 #[derive(Debug, Clone)]
 pub struct QConv2d {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    params: LayerParams,
     config: Conv2dConfig,
     relu: bool,
-    weight_quant: Option<Quant>,
-    output: Option<Quantizer>,
-    name: String,
 }
 
 impl QConv2d {
@@ -130,13 +148,9 @@ impl QConv2d {
         let name = vb.prefix();
         let layer = candle_nn::conv2d(in_channels, out_channels, kernel, conv, vb)?;
         Ok(QConv2d {
-            weight: layer.weight().clone(),
-            bias: layer.bias().cloned(),
+            params: LayerParams::new(name, layer.weight(), layer.bias(), config),
             config: conv,
             relu: false,
-            weight_quant: config.quant(&name, Category::Weight),
-            output: output_quantizer(config, &name),
-            name,
         })
     }
 
@@ -150,29 +164,25 @@ impl QConv2d {
 
     /// The layer name (its variables' prefix).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.params.name
     }
 
     /// The full-precision weight variable.
     pub fn weight(&self) -> &Tensor {
-        &self.weight
+        &self.params.weight
     }
 
     /// The layer's quantizers (clones sharing their call counters).
     pub fn quants(&self) -> Vec<Quant> {
-        collect_quants(self.weight_quant.as_ref(), self.output.as_ref())
+        self.params.quants()
     }
 }
 
 impl Module for QConv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = round_weight(&self.weight, self.weight_quant.as_ref())?;
-        let b = match &self.bias {
-            Some(b) => Some(round_weight(b, self.weight_quant.as_ref())?),
-            None => None,
-        };
+        let (w, b) = self.params.rounded()?;
         // The output quantizer runs inside the convolution op (same streams and calls).
-        let (output, error) = match &self.output {
+        let (output, error) = match &self.params.output {
             Some(q) => (q.forward_quant(), q.backward_quant()),
             None => (None, None),
         };
