@@ -34,6 +34,8 @@ pub mod ops;
 pub mod optim;
 pub mod philox;
 pub mod plot;
+pub mod ptq;
+pub mod quire;
 pub mod report;
 pub mod train;
 

@@ -108,8 +108,12 @@ pub struct RunRecord {
     pub options: TrainOptions,
     /// The quantization config, as TOML.
     pub config: String,
-    /// The dataset's name and where it came from.
+    /// Where the dataset came from (its directory, or `embedded`).
     pub data: String,
+    /// The dataset's name (`fashion-mnist`, `mnist`; empty in runs written before it was
+    /// recorded).
+    #[serde(default)]
+    pub dataset: String,
     /// One record per finished epoch.
     pub epochs: Vec<EpochRecord>,
 }
@@ -383,9 +387,10 @@ pub fn evaluate(model: &dyn Module, data: &Dataset) -> Result<(f64, f64, f64)> {
 /// The position of class `target` when the logits are sorted in decreasing order by a
 /// stable sort: classes with a larger logit, and classes with an equal logit and a lower
 /// index, come first. A NaN logit ranks last (a NaN target is never in the top k).
-pub fn rank_of(logits: &[f32], target: usize) -> usize {
+pub fn rank_of<T: PartialOrd + Copy>(logits: &[T], target: usize) -> usize {
     let t = logits[target];
-    if t.is_nan() {
+    if t.partial_cmp(&t).is_none() {
+        // NaN
         return logits.len();
     }
     logits
@@ -410,6 +415,7 @@ pub fn train(
         options: options.clone(),
         config: trainer.config.to_toml(),
         data: data.source.clone(),
+        dataset: data.name.as_str().to_string(),
         epochs: Vec::new(),
     };
     if let Some(dir) = out {

@@ -57,8 +57,12 @@ enum Command {
         #[arg(long, default_value = "")]
         title: String,
     },
+    /// Post-training quantization: evaluate a trained model in float32, float16, int8 and
+    /// each format with naive and quire arithmetic; save the quantized model.
+    Ptq(PtqArgs),
     /// Round a normal sample to every preset, then train LeNet-5 on the embedded
-    /// Fashion-MNIST subset in float32 and posit16 and print both accuracies.
+    /// Fashion-MNIST subset in float32 and posit16 and print both accuracies, then evaluate
+    /// the float32 model in posit<8,0> (post-training quantization).
     Demo {
         /// Number of samples of the rounding table.
         #[arg(long, default_value_t = 1 << 16)]
@@ -113,6 +117,32 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct PtqArgs {
+    /// The model file: a run's model.safetensors (f32) or a quantized model written by ptq.
+    #[arg(long)]
+    model: PathBuf,
+    /// Formats to evaluate (repeatable); posits get a naive and a quire row. Default: the
+    /// quantized model's format, else posit<8,0>.
+    #[arg(long = "format")]
+    formats: Vec<Format>,
+    /// The model of the zoo (default: from the run.json beside the model file, or the
+    /// quantized model's metadata).
+    #[arg(long)]
+    arch: Option<String>,
+    /// Dataset: fashion-mnist, mnist, or embedded (default: the run's dataset).
+    #[arg(long)]
+    data: Option<String>,
+    /// Directory of the IDX .gz files (default: $QCANDLE_DATA, then the dataset's
+    /// standard location).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Output directory for ptq.md, ptq.csv and the quantized models (default: beside the
+    /// model file, in ptq/).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
@@ -197,6 +227,103 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
     Ok(())
 }
 
+/// The dataset the run holding `model` was trained on, from its run.json: the embedded
+/// subset, or the named dataset read from the directory the run used.
+fn dataset_of_run(model: &std::path::Path) -> Result<Option<Dataset>> {
+    let Some(dir) = model.parent().filter(|d| d.join("run.json").exists()) else {
+        return Ok(None);
+    };
+    let run = qcandle::train::load_run(dir)?;
+    if run.data == "embedded" {
+        return Ok(Some(qcandle::data::embedded()?));
+    }
+    if run.dataset.is_empty() {
+        return Ok(None);
+    }
+    let path = std::path::Path::new(&run.data);
+    Ok(Some(qcandle::data::load(run.dataset.parse()?, Some(path))?))
+}
+
+fn run_ptq(args: PtqArgs) -> Result<()> {
+    let arch = match &args.arch {
+        Some(a) => Some(a.parse::<ModelKind>()?),
+        None => qcandle::ptq::model_file::model_of_run(&args.model)?,
+    };
+    let weights = qcandle::ptq::read_weights(&args.model, arch)?;
+    let formats = if !args.formats.is_empty() {
+        args.formats.clone()
+    } else {
+        vec![weights.format.unwrap_or("posit<8,0>".parse()?)]
+    };
+    let data = match &args.data {
+        Some(name) => load_data(name, args.data_dir.as_deref())?,
+        None => dataset_of_run(&args.model)?.with_context(|| {
+            format!(
+                "cannot tell which dataset {} was trained on; pass --data",
+                args.model.display()
+            )
+        })?,
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        args.model
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("ptq")
+    });
+    eprintln!(
+        "post-training quantization of {} ({}) on {} ({})",
+        args.model.display(),
+        weights.model,
+        data.name.as_str(),
+        data.source
+    );
+    let f32_bytes = match weights.format {
+        None => std::fs::metadata(&args.model)?.len(),
+        Some(_) => {
+            4 * weights
+                .tensors
+                .values()
+                .map(|t| t.elem_count() as u64)
+                .sum::<u64>()
+        }
+    };
+    let table = ptq_table(&weights, &data, &formats, &out, f32_bytes)?;
+    print!("{table}");
+    Ok(())
+}
+
+/// Evaluates every method, writes ptq.md, ptq.csv and one quantized model per format
+/// under `out`, and returns the markdown report.
+fn ptq_table(
+    weights: &qcandle::ptq::Weights,
+    data: &Dataset,
+    formats: &[Format],
+    out: &std::path::Path,
+    f32_bytes: u64,
+) -> Result<String> {
+    let rows = qcandle::ptq::evaluate_methods(weights, data, formats, |m, s| {
+        eprintln!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
+    })?;
+    let mut report = qcandle::ptq::markdown(&rows);
+    report.push_str(
+        "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",
+    );
+    for format in formats {
+        let name = format.to_string().replace(['<', '>', ','], "_");
+        let path = out.join(format!("model-{}.safetensors", name.trim_end_matches('_')));
+        let bytes = qcandle::ptq::write_quantized(&path, weights, format)?;
+        report.push_str(&format!(
+            "{format} model: {} ({bytes} bytes; the f32 model {f32_bytes} bytes, {:.3}x)\n",
+            path.display(),
+            bytes as f64 / f32_bytes as f64
+        ));
+    }
+    qcandle::io::write_atomically(&out.join("ptq.md"), |p| Ok(std::fs::write(p, &report)?))?;
+    let csv = qcandle::ptq::csv(&rows);
+    qcandle::io::write_atomically(&out.join("ptq.csv"), |p| Ok(std::fs::write(p, &csv)?))?;
+    Ok(report)
+}
+
 fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
     print!("{}", qcandle::report::demo_report(samples, seed)?);
     let data = qcandle::data::embedded()?;
@@ -259,6 +386,7 @@ fn main() -> Result<()> {
             );
         }
         Command::Train(args) => run_train(args)?,
+        Command::Ptq(args) => run_ptq(args)?,
         Command::Compare { runs, plot, title } => run_compare(&runs, plot.as_deref(), &title)?,
         Command::Demo {
             samples,

@@ -7,4 +7,4 @@ pub mod models;
 
 pub use config::{Categories, Category, ConfigError, LayerOverride, QConfig, QuantSpec};
 pub use layers::{round_vars_in_place, QConv2d, QLinear, QSequential, QWrap};
-pub use models::{CifarNet, LeNet5, Mlp, Model, ModelKind};
+pub use models::{CifarNet, LeNet5, Mlp, Model, ModelKind, Stage};

@@ -278,3 +278,108 @@ impl Module for CifarNet {
         self.fc3.forward(&x)
     }
 }
+
+/// One step of a model's forward pass, as the post-training evaluation replays it with
+/// other arithmetic ([`ModelKind::plan`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stage {
+    /// Pads height and width by `pad` on every side with `value`.
+    Pad {
+        /// Pixels added on each side.
+        pad: usize,
+        /// The value of the added pixels.
+        value: f32,
+    },
+    /// The convolution layer `name` (weight `name.weight`, bias `name.bias`).
+    Conv {
+        /// Layer name.
+        name: &'static str,
+        /// Stride on both axes.
+        stride: usize,
+        /// Zero padding on every side.
+        padding: usize,
+    },
+    /// The linear layer `name` (weight `name.weight`, bias `name.bias`).
+    Linear {
+        /// Layer name.
+        name: &'static str,
+    },
+    /// ReLU.
+    Relu,
+    /// Max pooling with a square window and equal stride.
+    MaxPool(usize),
+    /// Flattens every dimension after the batch.
+    Flatten,
+}
+
+impl ModelKind {
+    /// The model's forward pass as a list of stages, the same computation as
+    /// [`ModelKind::build`]'s model without its quantizers (a test checks the two agree).
+    pub fn plan(self) -> Vec<Stage> {
+        use Stage::*;
+        let conv = |name, padding| Conv {
+            name,
+            stride: 1,
+            padding,
+        };
+        let head = [
+            Flatten,
+            Linear { name: "fc1" },
+            Relu,
+            Linear { name: "fc2" },
+            Relu,
+            Linear { name: "fc3" },
+        ];
+        let mut stages = match self {
+            ModelKind::Mlp => vec![],
+            ModelKind::Lenet5 | ModelKind::Lenet5Unpadded => {
+                let mut s = if self == ModelKind::Lenet5 {
+                    vec![Pad {
+                        pad: 2,
+                        value: -1.0,
+                    }]
+                } else {
+                    vec![]
+                };
+                s.extend([
+                    conv("conv1", 0),
+                    Relu,
+                    MaxPool(2),
+                    conv("conv2", 0),
+                    Relu,
+                    MaxPool(2),
+                ]);
+                s
+            }
+            ModelKind::CifarNet => vec![
+                conv("conv1", 2),
+                Relu,
+                MaxPool(2),
+                conv("conv2", 2),
+                Relu,
+                MaxPool(2),
+            ],
+        };
+        stages.extend(head);
+        stages
+    }
+
+    /// The name and shape of every parameter, sorted by name (as the model's
+    /// `model.safetensors` holds them).
+    pub fn parameter_shapes(self) -> Result<Vec<(String, Vec<usize>)>> {
+        let varmap = candle_nn::VarMap::new();
+        let vb =
+            VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &candle_core::Device::Cpu);
+        self.build(vb, &QConfig::default())?;
+        let data = varmap
+            .data()
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("variable map poisoned".into()))?;
+        let mut shapes: Vec<(String, Vec<usize>)> = data
+            .iter()
+            .map(|(name, var)| (name.clone(), var.dims().to_vec()))
+            .collect();
+        shapes.sort();
+        Ok(shapes)
+    }
+}

@@ -1,0 +1,196 @@
+//! Post-training quantization: a trained f32 model evaluated in other arithmetics.
+//!
+//! Deep PeNSieve's flow, made exact: the trained weights are rounded to a posit format
+//! (posit rounding already clips to [minpos, maxpos]: no nonzero weight becomes 0 and none
+//! overflows) and the test set is evaluated with posit arithmetic, either naive (every
+//! multiply and add rounded, `k` ascending) or with a quire (every product of a dot product
+//! and the bias accumulated exactly, one rounding per output). Beside them: the f32 model
+//! itself, fp16 and int8 (see [`arith`] for the exact definition of each).
+//!
+//! Ranking: top-1 and top-5 come from a stable sort of the logits, so among equal logits
+//! the lower class index ranks first ([`crate::train::rank_of`]). Low-precision logits tie
+//! often (a few percent of posit8 test images have two classes sharing the top logit), so
+//! the tie rule moves top-1 by more than the gaps between methods; the report gives the
+//! share of images whose top logit is tied.
+
+pub mod arith;
+pub mod model_file;
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor};
+
+use crate::data::Dataset;
+use crate::format::Format;
+use crate::quire::Accumulation;
+use arith::{run_plan, Arithmetic, Float16, Float32, Int8, PositGemm};
+pub use model_file::{read_weights, write_quantized, Weights};
+
+/// Number of training images the int8 activation scales are calibrated on.
+pub const CALIBRATION_IMAGES: usize = 1000;
+
+/// An arithmetic a model is evaluated in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// The model as trained.
+    Float32,
+    /// fp16 weights and activations, f32 accumulation.
+    Float16,
+    /// Per-tensor symmetric int8 weights and activations, exact integer accumulation.
+    Int8,
+    /// Weights and activations in `format`, layers computed with `acc`.
+    Format {
+        /// The number format.
+        format: Format,
+        /// Naive or quire accumulation.
+        acc: Accumulation,
+    },
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Method::Float32 => f.write_str("float32"),
+            Method::Float16 => f.write_str("float16"),
+            Method::Int8 => f.write_str("int8"),
+            Method::Format { format, acc } => {
+                let how = match acc {
+                    Accumulation::Naive => "naive",
+                    Accumulation::Quire => "quire",
+                };
+                write!(f, "{format} {how}")
+            }
+        }
+    }
+}
+
+/// The methods evaluated for `formats`: float32, float16, int8, then each format naive
+/// and (for posits) with a quire.
+pub fn methods(formats: &[Format]) -> Vec<Method> {
+    let mut m = vec![Method::Float32, Method::Float16, Method::Int8];
+    for &format in formats {
+        m.push(Method::Format {
+            format,
+            acc: Accumulation::Naive,
+        });
+        if matches!(format, Format::Posit(_)) {
+            m.push(Method::Format {
+                format,
+                acc: Accumulation::Quire,
+            });
+        }
+    }
+    m
+}
+
+/// Test-set accuracy of one method.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Score {
+    /// Top-1 accuracy in percent (ties to the lower class index).
+    pub top1: f64,
+    /// Top-5 accuracy in percent.
+    pub top5: f64,
+    /// Percent of test images whose largest logit is shared by two or more classes.
+    pub tied: f64,
+    /// Wall-clock seconds of the evaluation.
+    pub seconds: f64,
+}
+
+/// Whether the largest value of `logits` occurs more than once.
+pub fn top_is_tied(logits: &[f64]) -> bool {
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    logits.iter().filter(|&&x| x == max).count() > 1
+}
+
+/// Evaluates `arith` on the test split of `data`.
+pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Result<Score> {
+    let start = Instant::now();
+    let (mut top1, mut top5, mut tied, mut n) = (0usize, 0usize, 0usize, 0usize);
+    for batch in data.test_batches(1000)? {
+        let (images, labels) = batch?;
+        let logits = run_plan(weights.model, arith, &images, |_, _| Ok(()))?
+            .to_dtype(DType::F64)?
+            .to_vec2::<f64>()?;
+        for (row, &label) in logits.iter().zip(&labels.to_vec1::<u32>()?) {
+            let rank = crate::train::rank_of(row, label as usize);
+            top1 += usize::from(rank < 1);
+            top5 += usize::from(rank < 5);
+            tied += usize::from(top_is_tied(row));
+        }
+        n += labels.dim(0)?;
+    }
+    let pct = |k: usize| 100.0 * k as f64 / n.max(1) as f64;
+    Ok(Score {
+        top1: pct(top1),
+        top5: pct(top5),
+        tied: pct(tied),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The arithmetic of `method` for `weights`; int8 is calibrated on the first
+/// [`CALIBRATION_IMAGES`] training images of `data`.
+pub fn arithmetic(
+    method: Method,
+    weights: &Weights,
+    data: &Dataset,
+) -> Result<Box<dyn Arithmetic>> {
+    Ok(match method {
+        Method::Float32 => Box::new(Float32::new(weights)?),
+        Method::Float16 => Box::new(Float16::new(weights)?),
+        Method::Int8 => {
+            let n = CALIBRATION_IMAGES.min(data.train_len());
+            let calibration = data.train_images.narrow(0, 0, n)?;
+            Box::new(Int8::new(weights, &calibration)?)
+        }
+        Method::Format { format, acc } => Box::new(PositGemm::new(weights, format, acc)?),
+    })
+}
+
+/// Evaluates every method of [`methods`]`(formats)`, calling `progress` after each.
+pub fn evaluate_methods(
+    weights: &Weights,
+    data: &Dataset,
+    formats: &[Format],
+    mut progress: impl FnMut(Method, &Score),
+) -> Result<Vec<(Method, Score)>> {
+    let mut rows = Vec::new();
+    for method in methods(formats) {
+        let arith = arithmetic(method, weights, data).with_context(|| format!("{method}"))?;
+        let score = evaluate(weights, arith.as_ref(), data).with_context(|| format!("{method}"))?;
+        progress(method, &score);
+        rows.push((method, score));
+    }
+    Ok(rows)
+}
+
+/// The rows as a markdown table.
+pub fn markdown(rows: &[(Method, Score)]) -> String {
+    let mut s =
+        String::from("| method | top-1 % | top-5 % | top logit tied % |\n|---|---|---|---|\n");
+    for (m, r) in rows {
+        s.push_str(&format!(
+            "| {m} | {:.2} | {:.2} | {:.2} |\n",
+            r.top1, r.top5, r.tied
+        ));
+    }
+    s
+}
+
+/// The rows as CSV: `method,top1,top5,tied,seconds`.
+pub fn csv(rows: &[(Method, Score)]) -> String {
+    let mut s = String::from("method,top1,top5,tied,seconds\n");
+    for (m, r) in rows {
+        s.push_str(&format!(
+            "{m},{:.2},{:.2},{:.2},{:.3}\n",
+            r.top1, r.top5, r.tied, r.seconds
+        ));
+    }
+    s
+}
+
+/// `x` as a tensor of f64 logits (a helper for tests and callers holding f32 logits).
+pub fn logits_f64(x: &Tensor) -> Result<Vec<Vec<f64>>> {
+    Ok(x.to_dtype(DType::F64)?.to_vec2::<f64>()?)
+}

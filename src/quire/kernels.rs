@@ -1,0 +1,359 @@
+//! The GEMM kernels behind the quire and naive ops: `C (m x n) = A (m x k) · B (k x n) [+ bias]`
+//! on row-major f64 slices whose values already lie on the format's grid.
+//!
+//! The exact (quire) product picks the cheapest accumulator that is still exact for the
+//! format and `k` (the bias counts as one more term). Every term is an integer multiple of
+//! `minpos^2 = 2^-2s` of magnitude at most `2^2s` (see [`super::accumulator`]), so in
+//! units of `minpos^2` a sum of `T` terms is an integer below `T · 2^4s`:
+//!
+//! * [`Accumulator::F64`] when `T · 2^4s <= 2^53`: every partial sum is an f64 integer
+//!   multiple of `minpos^2`, so any summation order is exact and the GEMM is an ordinary f64
+//!   GEMM (the `gemm` crate's). posit<8,0> (`s = 6`) is exact this way for `k < 2^29`.
+//! * [`Accumulator::I128`] when `2s <= 62` and `T · 2^4s < 2^126`: operands become i64
+//!   multiples of minpos and products are summed in i128. posit<8,1>, posit<8,2> and
+//!   posit<16,1> (for `k < 2^14`) take this path.
+//! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output.
+//!
+//! Each output is then rounded once to the posit format (nearest, ties to the even pattern).
+//! A NaR operand makes its row or column of outputs NaR.
+//!
+//! The naive product rounds after every multiply and every add, `k` ascending, starting
+//! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. Formats of at
+//! most 8 bits with bit patterns use exact 256 x 256 operation tables on the patterns
+//! ([`OpTables`]); wider ones compute each operation in f64 rounded to odd and round that
+//! once ([`super::round_odd`]), which is the correctly rounded operation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::accumulator::Quire;
+use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
+use crate::format::grid::pow2;
+use crate::format::rounding::NearestEven;
+use crate::format::{Format, Posit};
+
+/// How a GEMM's bias is laid out.
+#[derive(Debug, Clone, Copy)]
+pub enum Bias<'a> {
+    /// No bias.
+    None,
+    /// One value per output row (a convolution's per-channel bias, `m` values).
+    PerRow(&'a [f64]),
+    /// One value per output column (a linear layer's bias, `n` values).
+    PerCol(&'a [f64]),
+}
+
+impl Bias<'_> {
+    #[inline(always)]
+    fn at(&self, i: usize, j: usize) -> Option<f64> {
+        match self {
+            Bias::None => None,
+            Bias::PerRow(b) => Some(b[i]),
+            Bias::PerCol(b) => Some(b[j]),
+        }
+    }
+
+    fn terms(&self) -> usize {
+        usize::from(!matches!(self, Bias::None))
+    }
+}
+
+/// The exact accumulator chosen for a quire GEMM (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accumulator {
+    /// An f64 GEMM, exact because every partial sum fits 53 bits.
+    F64,
+    /// i64 operands in units of minpos, i128 sums.
+    I128,
+    /// A full quire per output.
+    Wide,
+}
+
+/// The accumulator that is exact for `posit` and `terms` summed products.
+pub fn accumulator_for(posit: Posit, terms: usize) -> Accumulator {
+    let s = posit.max_scale() as u32;
+    let bits_needed = 4 * s + usize::BITS - terms.max(1).leading_zeros();
+    if bits_needed <= 53 {
+        Accumulator::F64
+    } else if 2 * s <= 62 && bits_needed <= 126 {
+        Accumulator::I128
+    } else {
+        Accumulator::Wide
+    }
+}
+
+/// Matrix sizes `(m, k, n)`.
+pub type Dims = (usize, usize, usize);
+
+/// `out (m x n) = round(A · B + bias)` with one exact accumulation per output.
+/// `parallel` spreads rows over the rayon pool (leave it off inside an outer parallel loop).
+pub fn quire_gemm(
+    posit: Posit,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) {
+    let (m, k, n) = dims;
+    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    let round = |x: f64| posit.round(x, NearestEven, 0);
+    match accumulator_for(posit, k + bias.terms()) {
+        Accumulator::F64 => {
+            for i in 0..m {
+                for j in 0..n {
+                    out[i * n + j] = bias.at(i, j).unwrap_or(0.0);
+                }
+            }
+            let par = if parallel && m * n * k >= 1 << 15 {
+                Parallelism::Rayon(rayon::current_num_threads())
+            } else {
+                Parallelism::None
+            };
+            dgemm(dims, a, b, out, par);
+            out[..m * n].iter_mut().for_each(|v| *v = round(*v));
+        }
+        Accumulator::I128 => {
+            let s = posit.max_scale();
+            let scale = pow2(s);
+            let to_int = |v: f64| (v * scale) as i64;
+            let ai: Vec<i64> = a[..m * k].iter().map(|&v| to_int(v)).collect();
+            let mut bt = vec![0i64; k * n];
+            for t in 0..k {
+                for j in 0..n {
+                    bt[j * k + t] = to_int(b[t * n + j]);
+                }
+            }
+            let row_nar: Vec<bool> = (0..m).map(|i| has_nan(&a[i * k..i * k + k])).collect();
+            let col_nar: Vec<bool> = (0..n)
+                .map(|j| (0..k).any(|t| b[t * n + j].is_nan()))
+                .collect();
+            let unit = pow2(-2 * s);
+            let row = |i: usize, dst: &mut [f64]| {
+                let ar = &ai[i * k..i * k + k];
+                for (j, o) in dst.iter_mut().enumerate() {
+                    let bias_v = bias.at(i, j);
+                    if row_nar[i] || col_nar[j] || bias_v.is_some_and(f64::is_nan) {
+                        *o = f64::NAN;
+                        continue;
+                    }
+                    let br = &bt[j * k..j * k + k];
+                    let mut acc: i128 = bias_v.map_or(0, |v| (to_int(v) as i128) << s);
+                    for (&x, &y) in ar.iter().zip(br) {
+                        acc += x as i128 * y as i128;
+                    }
+                    *o = round(i128_to_f64_odd(acc) * unit);
+                }
+            };
+            for_rows(out, m, n, parallel, row);
+        }
+        Accumulator::Wide => {
+            let row = |i: usize, dst: &mut [f64]| {
+                let mut q = Quire::new(posit).expect("formats are checked by the ops");
+                for (j, o) in dst.iter_mut().enumerate() {
+                    q.clear();
+                    if let Some(v) = bias.at(i, j) {
+                        q.add_exact_product(v, 1.0);
+                    }
+                    for t in 0..k {
+                        q.add_exact_product(a[i * k + t], b[t * n + j]);
+                    }
+                    *o = q.to_posit();
+                }
+            };
+            for_rows(out, m, n, parallel, row);
+        }
+    }
+}
+
+fn has_nan(v: &[f64]) -> bool {
+    v.iter().any(|x| x.is_nan())
+}
+
+/// Runs `row(i, out_row)` for every row, on the rayon pool when `parallel`.
+fn for_rows<F>(out: &mut [f64], m: usize, n: usize, parallel: bool, row: F)
+where
+    F: Fn(usize, &mut [f64]) + Sync,
+{
+    if n == 0 {
+        return;
+    }
+    let out = &mut out[..m * n];
+    if parallel {
+        out.par_chunks_mut(n)
+            .enumerate()
+            .for_each(|(i, r)| row(i, r));
+    } else {
+        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
+    }
+}
+
+/// `out += A · B` in f64, all row-major and contiguous.
+fn dgemm((m, k, n): Dims, a: &[f64], b: &[f64], out: &mut [f64], par: Parallelism) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    // SAFETY: the callers check `a.len() >= m*k`, `b.len() >= k*n` and `out.len() >= m*n`,
+    // so every index the kernel touches is inside the slices, and `out` is borrowed mutably
+    // so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// Exact operation tables of an 8-bit format on its bit patterns.
+#[derive(Debug)]
+pub struct OpTables {
+    format: Format,
+    /// `decode[p]`: the value of pattern `p`.
+    pub decode: [f64; 256],
+    /// `mul[a * 256 + b]`: the pattern of `round(a · b)`.
+    pub mul: Vec<u8>,
+    /// `add[a * 256 + b]`: the pattern of `round(a + b)`.
+    pub add: Vec<u8>,
+}
+
+impl OpTables {
+    /// The tables of `format` (a posit or float of at most 8 bits), built once per process.
+    pub fn get(format: &Format) -> Option<Arc<OpTables>> {
+        if !has_tables(format) {
+            return None;
+        }
+        static CACHE: OnceLock<Mutex<HashMap<Format, Arc<OpTables>>>> = OnceLock::new();
+        let mut cache = CACHE.get_or_init(Default::default).lock().ok()?;
+        Some(
+            cache
+                .entry(*format)
+                .or_insert_with(|| Arc::new(OpTables::build(*format)))
+                .clone(),
+        )
+    }
+
+    fn build(format: Format) -> OpTables {
+        let mut decode = [0.0; 256];
+        for (p, d) in decode.iter_mut().enumerate() {
+            *d = decode_bits(&format, p as u32);
+        }
+        let table = |op: fn(f64, f64) -> f64| -> Vec<u8> {
+            (0..256 * 256)
+                .map(|i| encode_bits(&format, op(decode[i >> 8], decode[i & 255])) as u8)
+                .collect()
+        };
+        OpTables {
+            format,
+            decode,
+            mul: table(mul_odd),
+            add: table(add_odd),
+        }
+    }
+
+    /// The pattern of `x` rounded to the format (nearest even).
+    pub fn encode(&self, x: f64) -> u8 {
+        encode_bits(&self.format, x) as u8
+    }
+}
+
+fn has_tables(format: &Format) -> bool {
+    matches!(format, Format::Posit(_) | Format::Float(_)) && format.bits() <= 8
+}
+
+fn decode_bits(format: &Format, p: u32) -> f64 {
+    match format {
+        Format::Posit(posit) => posit.decode(p),
+        Format::Float(f) => f.decode(p),
+        _ => unreachable!("tables exist for posit and float formats only"),
+    }
+}
+
+/// The nearest-even pattern of `x`; NaN (and anything a format cannot encode) gives the
+/// format's NaN pattern, or for formats without NaN the pattern of the rounded value.
+fn encode_bits(format: &Format, x: f64) -> u32 {
+    let r = format.round(x, crate::format::Rounding::NearestEven, 0);
+    match format {
+        Format::Posit(posit) => posit.encode(r),
+        Format::Float(f) => f
+            .encode(r)
+            .unwrap_or_else(|_| f.encode(f64::NAN).unwrap_or(0)),
+        _ => unreachable!("tables exist for posit and float formats only"),
+    }
+}
+
+/// `out (m x n) = A · B [+ bias]` with every multiply and add rounded to `format` (nearest
+/// even), `k` ascending from zero, the bias added last.
+pub fn naive_gemm(
+    format: &Format,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) {
+    let (m, k, n) = dims;
+    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    if let Some(tables) = OpTables::get(format) {
+        let ap: Vec<u8> = a[..m * k].iter().map(|&v| tables.encode(v)).collect();
+        let bp: Vec<u8> = b[..k * n].iter().map(|&v| tables.encode(v)).collect();
+        let zero = tables.encode(0.0);
+        let row = |i: usize, dst: &mut [f64]| {
+            let mut acc = vec![zero; n];
+            for t in 0..k {
+                let products = &tables.mul[(ap[i * k + t] as usize) << 8..][..256];
+                let brow = &bp[t * n..t * n + n];
+                for (c, &y) in acc.iter_mut().zip(brow) {
+                    *c = tables.add[((*c as usize) << 8) | products[y as usize] as usize];
+                }
+            }
+            for (j, (o, c)) in dst.iter_mut().zip(&acc).enumerate() {
+                let c = match bias.at(i, j) {
+                    Some(v) => tables.add[((*c as usize) << 8) | tables.encode(v) as usize],
+                    None => *c,
+                };
+                *o = tables.decode[c as usize];
+            }
+        };
+        for_rows(out, m, n, parallel, row);
+    } else {
+        let round = |x: f64| format.round_rule(x, NearestEven, 0);
+        let row = |i: usize, dst: &mut [f64]| {
+            dst.fill(0.0);
+            for t in 0..k {
+                let x = a[i * k + t];
+                let brow = &b[t * n..t * n + n];
+                for (c, &y) in dst.iter_mut().zip(brow) {
+                    *c = round(add_odd(*c, round(mul_odd(x, y))));
+                }
+            }
+            for (j, c) in dst.iter_mut().enumerate() {
+                if let Some(v) = bias.at(i, j) {
+                    *c = round(add_odd(*c, v));
+                }
+            }
+        };
+        for_rows(out, m, n, parallel, row);
+    }
+}

@@ -1,0 +1,224 @@
+//! Posit GEMMs on candle tensors: exact (quire) and naive (rounded after every operation)
+//! matrix products, linear layers and 2-D convolutions.
+//!
+//! Inputs of any float dtype and device are first rounded to the format (nearest even),
+//! computed on the CPU in f64 (every value of the formats involved is exact there), and
+//! returned in the first input's dtype and device. Convolutions go through the shared
+//! im2col layout ([`crate::kernels::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
+//! No backward pass: these ops evaluate trained models.
+
+use candle_core::{bail, DType, Device, Result, Tensor};
+use rayon::prelude::*;
+
+use super::accumulator::quire_support;
+use super::kernels::{naive_gemm, quire_gemm, Bias, Dims};
+use crate::format::Format;
+use crate::kernels::im2col::{im2col, ConvGeom};
+use crate::ops::{quantize_no_grad, Quant};
+
+/// How a dot product is accumulated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Accumulation {
+    /// Every product accumulated exactly in a quire, one rounding per output (posits only).
+    Quire,
+    /// Rounded after every multiply and every add, `k` ascending (any elementwise format).
+    Naive,
+}
+
+impl Accumulation {
+    /// Checks that `format` supports this accumulation.
+    pub fn check(self, format: &Format) -> Result<()> {
+        match (self, format) {
+            (Accumulation::Quire, Format::Posit(p)) => {
+                quire_support(*p).map_err(candle_core::Error::Msg)
+            }
+            (Accumulation::Quire, other) => bail!(
+                "{other} has no quire: quire GEMMs take posit formats (naive GEMMs take any elementwise format)"
+            ),
+            (Accumulation::Naive, Format::Block(_)) => bail!(
+                "{format} rounds whole blocks, not single operations: naive GEMMs take posit, float and fixed-point formats"
+            ),
+            (Accumulation::Naive, Format::Posit(p)) => {
+                quire_support(*p).map_err(candle_core::Error::Msg)
+            }
+            (Accumulation::Naive, _) => Ok(()),
+        }
+    }
+
+    /// The GEMM kernel of this accumulation.
+    fn gemm(
+        self,
+        format: &Format,
+        a: &[f64],
+        b: &[f64],
+        dims: Dims,
+        bias: Bias,
+        out: &mut [f64],
+        parallel: bool,
+    ) {
+        match (self, format) {
+            (Accumulation::Quire, Format::Posit(p)) => {
+                quire_gemm(*p, a, b, dims, bias, out, parallel)
+            }
+            (Accumulation::Quire, _) => unreachable!("checked by Accumulation::check"),
+            (Accumulation::Naive, f) => naive_gemm(f, a, b, dims, bias, out, parallel),
+        }
+    }
+}
+
+/// The elements of `x` rounded to `format`, as f64 in row-major order.
+fn rounded(x: &Tensor, format: &Format, what: &str) -> Result<Vec<f64>> {
+    if !matches!(
+        x.dtype(),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    ) {
+        bail!(
+            "{what}: unsupported dtype {:?}; posit GEMMs take float tensors",
+            x.dtype()
+        );
+    }
+    let x = x.to_device(&Device::Cpu)?;
+    quantize_no_grad(&x, &Quant::new(*format))?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()
+}
+
+fn finish(out: Vec<f64>, shape: &[usize], like: &Tensor) -> Result<Tensor> {
+    Tensor::from_vec(out, shape, &Device::Cpu)?
+        .to_dtype(like.dtype())?
+        .to_device(like.device())
+}
+
+/// Batched matrix product `a (..., m, k) · b (..., k, n)` (or `b (k, n)` shared by every
+/// batch item) with the given accumulation; inputs are rounded to `format` first.
+pub fn matmul(a: &Tensor, b: &Tensor, format: &Format, acc: Accumulation) -> Result<Tensor> {
+    acc.check(format)?;
+    let (ad, bd) = (a.dims(), b.dims());
+    if ad.len() < 2 || bd.len() < 2 {
+        bail!("matmul needs matrices (rank >= 2), got shapes {ad:?} and {bd:?}");
+    }
+    let (m, k) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+    let (kb, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+    let batch_dims = &ad[..ad.len() - 2];
+    let shared_b = bd.len() == 2;
+    if kb != k || !(shared_b || bd[..bd.len() - 2] == *batch_dims) {
+        bail!("matmul: shapes {ad:?} and {bd:?} do not match (a: (..., m, k), b: (..., k, n) or (k, n))");
+    }
+    let batch: usize = batch_dims.iter().product();
+    let (av, bv) = (rounded(a, format, "matmul")?, rounded(b, format, "matmul")?);
+    let mut out = vec![0.0; batch * m * n];
+    for (i, o) in out.chunks_mut((m * n).max(1)).enumerate().take(batch) {
+        let bi = if shared_b { 0 } else { i };
+        acc.gemm(
+            format,
+            &av[i * m * k..],
+            &bv[bi * k * n..],
+            (m, k, n),
+            Bias::None,
+            o,
+            true,
+        );
+    }
+    let mut shape = batch_dims.to_vec();
+    shape.extend([m, n]);
+    finish(out, &shape, a)
+}
+
+/// [`matmul`] with a quire: every product accumulated exactly, one rounding per output.
+pub fn quire_matmul(a: &Tensor, b: &Tensor, format: &Format) -> Result<Tensor> {
+    matmul(a, b, format, Accumulation::Quire)
+}
+
+/// [`matmul`] rounded after every multiply and every add, `k` ascending.
+pub fn naive_matmul(a: &Tensor, b: &Tensor, format: &Format) -> Result<Tensor> {
+    matmul(a, b, format, Accumulation::Naive)
+}
+
+/// A linear layer `x (N, in) · w (out, in)^T + bias (out)` with the bias accumulated as one
+/// more term (inside the quire, or as a last rounded add).
+pub fn linear(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    format: &Format,
+    acc: Accumulation,
+) -> Result<Tensor> {
+    acc.check(format)?;
+    let ((rows, inp), (out_f, w_in)) = (x.dims2()?, w.dims2()?);
+    if w_in != inp {
+        bail!(
+            "linear: input has {inp} features but the weight {:?} expects {w_in}",
+            w.dims()
+        );
+    }
+    let bias = bias_values(bias, out_f, format, "linear")?;
+    let xv = rounded(x, format, "linear")?;
+    let wt = rounded(&w.t()?.contiguous()?, format, "linear")?;
+    let mut out = vec![0.0; rows * out_f];
+    let b = bias.as_deref().map_or(Bias::None, Bias::PerCol);
+    acc.gemm(format, &xv, &wt, (rows, inp, out_f), b, &mut out, true);
+    finish(out, &[rows, out_f], x)
+}
+
+fn bias_values(
+    bias: Option<&Tensor>,
+    len: usize,
+    format: &Format,
+    what: &str,
+) -> Result<Option<Vec<f64>>> {
+    let Some(b) = bias else { return Ok(None) };
+    if b.dims() != [len] {
+        bail!("{what}: bias has shape {:?}, expected [{len}]", b.dims());
+    }
+    rounded(b, format, what).map(Some)
+}
+
+/// 2-D convolution of `x (N, C, H, W)` with `w (OC, C, KH, KW)` and an optional bias
+/// `(OC)`, stride and zero padding on both axes, through im2col; inputs are rounded to
+/// `format` first (so the padding value 0 is exact in every format).
+pub fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    stride: usize,
+    padding: usize,
+    format: &Format,
+    acc: Accumulation,
+) -> Result<Tensor> {
+    acc.check(format)?;
+    let (n, c, h, wd) = x.dims4()?;
+    let (oc, wc, kh, kw) = w.dims4()?;
+    if wc != c {
+        bail!(
+            "conv2d: input has {c} channels but the weight {:?} expects {wc}",
+            w.dims()
+        );
+    }
+    let Some(geom) = ConvGeom::new((c, h, wd), (kh, kw), stride, padding, 1) else {
+        bail!("conv2d: a {kh}x{kw} kernel with stride {stride} and padding {padding} does not fit a {h}x{wd} input");
+    };
+    let bias = bias_values(bias, oc, format, "conv2d")?;
+    let xv = rounded(x, format, "conv2d")?;
+    let wv = rounded(w, format, "conv2d")?;
+    let (k, p) = (geom.rows(), geom.cols());
+    let image = geom.image_len();
+    let mut out = vec![0.0; n * oc * p];
+    let b = bias.as_deref().map_or(Bias::None, Bias::PerRow);
+    let one = |i: usize, cols: &mut Vec<f64>, o: &mut [f64], parallel: bool| {
+        im2col(&xv, i * image, [h * wd, wd, 1], &geom, 0.0, cols);
+        acc.gemm(format, &wv, cols, (oc, k, p), b, o, parallel);
+    };
+    let chunk = (oc * p).max(1);
+    if n >= rayon::current_num_threads() {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each_init(|| vec![0.0; k * p], |cols, (i, o)| one(i, cols, o, false));
+    } else {
+        let mut cols = vec![0.0; k * p];
+        for (i, o) in out.chunks_mut(chunk).enumerate() {
+            one(i, &mut cols, o, true);
+        }
+    }
+    finish(out, &[n, oc, geom.out_h, geom.out_w], x)
+}
