@@ -1,0 +1,516 @@
+//! Post-training quantization: the evaluation plan replays the trained model, model files
+//! are checked and round-trip, and each arithmetic computes what its definition says.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use qcandle::data::Dataset;
+use qcandle::io::{read_tensors, write_tensors};
+use qcandle::nn::{ModelKind, QConfig};
+use qcandle::ptq::arith::{run_plan, Arithmetic, Float16, Float32, Int8, PositGemm};
+use qcandle::ptq::{
+    evaluate, methods, read_weights, top_is_tied, write_quantized, Method, Weights,
+};
+use qcandle::quire::{self, Accumulation};
+use qcandle::train::{init_vars, train, OptimizerKind, TrainOptions};
+use qcandle::{Format, Rounding};
+
+type R = anyhow::Result<()>;
+
+fn subset(train: usize, test: usize) -> Dataset {
+    qcandle::data::embedded()
+        .expect("the embedded subset loads")
+        .subset(train, test)
+        .expect("a subset")
+}
+
+/// A LeNet-5 trained for one epoch on the 6000 images of the embedded subset (once per test
+/// binary), and the directory holding its run.
+fn trained() -> &'static (PathBuf, tempfile::TempDir) {
+    static RUN: OnceLock<(PathBuf, tempfile::TempDir)> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let out = dir.path().join("run");
+        let options = TrainOptions {
+            model: "lenet5".into(),
+            config_name: "float32".into(),
+            epochs: 1,
+            batch: 64,
+            lr: 1e-3,
+            optimizer: OptimizerKind::Adam,
+            seed: 5,
+        };
+        let config = QConfig::preset("float32").expect("a preset");
+        train(&subset(6000, 1000), &options, &config, Some(&out), true).expect("training");
+        (out.join("model.safetensors"), dir)
+    })
+}
+
+fn trained_weights() -> Weights {
+    read_weights(&trained().0, Some(ModelKind::Lenet5)).expect("the trained model reads back")
+}
+
+fn random_weights(kind: ModelKind, seed: u64) -> anyhow::Result<(Weights, qcandle::nn::Model)> {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = kind.build(vb, &QConfig::default())?;
+    init_vars(&varmap, seed)?;
+    let tensors: HashMap<String, Tensor> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+        .collect();
+    Ok((
+        Weights {
+            model: kind,
+            tensors,
+            format: None,
+        },
+        model,
+    ))
+}
+
+fn images(kind: ModelKind, n: usize, seed: u64) -> anyhow::Result<Tensor> {
+    let (c, h, w) = kind.input_shape();
+    let v: Vec<f32> = qcandle::report::normal_samples(n * c * h * w, seed)
+        .into_iter()
+        .map(|x| x.clamp(-1.0, 1.0))
+        .collect();
+    Ok(Tensor::from_vec(v, (n, c, h, w), &Device::Cpu)?)
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> anyhow::Result<f32> {
+    Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?)
+}
+
+#[test]
+fn the_float32_plan_of_every_model_replays_the_candle_model() -> R {
+    for (kind, _) in ModelKind::ALL {
+        let (weights, model) = random_weights(kind, 11)?;
+        let x = images(kind, 3, 2)?;
+        let expected = model.forward(&x)?;
+        let got = run_plan(kind, &Float32::new(&weights)?, &x, |_, _| Ok(()))?;
+        let scale = expected.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-3);
+        let diff = max_abs_diff(&expected, &got)?;
+        assert!(
+            diff <= 1e-5 * scale,
+            "{kind}: plan differs by {diff} (scale {scale})"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_plan_visits_every_layer_once_in_order_with_the_layer_input_shapes() -> R {
+    let (weights, _) = random_weights(ModelKind::Lenet5, 1)?;
+    let mut seen = Vec::new();
+    run_plan(
+        ModelKind::Lenet5,
+        &Float32::new(&weights)?,
+        &images(ModelKind::Lenet5, 2, 1)?,
+        |name, x| {
+            seen.push((name.to_string(), x.dims().to_vec()));
+            Ok(())
+        },
+    )?;
+    let expected: Vec<(String, Vec<usize>)> = [
+        ("conv1", vec![2, 1, 32, 32]),
+        ("conv2", vec![2, 6, 14, 14]),
+        ("fc1", vec![2, 400]),
+        ("fc2", vec![2, 120]),
+        ("fc3", vec![2, 84]),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_string(), s))
+    .collect();
+    assert_eq!(seen, expected);
+    Ok(())
+}
+
+#[test]
+fn the_padding_value_minus_one_reaches_the_first_layer_exactly_in_posit_arithmetic() -> R {
+    // posit<16,1> holds values next to -1 and 0 that an (x + 1) - 1 padding would lose.
+    let (weights, _) = random_weights(ModelKind::Lenet5, 4)?;
+    let format: Format = "posit<16,1>".parse()?;
+    let arith = PositGemm::new(&weights, format, Accumulation::Quire)?;
+    let tiny = Tensor::full(3.0e-8f32, (1, 1, 28, 28), &Device::Cpu)?;
+    let mut first = None;
+    run_plan(ModelKind::Lenet5, &arith, &tiny, |name, x| {
+        if name == "conv1" {
+            first = Some(x.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?);
+        }
+        Ok(())
+    })?;
+    let first = first.expect("conv1 was visited");
+    let inner = format.round(3.0e-8, Rounding::NearestEven, 0);
+    assert!(inner != 0.0 && inner < 1e-7);
+    for (i, &v) in first.iter().enumerate() {
+        let (y, x) = (i / 32, i % 32);
+        let border = !(2..30).contains(&y) || !(2..30).contains(&x);
+        assert_eq!(v, if border { -1.0 } else { inner }, "pixel ({y}, {x})");
+    }
+    Ok(())
+}
+
+#[test]
+fn posit_layers_are_the_quire_and_naive_ops_on_rounded_weights_and_outputs_stay_on_the_grid() -> R {
+    let weights = trained_weights();
+    let format: Format = "posit<8,0>".parse()?;
+    let x = images(ModelKind::Lenet5, 4, 9)?;
+    for acc in [Accumulation::Quire, Accumulation::Naive] {
+        let arith = PositGemm::new(&weights, format, acc)?;
+        let input = arith.input(&x)?.flatten_from(1)?.narrow(1, 0, 400)?;
+        let got = arith.layer("fc1", None, &input)?;
+        let expected = quire::linear(
+            &input,
+            weights.get("fc1.weight")?,
+            Some(weights.get("fc1.bias")?),
+            &format,
+            acc,
+        )?;
+        assert_eq!(
+            got.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?,
+            expected
+                .to_dtype(DType::F64)?
+                .flatten_all()?
+                .to_vec1::<f64>()?
+        );
+        let logits = run_plan(ModelKind::Lenet5, &arith, &x, |_, _| Ok(()))?;
+        for v in logits
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()?
+        {
+            assert_eq!(
+                format.round(v, Rounding::NearestEven, 0),
+                v,
+                "{acc:?} logit {v}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn float16_rounds_weights_inputs_and_layer_outputs_to_fp16() -> R {
+    let weights = trained_weights();
+    let arith = Float16::new(&weights)?;
+    let x = images(ModelKind::Lenet5, 2, 3)?;
+    let fp16: Format = "fp16".parse()?;
+    let on_grid = |t: &Tensor| -> anyhow::Result<bool> {
+        Ok(t.flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .all(|&v| fp16.round(v as f64, Rounding::NearestEven, 0) == v as f64))
+    };
+    assert!(on_grid(&arith.input(&x)?)?);
+    assert!(!on_grid(&x)?, "the sample must need rounding");
+    let logits = run_plan(ModelKind::Lenet5, &arith, &x, |name, input| {
+        let ok = on_grid(input).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        assert!(ok, "input of {name}");
+        Ok(())
+    })?;
+    assert!(on_grid(&logits)?);
+    Ok(())
+}
+
+#[test]
+fn int8_layers_compute_integer_dot_products_with_calibrated_symmetric_scales() -> R {
+    let weights = trained_weights();
+    let calibration = subset(1000, 1).train_images;
+    let arith = Int8::new(&weights, &calibration)?;
+    // fc3 by hand: scale of its input from the f32 model's fc3 inputs on the calibration set.
+    let float = Float32::new(&weights)?;
+    let mut fc3_max = 0f64;
+    run_plan(ModelKind::Lenet5, &float, &calibration, |name, x| {
+        if name == "fc3" {
+            fc3_max = fc3_max.max(x.abs()?.max_all()?.to_scalar::<f32>()? as f64);
+        }
+        Ok(())
+    })?;
+    let s_x = fc3_max / 127.0;
+    let w = weights
+        .get("fc3.weight")?
+        .to_dtype(DType::F64)?
+        .to_vec2::<f64>()?;
+    let b = weights
+        .get("fc3.bias")?
+        .to_dtype(DType::F64)?
+        .to_vec1::<f64>()?;
+    let w_max = w.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
+    let s_w = w_max / 127.0;
+    let code = |v: f64, s: f64| (v / s).round_ties_even().clamp(-127.0, 127.0) as i64;
+    // Inputs beyond the calibrated range clamp to ±127.
+    let input: Vec<f64> = (0..84)
+        .map(|i| (i as f64 - 40.0) * fc3_max / 30.0)
+        .collect();
+    let x = Tensor::from_vec(input.clone(), (1, 84), &Device::Cpu)?.to_dtype(DType::F32)?;
+    let got = arith
+        .layer("fc3", None, &x)?
+        .to_dtype(DType::F64)?
+        .to_vec2::<f64>()?;
+    for (o, row) in w.iter().enumerate() {
+        let mut acc: i64 = (b[o] / (s_x * s_w)).round() as i64;
+        for (xi, wi) in input.iter().zip(row) {
+            let xv = (*xi as f32) as f64;
+            acc += code(xv, s_x) * code(*wi, s_w);
+        }
+        let expected = ((acc as f64) * (s_x * s_w)) as f32 as f64;
+        assert_eq!(got[0][o], expected, "output {o}");
+    }
+    Ok(())
+}
+
+#[test]
+fn every_method_keeps_a_learned_model_within_six_points_of_float32_and_posit8_logits_tie() -> R {
+    // One epoch on 6000 images reaches about 70% top-1 in float32; rounding the weights and
+    // activations to 8-bit formats must keep it within a few points.
+    let weights = trained_weights();
+    let data = subset(1000, 1000);
+    let formats: Vec<Format> = vec!["posit<8,0>".parse()?];
+    let mut scores = HashMap::new();
+    for method in methods(&formats) {
+        let arith = qcandle::ptq::arithmetic(method, &weights, &data)?;
+        scores.insert(
+            method.to_string(),
+            evaluate(&weights, arith.as_ref(), &data)?,
+        );
+    }
+    let f32_top1 = scores["float32"].top1;
+    assert!(f32_top1 > 60.0, "float32 top-1 {f32_top1}");
+    for (name, s) in &scores {
+        assert!(
+            s.top1 > f32_top1 - 6.0,
+            "{name}: {} vs float32 {f32_top1}",
+            s.top1
+        );
+        assert!(s.top5 >= s.top1);
+    }
+    assert_eq!(scores["float32"].tied, 0.0);
+    assert!(
+        scores["posit<8,0> quire"].tied > 0.0,
+        "posit8 logits tie on some images"
+    );
+    Ok(())
+}
+
+#[test]
+fn methods_list_float32_float16_int8_then_naive_and_quire_per_posit_and_naive_only_otherwise() -> R
+{
+    let formats: Vec<Format> = vec!["posit<8,0>".parse()?, "e4m3".parse()?];
+    let names: Vec<String> = methods(&formats).iter().map(Method::to_string).collect();
+    assert_eq!(
+        names,
+        [
+            "float32",
+            "float16",
+            "int8",
+            "posit<8,0> naive",
+            "posit<8,0> quire",
+            "e4m3 naive"
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn a_tie_for_the_top_logit_is_detected_and_ranked_to_the_lower_class() {
+    assert!(top_is_tied(&[0.5, 2.0, -1.0, 2.0]));
+    assert!(!top_is_tied(&[0.5, 2.0, -1.0, 1.99]));
+    assert!(
+        !top_is_tied(&[0.5, 0.5, 1.0]),
+        "a tie below the top is not a top tie"
+    );
+    let logits = [0.5f64, 2.0, -1.0, 2.0];
+    assert_eq!(qcandle::train::rank_of(&logits, 1), 0);
+    assert_eq!(qcandle::train::rank_of(&logits, 3), 1);
+}
+
+#[test]
+fn a_quantized_model_holds_u8_patterns_a_quarter_of_the_size_and_reads_back_to_the_same_scores() -> R
+{
+    let weights = trained_weights();
+    let dir = tempfile::tempdir()?;
+    let format: Format = "posit<8,0>".parse()?;
+    let path = dir.path().join("q.safetensors");
+    let bytes = write_quantized(&path, &weights, &format)?;
+    let f32_bytes = std::fs::metadata(&trained().0)?.len();
+    let ratio = bytes as f64 / f32_bytes as f64;
+    assert!((0.25..0.27).contains(&ratio), "size ratio {ratio}");
+    for (name, t) in read_tensors(&path)? {
+        assert_eq!(t.dtype(), DType::U8, "{name}");
+    }
+    let back = read_weights(&path, None)?;
+    assert_eq!(back.model, ModelKind::Lenet5);
+    assert_eq!(back.format, Some(format));
+    let q = qcandle::Quant::new(format);
+    for (name, t) in &weights.tensors {
+        let rounded = qcandle::quantize_no_grad(t, &q)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let loaded = back.tensors[name].flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(rounded, loaded, "{name}");
+    }
+    let data = subset(1, 500);
+    for acc in [Accumulation::Quire, Accumulation::Naive] {
+        let a = evaluate(&weights, &PositGemm::new(&weights, format, acc)?, &data)?;
+        let b = evaluate(&back, &PositGemm::new(&back, format, acc)?, &data)?;
+        assert_eq!(
+            (a.top1, a.top5, a.tied),
+            (b.top1, b.top5, b.tied),
+            "{acc:?}"
+        );
+    }
+    Ok(())
+}
+
+fn write_model(path: &Path, tensors: Vec<(String, Tensor)>) -> R {
+    write_tensors(path, &tensors)
+}
+
+fn model_tensors() -> Vec<(String, Tensor)> {
+    read_tensors(&trained().0).expect("the trained model")
+}
+
+fn read_error(path: &Path, arch: Option<ModelKind>) -> String {
+    match read_weights(path, arch) {
+        Ok(_) => panic!("{} read without error", path.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn model_files_with_missing_extra_misshapen_or_integer_tensors_are_refused_by_name() -> R {
+    let dir = tempfile::tempdir()?;
+    let arch = Some(ModelKind::Lenet5);
+    let path = dir.path().join("m.safetensors");
+
+    let missing: Vec<_> = model_tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "fc2.bias")
+        .collect();
+    write_model(&path, missing)?;
+    let e = read_error(&path, arch);
+    assert!(e.contains("missing tensors fc2.bias"), "{e}");
+
+    let mut extra = model_tensors();
+    extra.push((
+        "fc4.weight".into(),
+        Tensor::zeros((2, 2), DType::F32, &Device::Cpu)?,
+    ));
+    write_model(&path, extra)?;
+    let e = read_error(&path, arch);
+    assert!(e.contains("unexpected tensors fc4.weight"), "{e}");
+
+    let misshapen: Vec<_> = model_tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let t = if n == "conv2.weight" {
+                Tensor::zeros((16, 6, 3, 3), DType::F32, &Device::Cpu).unwrap()
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect();
+    write_model(&path, misshapen)?;
+    let e = read_error(&path, arch);
+    assert!(e.contains("`conv2.weight` has shape [16, 6, 3, 3]"), "{e}");
+
+    let integer: Vec<_> = model_tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let t = if n == "fc3.bias" {
+                t.to_dtype(DType::U32).unwrap()
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect();
+    write_model(&path, integer)?;
+    let e = read_error(&path, arch);
+    assert!(e.contains("`fc3.bias` has dtype U32"), "{e}");
+
+    // A CifarNet reading of a LeNet-5 file names what is missing.
+    write_model(&path, model_tensors())?;
+    let e = read_error(&path, Some(ModelKind::CifarNet));
+    assert!(e.contains("but cifarnet needs"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn truncated_corrupt_absent_and_unlabelled_model_files_are_clear_errors() -> R {
+    let dir = tempfile::tempdir()?;
+    let arch = Some(ModelKind::Lenet5);
+    let bytes = std::fs::read(&trained().0)?;
+
+    let truncated = dir.path().join("truncated.safetensors");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2])?;
+    let e = read_error(&truncated, arch);
+    assert!(e.contains("truncated or corrupt"), "{e}");
+
+    let header_cut = dir.path().join("header.safetensors");
+    std::fs::write(&header_cut, &bytes[..5])?;
+    let e = read_error(&header_cut, arch);
+    assert!(e.contains("truncated or corrupt"), "{e}");
+
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"this is not a tensor file at all")?;
+    let e = read_error(&garbage, arch);
+    assert!(e.contains("truncated or corrupt"), "{e}");
+
+    let e = read_error(&dir.path().join("absent.safetensors"), arch);
+    assert!(e.contains("cannot read"), "{e}");
+
+    // No --arch and no run.json beside the file: the model cannot be told.
+    let lone = dir.path().join("lone.safetensors");
+    std::fs::write(&lone, &bytes)?;
+    let e = read_error(&lone, None);
+    assert!(e.contains("cannot tell which model"), "{e}");
+
+    // A quantized file names its model; a contradicting --arch is refused.
+    let q = dir.path().join("q.safetensors");
+    write_quantized(&q, &trained_weights(), &"posit<8,0>".parse()?)?;
+    let e = read_error(&q, Some(ModelKind::Mlp));
+    assert!(e.contains("holds a lenet5 model, not mlp"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn posit_arithmetic_refuses_formats_without_a_quire_or_elementwise_rounding() -> R {
+    let weights = trained_weights();
+    for (format, acc, needle) in [
+        ("e4m3", Accumulation::Quire, "has no quire"),
+        ("fixed<8,4>", Accumulation::Quire, "has no quire"),
+        ("block<8>", Accumulation::Naive, "rounds whole blocks"),
+        (
+            "posit<32,5>",
+            Accumulation::Quire,
+            "beyond the quire's range",
+        ),
+    ] {
+        let Err(e) = PositGemm::new(&weights, format.parse()?, acc) else {
+            panic!("{format} {acc:?} accepted");
+        };
+        assert!(e.to_string().contains(needle), "{format}: {e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_model_read_from_its_run_directory_needs_no_arch() -> R {
+    let w = read_weights(
+        &trained().0,
+        qcandle::ptq::model_file::model_of_run(&trained().0)?,
+    )?;
+    assert_eq!(w.model, ModelKind::Lenet5);
+    assert_eq!(w.format, None);
+    assert_eq!(w.tensors.len(), 10);
+    Ok(())
+}
