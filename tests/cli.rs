@@ -188,7 +188,7 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
 }
 
 #[test]
-fn demo_reports_every_preset_and_two_trained_accuracies() {
+fn demo_reports_every_preset_two_trained_accuracies_and_the_posit8_ptq_table() {
     let o = qcandle(&["demo", "--samples", "4096", "--epochs", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
@@ -217,6 +217,19 @@ fn demo_reports_every_preset_and_two_trained_accuracies() {
             .parse()
             .unwrap();
         assert!(top1 > 50.0, "{line}");
+    }
+    let ptq = out
+        .split("Post-training quantization")
+        .nth(1)
+        .expect("a post-training quantization table");
+    for method in [
+        "float32",
+        "float16",
+        "int8",
+        "posit<8,0> naive",
+        "posit<8,0> quire",
+    ] {
+        assert!(ptq.contains(&format!("| {method} | ")), "{method}: {ptq}");
     }
 }
 
@@ -312,6 +325,162 @@ fn train_and_compare_refuse_bad_input_with_clear_errors() {
     for (args, needle) in cases {
         let o = qcandle(&args);
         // 1: our errors; 2: clap's usage errors.
+        assert!(
+            matches!(o.status.code(), Some(1 | 2)),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+    }
+}
+
+/// The rows of a markdown table in `out` as (first cell, second cell).
+fn table_rows(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| method"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].to_string(), cells[2].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn ptq_evaluates_a_trained_run_saves_the_posit8_model_and_reads_it_back_to_the_same_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let o = qcandle(&[
+        "train",
+        "--model",
+        "lenet5",
+        "--data",
+        "embedded",
+        "--train-limit",
+        "1024",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ptq = dir.path().join("ptq");
+    let model = run.join("model.safetensors");
+    // The architecture and the dataset come from the run's run.json.
+    let o = qcandle(&[
+        "ptq",
+        "--model",
+        model.to_str().unwrap(),
+        "--format",
+        "posit<8,0>",
+        "--out",
+        ptq.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    let rows = table_rows(&out);
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "float32",
+            "float16",
+            "int8",
+            "posit<8,0> naive",
+            "posit<8,0> quire"
+        ],
+        "{out}"
+    );
+    assert!(out.contains("lower class index"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(ptq.join("ptq.md")).unwrap(),
+        out,
+        "ptq.md holds the printed report"
+    );
+    let csv = std::fs::read_to_string(ptq.join("ptq.csv")).unwrap();
+    assert!(
+        csv.starts_with("method,top1,top5,tied,seconds\nfloat32,"),
+        "{csv}"
+    );
+    let quantized = ptq.join("model-posit_8_0.safetensors");
+    let (q_len, f_len) = (
+        std::fs::metadata(&quantized).unwrap().len(),
+        std::fs::metadata(&model).unwrap().len(),
+    );
+    assert!(4 * q_len < f_len + f_len / 50, "{q_len} vs {f_len}");
+
+    // The quantized model: format and model from its metadata; same posit scores.
+    let again = dir.path().join("again");
+    let o = qcandle(&[
+        "ptq",
+        "--model",
+        quantized.to_str().unwrap(),
+        "--data",
+        "embedded",
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let back = table_rows(&String::from_utf8(o.stdout).unwrap());
+    for name in ["posit<8,0> naive", "posit<8,0> quire"] {
+        let score = |rows: &[(String, String)]| rows.iter().find(|r| r.0 == name).cloned();
+        assert_eq!(score(&rows), score(&back), "{name}");
+        assert!(score(&back).is_some(), "{name}");
+    }
+}
+
+#[test]
+fn ptq_refuses_bad_models_and_formats_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("absent.safetensors");
+    let lone = dir.path().join("lone.safetensors");
+    let t = Tensor::zeros((6, 1, 5, 5), DType::F32, &Device::Cpu).unwrap();
+    qcandle::io::write_tensors(&lone, &[("conv1.weight".to_string(), t)]).unwrap();
+    let corrupt = dir.path().join("corrupt.safetensors");
+    std::fs::write(&corrupt, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "ptq",
+                "--model",
+                missing.to_str().unwrap(),
+                "--arch",
+                "lenet5",
+            ],
+            "cannot read",
+        ),
+        (
+            vec!["ptq", "--model", lone.to_str().unwrap()],
+            "cannot tell which model",
+        ),
+        (
+            vec!["ptq", "--model", lone.to_str().unwrap(), "--arch", "lenet5"],
+            "missing tensors conv1.bias",
+        ),
+        (
+            vec![
+                "ptq",
+                "--model",
+                corrupt.to_str().unwrap(),
+                "--arch",
+                "lenet5",
+            ],
+            "truncated or corrupt",
+        ),
+        (
+            vec![
+                "ptq",
+                "--model",
+                lone.to_str().unwrap(),
+                "--format",
+                "posit<8,9>",
+            ],
+            "es",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = qcandle(&args);
         assert!(
             matches!(o.status.code(), Some(1 | 2)),
             "{args:?}: {}",

@@ -333,6 +333,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
     );
     println!("| config | train loss | test top-1 | test top-5 | seconds |");
     println!("|---|---|---|---|---|");
+    let runs = std::path::Path::new("runs").join("demo");
     for config_name in ["float32", "posit16"] {
         let options = TrainOptions {
             model: "lenet5".into(),
@@ -343,7 +344,9 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             optimizer: OptimizerKind::Adam,
             seed,
         };
-        let records = train(&data, &options, &QConfig::preset(config_name)?, None, false)?;
+        let out = runs.join(format!("lenet5-{config_name}-e{epochs}-s{seed}"));
+        let config = QConfig::preset(config_name)?;
+        let records = train(&data, &options, &config, Some(&out), false)?;
         let last = records.last().context("no epochs were run")?;
         let seconds: f64 = records.iter().map(|r| r.seconds).sum();
         println!(
@@ -351,6 +354,20 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             last.train_loss, last.top1, last.top5
         );
     }
+    let model = runs.join(format!(
+        "lenet5-float32-e{epochs}-s{seed}/model.safetensors"
+    ));
+    println!(
+        "\nPost-training quantization of the float32 model ({}) on the same test images\n",
+        model.display()
+    );
+    let weights = qcandle::ptq::read_weights(&model, Some(ModelKind::Lenet5))?;
+    let f32_bytes = std::fs::metadata(&model)?.len();
+    let out = model.with_file_name("ptq");
+    print!(
+        "{}",
+        ptq_table(&weights, &data, &["posit<8,0>".parse()?], &out, f32_bytes)?
+    );
     Ok(())
 }
 
