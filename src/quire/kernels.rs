@@ -21,7 +21,8 @@
 //! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. Formats of at
 //! most 8 bits with bit patterns use exact 256 x 256 operation tables on the patterns
 //! ([`OpTables`]); wider ones compute each operation in f64 rounded to odd and round that
-//! once ([`super::round_odd`]), which is the correctly rounded operation.
+//! once ([`super::round_odd`]), which is the correctly rounded operation, a whole output row
+//! at a time through the format's f32 fast path where that applies ([`super::naive_f32`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,6 +31,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::accumulator::Quire;
+use super::naive_f32::NaiveF32;
 use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
@@ -335,6 +337,20 @@ pub fn naive_gemm(
                 };
                 *o = tables.decode[c as usize];
             }
+        };
+        for_rows(out, m, n, parallel, row);
+    } else if let Some(fast) = NaiveF32::new(format) {
+        let row = |i: usize, dst: &mut [f64]| {
+            let per_row;
+            let bias_row = match bias {
+                Bias::None => None,
+                Bias::PerCol(v) => Some(&v[..n]),
+                Bias::PerRow(v) => {
+                    per_row = vec![v[i]; n];
+                    Some(&per_row[..])
+                }
+            };
+            fast.row(&a[i * k..i * k + k], &b[..k * n], bias_row, dst);
         };
         for_rows(out, m, n, parallel, row);
     } else {

@@ -11,6 +11,7 @@
 
 pub mod accumulator;
 pub mod kernels;
+pub mod naive_f32;
 pub mod ops;
 pub mod round_odd;
 

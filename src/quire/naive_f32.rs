@@ -1,0 +1,98 @@
+//! The naive GEMM's vectorised row kernel for formats that round through f32.
+//!
+//! For one output row, each step `t` forms the products `a_t · b_t[j]` for the whole row,
+//! rounds them, adds them to the row's running sums and rounds again, each rounding a run
+//! through the format's branch-free f32 plan ([`F32Plan`], the quantize kernel's fast path).
+//! The operations are computed in f64 (products of these formats are exact there, sums
+//! are rounded to odd) and narrowed to f32 by rounding to odd, which keeps a correct final
+//! rounding for any format with at most 22 significand bits: so every step is the correctly
+//! rounded operation, bit for bit the same as the general path.
+//!
+//! Applies to posits with n <= 24 and maxpos^2 <= 2^125, and floats with at most 21
+//! mantissa bits whose squared range lies inside f32's normal range (fp16, e5m2, e4m3, ...),
+//! so that no product or sum leaves f32's normal range.
+
+use super::round_odd::add_odd;
+use crate::format::f32_plan::{F32Plan, RunRounder};
+use crate::format::rounding::{NearestEven, RuleKind};
+use crate::format::Format;
+
+/// `v` narrowed to f32 with rounding to odd (inputs inside f32's normal range).
+#[inline(always)]
+fn to_f32_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    let away = v.abs() > (f as f64).abs();
+    f32::from_bits(if away { f.to_bits() + 1 } else { f.to_bits() - 1 })
+}
+
+/// The row kernel of one format.
+pub struct NaiveF32 {
+    plan: F32Plan,
+    format: Format,
+}
+
+impl NaiveF32 {
+    /// The kernel for `format`, where it applies (see the module docs).
+    pub fn new(format: &Format) -> Option<Self> {
+        let fits = match format {
+            Format::Posit(p) => p.n() <= 24 && 2 * p.max_scale() <= 125,
+            Format::Float(f) => {
+                let (lo, hi) = (f.min_positive(), f.max_value());
+                f.man() <= 21 && lo * lo >= f64::from(f32::MIN_POSITIVE) && hi * hi < 2f64.powi(127)
+            }
+            _ => false,
+        };
+        if !fits {
+            return None;
+        }
+        Some(NaiveF32 {
+            plan: F32Plan::new(format, RuleKind::NearestEven)?,
+            format: *format,
+        })
+    }
+
+    /// Rounds `src` into `dst` (the fast path, then the general path where it does not apply).
+    #[inline]
+    fn round(&self, src: &[f32], dst: &mut [f32]) {
+        if self.plan.round_run(src, dst, NearestEven, &[]) {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                if self.plan.needs_slow(x) {
+                    *d = self.format.round_rule(x as f64, NearestEven, 0) as f32;
+                }
+            }
+        }
+    }
+
+    /// One output row: `out[j] = round(... round(round(0 + round(a_0 b_0j)) + ...) + bias_j)`
+    /// for `a` (k values), `b` (k x n, row-major) and the row's bias (if any).
+    pub fn row(&self, a: &[f64], b: &[f64], bias: Option<&[f64]>, out: &mut [f64]) {
+        let n = out.len();
+        let mut acc = vec![0f32; n];
+        let mut tmp = vec![0f32; n];
+        let mut prod = vec![0f32; n];
+        for (t, &x) in a.iter().enumerate() {
+            let brow = &b[t * n..t * n + n];
+            // Products of two such values are exact in f64 (at most 2 x 22 significand bits).
+            for (p, &y) in tmp.iter_mut().zip(brow) {
+                *p = to_f32_odd(x * y);
+            }
+            self.round(&tmp, &mut prod);
+            for ((s, &c), &p) in tmp.iter_mut().zip(&acc).zip(&prod) {
+                *s = to_f32_odd(add_odd(c as f64, p as f64));
+            }
+            self.round(&tmp, &mut acc);
+        }
+        if let Some(bias) = bias {
+            for ((s, &c), &v) in tmp.iter_mut().zip(&acc).zip(bias) {
+                *s = to_f32_odd(add_odd(c as f64, v));
+            }
+            self.round(&tmp, &mut acc);
+        }
+        for (o, &c) in out.iter_mut().zip(&acc) {
+            *o = c as f64;
+        }
+    }
+}

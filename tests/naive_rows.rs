@@ -1,0 +1,143 @@
+//! The naive GEMM's vectorised f32 row kernel against the definition, one scalar operation
+//! at a time: `c = round(c + round(a_t · b_t))` from zero, `k` ascending, bias last, each
+//! operation computed in f64 rounded to odd and rounded once to the format.
+
+use qcandle::format::Rounding;
+use qcandle::quire::kernels::{naive_gemm, Bias};
+use qcandle::quire::naive_f32::NaiveF32;
+use qcandle::quire::round_odd::{add_odd, mul_odd};
+use qcandle::Format;
+
+/// A reproducible spread of values over the format's range (ties, tiny, huge, signs).
+fn values(format: &Format, count: usize, seed: u64) -> Vec<f64> {
+    let max = format.max_finite().unwrap().min(1e30);
+    let min = format.min_positive().unwrap();
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..count)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+            let v = match i % 7 {
+                0 => max * u,
+                1 => min * (1.0 + 3.0 * u),
+                2 => 0.0,
+                _ => (2.0 * u - 1.0) * 4.0f64.powf(6.0 * u - 3.0),
+            };
+            let v = if state >> 63 == 1 { -v } else { v };
+            format.round(v, Rounding::NearestEven, 0)
+        })
+        .collect()
+}
+
+fn reference(
+    format: &Format,
+    a: &[f64],
+    b: &[f64],
+    (m, k, n): (usize, usize, usize),
+    bias: &[f64],
+) -> Vec<f64> {
+    let round = |x: f64| format.round(x, Rounding::NearestEven, 0);
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut c = 0.0;
+            for t in 0..k {
+                c = round(add_odd(c, round(mul_odd(a[i * k + t], b[t * n + j]))));
+            }
+            out[i * n + j] = round(add_odd(c, bias[j]));
+        }
+    }
+    out
+}
+
+fn same(x: f64, y: f64) -> bool {
+    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+}
+
+#[test]
+fn the_f32_row_kernel_equals_the_scalar_definition_for_posits_and_narrow_floats() {
+    for name in [
+        "posit<16,1>",
+        "posit<16,2>",
+        "posit<12,2>",
+        "posit<24,1>",
+        "posit<10,0>",
+        "fp16",
+        "float<5,2>",
+        "float<4,3,fn>",
+        "float<5,10,nosub>",
+        "float<5,10,sat>",
+        "e3m2",
+    ] {
+        let format: Format = name.parse().unwrap();
+        assert!(
+            NaiveF32::new(&format).is_some(),
+            "{name} takes the row kernel"
+        );
+        let (m, k, n) = (7, 61, 37);
+        let a = values(&format, m * k, 1);
+        let b = values(&format, k * n, 2);
+        let bias = values(&format, n, 3);
+        let mut out = vec![0.0; m * n];
+        naive_gemm(
+            &format,
+            &a,
+            &b,
+            (m, k, n),
+            Bias::PerCol(&bias),
+            &mut out,
+            false,
+        );
+        let expected = reference(&format, &a, &b, (m, k, n), &bias);
+        let bad: Vec<String> = out
+            .iter()
+            .zip(&expected)
+            .enumerate()
+            .filter(|(_, (x, y))| !same(**x, **y))
+            .take(5)
+            .map(|(i, (x, y))| format!("out[{i}] = {x:e}, definition {y:e}"))
+            .collect();
+        assert!(bad.is_empty(), "{name}: {}", bad.join("; "));
+    }
+}
+
+#[test]
+fn formats_outside_f32_range_or_precision_take_the_general_path() {
+    for name in [
+        "bf16",
+        "posit<32,2>",
+        "posit<16,4>",
+        "float<5,23>",
+        "fixed<16,8>",
+    ] {
+        let format: Format = name.parse().unwrap();
+        assert!(NaiveF32::new(&format).is_none(), "{name}");
+    }
+}
+
+#[test]
+fn nar_and_overflow_propagate_through_the_row_kernel() {
+    let p: Format = "posit<16,1>".parse().unwrap();
+    let a = [1.0, f64::NAN, 2.0];
+    let b = [3.0, 4.0, 5.0];
+    let mut out = [0.0; 1];
+    naive_gemm(&p, &a, &b, (1, 3, 1), Bias::None, &mut out, false);
+    assert!(out[0].is_nan(), "NaR is sticky");
+    // fp16: 60000 + 60000 overflows to Inf; -60000 + 60000 is exactly 0.
+    let h: Format = "fp16".parse().unwrap();
+    let mut out = [0.0; 2];
+    naive_gemm(
+        &h,
+        &[60000.0, 60000.0],
+        &[1.0, -1.0, 1.0, 1.0],
+        (1, 2, 2),
+        Bias::None,
+        &mut out,
+        false,
+    );
+    assert_eq!(out, [f64::INFINITY, 0.0]);
+}
