@@ -345,6 +345,11 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             seed,
         };
         let out = runs.join(format!("lenet5-{config_name}-e{epochs}-s{seed}"));
+        // The demo's own directory: a fresh run every time, never a stale one resumed.
+        if out.exists() {
+            std::fs::remove_dir_all(&out)
+                .with_context(|| format!("cannot clear {}", out.display()))?;
+        }
         let config = QConfig::preset(config_name)?;
         let records = train(&data, &options, &config, Some(&out), false)?;
         let last = records.last().context("no epochs were run")?;
