@@ -400,7 +400,7 @@ fn ptq_evaluates_a_trained_run_saves_the_posit8_model_and_reads_it_back_to_the_s
     );
     let csv = std::fs::read_to_string(ptq.join("ptq.csv")).unwrap();
     assert!(
-        csv.starts_with("method,top1,top5,tied,seconds\nfloat32,"),
+        csv.starts_with("method,top1,top5,tied,top1_ties_lost,top1_ties_won,seconds\nfloat32,"),
         "{csv}"
     );
     let quantized = ptq.join("model-posit_8_0.safetensors");

@@ -514,3 +514,53 @@ fn a_model_read_from_its_run_directory_needs_no_arch() -> R {
     assert_eq!(w.tensors.len(), 10);
     Ok(())
 }
+
+/// An MLP "arithmetic" whose logits always tie classes 0 and 1 at the top.
+struct TiedLogits;
+
+impl Arithmetic for TiedLogits {
+    fn input(&self, images: &Tensor) -> candle_core::Result<Tensor> {
+        Ok(images.clone())
+    }
+    fn layer(
+        &self,
+        name: &str,
+        _: Option<(usize, usize)>,
+        x: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let n = x.dim(0)?;
+        match name {
+            "fc1" => Tensor::zeros((n, 256), DType::F32, x.device()),
+            "fc2" => Tensor::zeros((n, 128), DType::F32, x.device()),
+            _ => {
+                let row = [2.0f32, 2.0, 1.0, 0.5, 0.0, -1.0, -1.0, -2.0, -3.0, -4.0];
+                Tensor::new(&row, x.device())?.unsqueeze(0)?.repeat((n, 1))
+            }
+        }
+    }
+}
+
+#[test]
+fn ties_go_to_the_lower_class_and_the_report_gives_the_range_over_tie_rules() -> R {
+    let data = subset(1, 1000);
+    let labels = data.test_labels.to_vec1::<u32>()?;
+    let share = |f: &dyn Fn(u32) -> bool| {
+        100.0 * labels.iter().filter(|&&l| f(l)).count() as f64 / labels.len() as f64
+    };
+    let (weights, _) = random_weights(ModelKind::Mlp, 1)?;
+    let s = evaluate(&weights, &TiedLogits, &data)?;
+    assert_eq!(s.tied, 100.0);
+    assert_eq!(s.top1, share(&|l| l == 0), "class 0 wins the tie");
+    assert_eq!(s.top1_range, (0.0, share(&|l| l <= 1)));
+    assert_eq!(s.top5, share(&|l| l <= 4));
+    let table = qcandle::ptq::markdown(&[(Method::Float32, s)]);
+    assert!(
+        table.contains(&format!("| float32 | {:.2} |", s.top1)),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("| 0.00–{:.2} |", share(&|l| l <= 1))),
+        "{table}"
+    );
+    Ok(())
+}

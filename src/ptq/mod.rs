@@ -19,7 +19,7 @@ pub mod model_file;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 
 use crate::data::Dataset;
 use crate::format::Format;
@@ -93,6 +93,10 @@ pub struct Score {
     pub top5: f64,
     /// Percent of test images whose largest logit is shared by two or more classes.
     pub tied: f64,
+    /// Top-1 if every tie went against the label (the label's logit must be the only
+    /// largest), and if every tie went for it (no logit larger than the label's): the range
+    /// any tie rule can give.
+    pub top1_range: (f64, f64),
     /// Wall-clock seconds of the evaluation.
     pub seconds: f64,
 }
@@ -107,6 +111,7 @@ pub fn top_is_tied(logits: &[f64]) -> bool {
 pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Result<Score> {
     let start = Instant::now();
     let (mut top1, mut top5, mut tied, mut n) = (0usize, 0usize, 0usize, 0usize);
+    let (mut lost, mut won) = (0usize, 0usize);
     for batch in data.test_batches(1000)? {
         let (images, labels) = batch?;
         let logits = run_plan(weights.model, arith, &images, |_, _| Ok(()))?
@@ -117,6 +122,11 @@ pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Re
             top1 += usize::from(rank < 1);
             top5 += usize::from(rank < 5);
             tied += usize::from(top_is_tied(row));
+            let t = row[label as usize];
+            let above = row.iter().filter(|&&x| x > t).count();
+            let equal = row.iter().filter(|&&x| x == t).count();
+            won += usize::from(above == 0 && !t.is_nan());
+            lost += usize::from(above == 0 && equal == 1);
         }
         n += labels.dim(0)?;
     }
@@ -125,6 +135,7 @@ pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Re
         top1: pct(top1),
         top5: pct(top5),
         tied: pct(tied),
+        top1_range: (pct(lost), pct(won)),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -167,30 +178,26 @@ pub fn evaluate_methods(
 
 /// The rows as a markdown table.
 pub fn markdown(rows: &[(Method, Score)]) -> String {
-    let mut s =
-        String::from("| method | top-1 % | top-5 % | top logit tied % |\n|---|---|---|---|\n");
+    let mut s = String::from(
+        "| method | top-1 % | top-5 % | top logit tied % | top-1 range over tie rules |\n|---|---|---|---|---|\n",
+    );
     for (m, r) in rows {
         s.push_str(&format!(
-            "| {m} | {:.2} | {:.2} | {:.2} |\n",
-            r.top1, r.top5, r.tied
+            "| {m} | {:.2} | {:.2} | {:.2} | {:.2}–{:.2} |\n",
+            r.top1, r.top5, r.tied, r.top1_range.0, r.top1_range.1
         ));
     }
     s
 }
 
-/// The rows as CSV: `method,top1,top5,tied,seconds`.
+/// The rows as CSV: `method,top1,top5,tied,top1_ties_lost,top1_ties_won,seconds`.
 pub fn csv(rows: &[(Method, Score)]) -> String {
-    let mut s = String::from("method,top1,top5,tied,seconds\n");
+    let mut s = String::from("method,top1,top5,tied,top1_ties_lost,top1_ties_won,seconds\n");
     for (m, r) in rows {
         s.push_str(&format!(
-            "{m},{:.2},{:.2},{:.2},{:.3}\n",
-            r.top1, r.top5, r.tied, r.seconds
+            "{m},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3}\n",
+            r.top1, r.top5, r.tied, r.top1_range.0, r.top1_range.1, r.seconds
         ));
     }
     s
-}
-
-/// `x` as a tensor of f64 logits (a helper for tests and callers holding f32 logits).
-pub fn logits_f64(x: &Tensor) -> Result<Vec<Vec<f64>>> {
-    Ok(x.to_dtype(DType::F64)?.to_vec2::<f64>()?)
 }
