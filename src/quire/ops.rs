@@ -46,16 +46,8 @@ impl Accumulation {
     }
 
     /// The GEMM kernel of this accumulation.
-    fn gemm(
-        self,
-        format: &Format,
-        a: &[f64],
-        b: &[f64],
-        dims: Dims,
-        bias: Bias,
-        out: &mut [f64],
-        parallel: bool,
-    ) {
+    fn gemm(self, format: &Format, g: Operands, out: &mut [f64], parallel: bool) {
+        let Operands { a, b, dims, bias } = g;
         match (self, format) {
             (Accumulation::Quire, Format::Posit(p)) => {
                 quire_gemm(*p, a, b, dims, bias, out, parallel)
@@ -64,6 +56,15 @@ impl Accumulation {
             (Accumulation::Naive, f) => naive_gemm(f, a, b, dims, bias, out, parallel),
         }
     }
+}
+
+/// The operands of one GEMM: `a (m x k)`, `b (k x n)`, row-major, and the bias.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
+    a: &'a [f64],
+    b: &'a [f64],
+    dims: Dims,
+    bias: Bias<'a>,
 }
 
 /// The elements of `x` rounded to `format`, as f64 in row-major order.
@@ -110,15 +111,13 @@ pub fn matmul(a: &Tensor, b: &Tensor, format: &Format, acc: Accumulation) -> Res
     let mut out = vec![0.0; batch * m * n];
     for (i, o) in out.chunks_mut((m * n).max(1)).enumerate().take(batch) {
         let bi = if shared_b { 0 } else { i };
-        acc.gemm(
-            format,
-            &av[i * m * k..],
-            &bv[bi * k * n..],
-            (m, k, n),
-            Bias::None,
-            o,
-            true,
-        );
+        let g = Operands {
+            a: &av[i * m * k..],
+            b: &bv[bi * k * n..],
+            dims: (m, k, n),
+            bias: Bias::None,
+        };
+        acc.gemm(format, g, o, true);
     }
     let mut shape = batch_dims.to_vec();
     shape.extend([m, n]);
@@ -157,7 +156,13 @@ pub fn linear(
     let wt = rounded(&w.t()?.contiguous()?, format, "linear")?;
     let mut out = vec![0.0; rows * out_f];
     let b = bias.as_deref().map_or(Bias::None, Bias::PerCol);
-    acc.gemm(format, &xv, &wt, (rows, inp, out_f), b, &mut out, true);
+    let g = Operands {
+        a: &xv,
+        b: &wt,
+        dims: (rows, inp, out_f),
+        bias: b,
+    };
+    acc.gemm(format, g, &mut out, true);
     finish(out, &[rows, out_f], x)
 }
 
@@ -207,7 +212,13 @@ pub fn conv2d(
     let b = bias.as_deref().map_or(Bias::None, Bias::PerRow);
     let one = |i: usize, cols: &mut Vec<f64>, o: &mut [f64], parallel: bool| {
         im2col(&xv, i * image, [h * wd, wd, 1], &geom, 0.0, cols);
-        acc.gemm(format, &wv, cols, (oc, k, p), b, o, parallel);
+        let g = Operands {
+            a: &wv,
+            b: cols,
+            dims: (oc, k, p),
+            bias: b,
+        };
+        acc.gemm(format, g, o, parallel);
     };
     let chunk = (oc * p).max(1);
     if n >= rayon::current_num_threads() {
