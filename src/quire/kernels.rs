@@ -6,6 +6,8 @@
 //! `minpos^2 = 2^-2s` of magnitude at most `2^2s` (see [`super::accumulator`]), so in
 //! units of `minpos^2` a sum of `T` terms is an integer below `T · 2^4s`:
 //!
+//! * [`Accumulator::I16`] when also `2s <= 12` (posit<8,0>): i16 operands, exact integer
+//!   dot products with `pmaddwd`-style multiply-adds ([`super::int_dot`]).
 //! * [`Accumulator::F64`] when `T · 2^4s <= 2^53`: every partial sum is an f64 integer
 //!   multiple of `minpos^2`, so any summation order is exact and the GEMM is an ordinary f64
 //!   GEMM (the `gemm` crate's). posit<8,0> (`s = 6`) is exact this way for `k < 2^29`.
@@ -18,11 +20,12 @@
 //! A NaR operand makes its row or column of outputs NaR.
 //!
 //! The naive product rounds after every multiply and every add, `k` ascending, starting
-//! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. Formats of at
-//! most 8 bits with bit patterns use exact 256 x 256 operation tables on the patterns
-//! ([`OpTables`]); wider ones compute each operation in f64 rounded to odd and round that
-//! once ([`super::round_odd`]), which is the correctly rounded operation, a whole output row
-//! at a time through the format's f32 fast path where that applies ([`super::naive_f32`]).
+//! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. Posits and
+//! floats with a NaN pattern of at most 8 bits use exact 256 x 256 operation tables on the
+//! patterns ([`OpTables`]); the others compute each operation in f64 rounded to odd and
+//! round that once ([`super::round_odd`]), which is the correctly rounded operation, a whole
+//! output row at a time through the format's f32 fast path where that applies
+//! ([`super::naive_f32`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -31,11 +34,12 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::accumulator::Quire;
+use super::int_dot;
 use super::naive_f32::NaiveF32;
 use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
-use crate::format::{Format, Posit};
+use crate::format::{Format, Posit, Specials};
 
 /// How a GEMM's bias is laid out.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +70,9 @@ impl Bias<'_> {
 /// The exact accumulator chosen for a quire GEMM (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accumulator {
+    /// i16 operands in units of minpos, i32 partial sums of 64 products, i64 totals
+    /// ([`super::int_dot`]).
+    I16,
     /// An f64 GEMM, exact because every partial sum fits 53 bits.
     F64,
     /// i64 operands in units of minpos, i128 sums.
@@ -78,7 +85,9 @@ pub enum Accumulator {
 pub fn accumulator_for(posit: Posit, terms: usize) -> Accumulator {
     let s = posit.max_scale() as u32;
     let bits_needed = 4 * s + usize::BITS - terms.max(1).leading_zeros();
-    if bits_needed <= 53 {
+    if int_dot::applies(posit.max_scale()) && bits_needed <= 53 {
+        Accumulator::I16
+    } else if bits_needed <= 53 {
         Accumulator::F64
     } else if 2 * s <= 62 && bits_needed <= 126 {
         Accumulator::I128
@@ -118,6 +127,39 @@ pub fn quire_gemm(
             };
             dgemm(dims, a, b, out, par);
             out[..m * n].iter_mut().for_each(|v| *v = round(*v));
+        }
+        Accumulator::I16 => {
+            let s = posit.max_scale();
+            let scale = pow2(s);
+            let to_int = |v: f64| (v * scale) as i16;
+            let ai: Vec<i16> = a[..m * k].iter().map(|&v| to_int(v)).collect();
+            let mut bt = vec![0i16; k * n];
+            for t in 0..k {
+                for j in 0..n {
+                    bt[j * k + t] = to_int(b[t * n + j]);
+                }
+            }
+            let row_nar: Vec<bool> = (0..m).map(|i| has_nan(&a[i * k..i * k + k])).collect();
+            let col_nar: Vec<bool> = (0..n)
+                .map(|j| (0..k).any(|t| b[t * n + j].is_nan()))
+                .collect();
+            let unit = pow2(-2 * s);
+            let row = |i: usize, dst: &mut [f64]| {
+                let mut sums = vec![0i64; n];
+                int_dot::row(&ai[i * k..i * k + k], &bt, &mut sums);
+                for (j, (o, &sum)) in dst.iter_mut().zip(&sums).enumerate() {
+                    let bias_v = bias.at(i, j);
+                    *o = if row_nar[i] || col_nar[j] || bias_v.is_some_and(f64::is_nan) {
+                        f64::NAN
+                    } else {
+                        // The bias is a posit: an integer in units of minpos^2 too.
+                        let total = sum + bias_v.map_or(0, |v| (v * scale * scale) as i64);
+                        // Exact: |total| < 2^53 (checked by `accumulator_for`).
+                        round(total as f64 * unit)
+                    };
+                }
+            };
+            for_rows(out, m, n, parallel, row);
         }
         Accumulator::I128 => {
             let s = posit.max_scale();
@@ -240,7 +282,8 @@ pub struct OpTables {
 }
 
 impl OpTables {
-    /// The tables of `format` (a posit or float of at most 8 bits), built once per process.
+    /// The tables of `format` (a posit, or a float with a NaN pattern, of at most 8 bits),
+    /// built once per process.
     pub fn get(format: &Format) -> Option<Arc<OpTables>> {
         if !has_tables(format) {
             return None;
@@ -279,8 +322,15 @@ impl OpTables {
     }
 }
 
+/// Tables carry NaN operands as the format's NaN pattern, so they serve posits (NaR) and
+/// floats other than `fin` (which keep NaN as NaN but cannot encode it) of at most 8 bits.
 fn has_tables(format: &Format) -> bool {
-    matches!(format, Format::Posit(_) | Format::Float(_)) && format.bits() <= 8
+    let has_nan = match format {
+        Format::Posit(_) => true,
+        Format::Float(f) => f.specials() != Specials::Finite,
+        Format::Fixed(_) | Format::Block(_) => false,
+    };
+    has_nan && format.bits() <= 8
 }
 
 fn decode_bits(format: &Format, p: u32) -> f64 {
@@ -291,15 +341,12 @@ fn decode_bits(format: &Format, p: u32) -> f64 {
     }
 }
 
-/// The nearest-even pattern of `x`; NaN (and anything a format cannot encode) gives the
-/// format's NaN pattern, or for formats without NaN the pattern of the rounded value.
+/// The nearest-even pattern of `x`; NaN gives the format's NaN pattern.
 fn encode_bits(format: &Format, x: f64) -> u32 {
     let r = format.round(x, crate::format::Rounding::NearestEven, 0);
     match format {
         Format::Posit(posit) => posit.encode(r),
-        Format::Float(f) => f
-            .encode(r)
-            .unwrap_or_else(|_| f.encode(f64::NAN).unwrap_or(0)),
+        Format::Float(f) => f.encode(r).expect("table formats have a NaN pattern"),
         _ => unreachable!("tables exist for posit and float formats only"),
     }
 }

@@ -10,6 +10,7 @@
 //!   format is correct.
 
 pub mod accumulator;
+pub mod int_dot;
 pub mod kernels;
 pub mod naive_f32;
 pub mod ops;

@@ -1,0 +1,85 @@
+//! Exact GEMM on small integers: the quire of posits whose values are i16 multiples of minpos.
+//!
+//! For posit(n, es) with `maxpos = 2^s`, every value is `c · 2^-s` with an integer
+//! `|c| <= 2^2s`. When `2s <= 12` (posit<8,0>: values are multiples of 2^-6 up to 64, so
+//! `|c| <= 4096`), `c` fits an i16 and a product fits 2^24. Sums of 64 products then fit an
+//! i32 (`64 · 2^24 = 2^30`), and an i64 gathers those partial sums: the dot product is exact
+//! for any length below 2^39, in units of `minpos^2`.
+//!
+//! The inner loop is the `i16 x i16 -> i32` multiply-add that x86's `pmaddwd` (SSE2; AVX2
+//! doubles its width) does eight or sixteen at a time; the compiler vectorises it, and the
+//! AVX2 build is chosen at run time where the CPU has it. Each call computes a 1 x 4 tile
+//! (one row of `A` against four rows of `B^T`), so a load of `A` serves four products.
+
+/// Products summed in i32 before the i64 gathers them (`64 · 2^24 <= 2^30`).
+const CHUNK: usize = 64;
+
+/// Whether posits with `maxpos = 2^max_scale` take this path.
+pub fn applies(max_scale: i32) -> bool {
+    2 * max_scale <= 12
+}
+
+#[inline(always)]
+fn dot4_body(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
+    let mut total = [0i64; 4];
+    let k = a.len();
+    let mut start = 0;
+    while start < k {
+        let end = (start + CHUNK).min(k);
+        let x = &a[start..end];
+        let mut s = [0i32; 4];
+        for (sj, bj) in s.iter_mut().zip(b) {
+            let y = &bj[start..end];
+            *sj = x
+                .iter()
+                .zip(y)
+                .map(|(&p, &q)| p as i32 * q as i32)
+                .sum::<i32>();
+        }
+        for (t, v) in total.iter_mut().zip(s) {
+            *t += v as i64;
+        }
+        start = end;
+    }
+    total
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4_avx2(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
+    dot4_body(a, b)
+}
+
+/// Four exact dot products of `a` with `b[0..4]` (all of the same length).
+#[inline]
+pub fn dot4(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { dot4_avx2(a, b) };
+        }
+    }
+    dot4_body(a, b)
+}
+
+/// One output row: `out[j] = Σ_t a[t] · bt[j][t]` exactly, for `bt` holding `n` rows of
+/// `a.len()` values.
+pub fn row(a: &[i16], bt: &[i16], out: &mut [i64]) {
+    let k = a.len();
+    let n = out.len();
+    let b = |j: usize| &bt[j * k..j * k + k];
+    let mut j = 0;
+    while j + 4 <= n {
+        out[j..j + 4].copy_from_slice(&dot4(a, [b(j), b(j + 1), b(j + 2), b(j + 3)]));
+        j += 4;
+    }
+    // The last one to three outputs: pad the tile with the first column.
+    if j < n {
+        let r = dot4(
+            a,
+            [b(j), b((j + 1).min(n - 1)), b((j + 2).min(n - 1)), b(n - 1)],
+        );
+        out[j..].copy_from_slice(&r[..n - j]);
+    }
+}
