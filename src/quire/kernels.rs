@@ -17,7 +17,8 @@
 //! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output.
 //!
 //! Each output is then rounded once to the posit format (nearest, ties to the even pattern).
-//! A NaR operand makes its row or column of outputs NaR.
+//! A NaR operand (NaN, or ±Inf, which is no posit value) makes its row or column of
+//! outputs NaR.
 //!
 //! The naive product rounds after every multiply and every add, `k` ascending, starting
 //! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. Posits and
@@ -126,7 +127,11 @@ pub fn quire_gemm(
                 Parallelism::None
             };
             dgemm(dims, a, b, out, par);
-            out[..m * n].iter_mut().for_each(|v| *v = round(*v));
+            if parallel {
+                out[..m * n].par_iter_mut().for_each(|v| *v = round(*v));
+            } else {
+                out[..m * n].iter_mut().for_each(|v| *v = round(*v));
+            }
         }
         Accumulator::I16 => {
             let s = posit.max_scale();
@@ -139,9 +144,9 @@ pub fn quire_gemm(
                     bt[j * k + t] = to_int(b[t * n + j]);
                 }
             }
-            let row_nar: Vec<bool> = (0..m).map(|i| has_nan(&a[i * k..i * k + k])).collect();
+            let row_nar: Vec<bool> = (0..m).map(|i| not_finite(&a[i * k..i * k + k])).collect();
             let col_nar: Vec<bool> = (0..n)
-                .map(|j| (0..k).any(|t| b[t * n + j].is_nan()))
+                .map(|j| (0..k).any(|t| !b[t * n + j].is_finite()))
                 .collect();
             let unit = pow2(-2 * s);
             let row = |i: usize, dst: &mut [f64]| {
@@ -149,7 +154,7 @@ pub fn quire_gemm(
                 int_dot::row(&ai[i * k..i * k + k], &bt, &mut sums);
                 for (j, (o, &sum)) in dst.iter_mut().zip(&sums).enumerate() {
                     let bias_v = bias.at(i, j);
-                    *o = if row_nar[i] || col_nar[j] || bias_v.is_some_and(f64::is_nan) {
+                    *o = if row_nar[i] || col_nar[j] || bias_v.is_some_and(|v| !v.is_finite()) {
                         f64::NAN
                     } else {
                         // The bias is a posit: an integer in units of minpos^2 too.
@@ -172,16 +177,16 @@ pub fn quire_gemm(
                     bt[j * k + t] = to_int(b[t * n + j]);
                 }
             }
-            let row_nar: Vec<bool> = (0..m).map(|i| has_nan(&a[i * k..i * k + k])).collect();
+            let row_nar: Vec<bool> = (0..m).map(|i| not_finite(&a[i * k..i * k + k])).collect();
             let col_nar: Vec<bool> = (0..n)
-                .map(|j| (0..k).any(|t| b[t * n + j].is_nan()))
+                .map(|j| (0..k).any(|t| !b[t * n + j].is_finite()))
                 .collect();
             let unit = pow2(-2 * s);
             let row = |i: usize, dst: &mut [f64]| {
                 let ar = &ai[i * k..i * k + k];
                 for (j, o) in dst.iter_mut().enumerate() {
                     let bias_v = bias.at(i, j);
-                    if row_nar[i] || col_nar[j] || bias_v.is_some_and(f64::is_nan) {
+                    if row_nar[i] || col_nar[j] || bias_v.is_some_and(|v| !v.is_finite()) {
                         *o = f64::NAN;
                         continue;
                     }
@@ -214,8 +219,9 @@ pub fn quire_gemm(
     }
 }
 
-fn has_nan(v: &[f64]) -> bool {
-    v.iter().any(|x| x.is_nan())
+/// Whether any value is NaN or ±Inf (neither is a posit value: the output is NaR).
+fn not_finite(v: &[f64]) -> bool {
+    v.iter().any(|x| !x.is_finite())
 }
 
 /// Runs `row(i, out_row)` for every row, on the rayon pool when `parallel`.

@@ -79,16 +79,43 @@ fn rounded(x: &Tensor, format: &Format, what: &str) -> Result<Vec<f64>> {
         );
     }
     let x = x.to_device(&Device::Cpu)?;
-    quantize_no_grad(&x, &Quant::new(*format))?
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()
+    if x.dtype() != DType::F32 || !values_fit_f32(format) {
+        // Round the value in f64: the format's value may lie beyond the input dtype (an f16
+        // 65504 is posit<16,1> 65536).
+        let q = quantize_no_grad(&x.to_dtype(DType::F64)?, &Quant::new(*format))?;
+        return q.flatten_all()?.to_vec1::<f64>();
+    }
+    let q = quantize_no_grad(&x, &Quant::new(*format))?;
+    // One pass from the rounded f32 storage to the f64 operands (no intermediate tensor).
+    let (storage, layout) = q.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        bail!("{what}: expected a CPU tensor");
+    };
+    let data = cpu.as_slice::<f32>()?;
+    let widen = |v: &[f32]| v.par_iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+    Ok(match layout.contiguous_offsets() {
+        Some((start, end)) => widen(&data[start..end]),
+        None => widen(&crate::kernels::cpu::gather(data, layout)),
+    })
 }
 
+/// Whether every value of `format` is an f32 (so rounding an f32 input in f32 is exact).
+fn values_fit_f32(format: &Format) -> bool {
+    let (max, min) = (format.max_finite(), format.min_positive());
+    format.bits() <= 24
+        && max.is_some_and(|m| m <= f64::from(f32::MAX))
+        && min.is_some_and(|m| m >= 2f64.powi(-149))
+}
+
+/// The result tensor: `out` in `like`'s dtype and device (f32 written directly).
 fn finish(out: Vec<f64>, shape: &[usize], like: &Tensor) -> Result<Tensor> {
-    Tensor::from_vec(out, shape, &Device::Cpu)?
-        .to_dtype(like.dtype())?
-        .to_device(like.device())
+    let t = if like.dtype() == DType::F32 {
+        let narrow: Vec<f32> = out.par_iter().map(|&v| v as f32).collect();
+        Tensor::from_vec(narrow, shape, &Device::Cpu)?
+    } else {
+        Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(like.dtype())?
+    };
+    t.to_device(like.device())
 }
 
 /// Batched matrix product `a (..., m, k) · b (..., k, n)` (or `b (k, n)` shared by every
