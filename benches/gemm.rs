@@ -1,0 +1,95 @@
+//! Posit GEMMs (`qcandle::quire::{quire_matmul, naive_matmul}`) against candle's f32
+//! `Tensor::matmul`, in one run, on two shapes `m x k x n`:
+//!
+//! * `128x400x120`: a LeNet-5 fully connected layer (400 -> 120) at batch 128.
+//! * `1024x1024x1024`: a large square product (10 samples; criterion warns that the slow
+//!   entries overrun the 5 s target, and still takes the 10 samples, about 12 s each).
+//!
+//! Each group's first entry is `f32-matmul` (candle's CPU matmul, the baseline); the others
+//! are the exact (`quire`) and naive (rounded after every operation) products for posit<8,0>
+//! and posit<16,1>. Every call takes f32 tensors and returns one, so the rounding of the
+//! inputs, the f64 conversions and the output conversion are all timed. Inputs are N(0, 1)
+//! samples (`qcandle::report::normal_samples`, seeded), which spread over the posit formats'
+//! densest binades. Throughput is in multiply-adds (`m * k * n` elements), so the ratio of
+//! each entry's elem/s to `f32-matmul`'s is the figure of merit.
+//!
+//! Exact accumulators (asserted below): posit<8,0> sums in an f64 GEMM (every partial sum
+//! fits 53 bits), posit<16,1> in i128 (see `qcandle::quire::kernels`).
+//!
+//! Naive posit<16,1> at 1024x1024x1024 is skipped: it would take about 19 s per call on the
+//! 2-core development machine (110 ms at 128x400x120, 18 ns per multiply-add, a cost that
+//! does not depend on the shape), too long for a criterion sample.
+//!
+//! Run: `cargo bench --bench gemm` (add `-- 128x400x120` to run one shape).
+
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
+use qcandle::format::Format;
+use qcandle::ops::conv::pin_thread_count;
+use qcandle::quire::kernels::{accumulator_for, Accumulator};
+use qcandle::quire::{naive_matmul, quire_matmul};
+
+const SHAPES: &[(usize, usize, usize)] = &[(128, 400, 120), (1024, 1024, 1024)];
+
+const FORMATS: &[(&str, Accumulator)] = &[
+    ("posit<8,0>", Accumulator::I16),
+    ("posit<16,1>", Accumulator::I128),
+];
+
+type Op = fn(&Tensor, &Tensor, &Format) -> candle_core::Result<Tensor>;
+
+fn bench_gemm(c: &mut Criterion) {
+    pin_thread_count();
+    for &(m, k, n) in SHAPES {
+        let big = m * k * n >= 1 << 28;
+        let a = Tensor::from_vec(
+            qcandle::report::normal_samples(m * k, 1),
+            (m, k),
+            &Device::Cpu,
+        )
+        .expect("a");
+        let b = Tensor::from_vec(
+            qcandle::report::normal_samples(k * n, 2),
+            (k, n),
+            &Device::Cpu,
+        )
+        .expect("b");
+        let mut g = c.benchmark_group(format!("gemm/{m}x{k}x{n}"));
+        g.throughput(Throughput::Elements((m * k * n) as u64));
+        // Flat sampling: the slow entries run a few iterations per sample, not 1..=N.
+        g.sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_secs(1));
+        if big {
+            g.sample_size(10).measurement_time(Duration::from_secs(5));
+        } else {
+            g.sample_size(20).measurement_time(Duration::from_secs(3));
+        }
+        g.bench_function("f32-matmul", |bench| {
+            bench.iter(|| a.matmul(&b).expect("matmul"))
+        });
+        for &(name, acc) in FORMATS {
+            let format: Format = name.parse().expect("format");
+            let Format::Posit(posit) = format else {
+                unreachable!("posit formats only")
+            };
+            assert_eq!(accumulator_for(posit, k), acc, "{name} at k = {k}");
+            let ops: [(&str, Op); 2] = [("quire", quire_matmul), ("naive", naive_matmul)];
+            for (op_name, op) in ops {
+                if op_name == "naive" && name == "posit<16,1>" && big {
+                    continue; // ~19 s per call: see the module docs.
+                }
+                g.bench_with_input(BenchmarkId::new(op_name, name), &format, |bench, f| {
+                    bench.iter(|| op(&a, &b, f).expect(op_name))
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench_gemm);
+criterion_main!(benches);

@@ -1,0 +1,96 @@
+// extern "C" wrappers over quant.cuh compiled for the host (build.rs, with the cc crate), so
+// that tests/cuda_host.rs can compare the CUDA kernels' per-element math with the Rust code
+// bit for bit on a machine without a GPU. The batch versions loop over arrays to keep the
+// FFI overhead low. Formats and rounding modes are passed as the ints of QcFormat and
+// QcRounding (see quant.cuh).
+#include <stddef.h>
+
+#include "quant.cuh"
+
+static QcFormat qc_host_format(int32_t family, int32_t a, int32_t b, int32_t flags) {
+    QcFormat f = {family, a, b, flags};
+    return f;
+}
+
+static QcRounding qc_host_rounding(int32_t mode, int32_t bits) {
+    QcRounding r = {mode, bits};
+    return r;
+}
+
+extern "C" {
+
+// qc_round on one value.
+double qc_host_round(double x, int32_t family, int32_t a, int32_t b, int32_t flags,
+                     int32_t mode, int32_t bits, uint32_t random) {
+    return qc_round(x, qc_host_format(family, a, b, flags), qc_host_rounding(mode, bits), random);
+}
+
+// qc_round on x[0..n) into out; random[i] for element i (all 0 when random is null).
+void qc_host_round_batch(const double* x, const uint32_t* random, double* out, size_t n,
+                         int32_t family, int32_t a, int32_t b, int32_t flags, int32_t mode,
+                         int32_t bits) {
+    QcFormat f = qc_host_format(family, a, b, flags);
+    QcRounding r = qc_host_rounding(mode, bits);
+    for (size_t i = 0; i < n; ++i) out[i] = qc_round(x[i], f, r, random ? random[i] : 0);
+}
+
+// qc_round_block on one value.
+double qc_host_round_block(double x, int32_t wl, double block_max, int32_t mode, int32_t bits,
+                           uint32_t random) {
+    return qc_round_block(x, wl, block_max, qc_host_rounding(mode, bits), random);
+}
+
+// qc_round_block on x[0..n) (one block, maximum block_max) into out.
+void qc_host_round_block_batch(const double* x, const uint32_t* random, double* out, size_t n,
+                               int32_t wl, double block_max, int32_t mode, int32_t bits) {
+    QcRounding r = qc_host_rounding(mode, bits);
+    for (size_t i = 0; i < n; ++i)
+        out[i] = qc_round_block(x[i], wl, block_max, r, random ? random[i] : 0);
+}
+
+// qc_encode on one value.
+uint32_t qc_host_encode(double x, int32_t family, int32_t a, int32_t b, int32_t flags) {
+    return qc_encode(x, qc_host_format(family, a, b, flags));
+}
+
+// qc_encode_fails on one value (1 when there is no pattern).
+int32_t qc_host_encode_fails(double x, int32_t family, int32_t a, int32_t b, int32_t flags) {
+    return qc_encode_fails(x, qc_host_format(family, a, b, flags)) ? 1 : 0;
+}
+
+// qc_encode on x[0..n) into out.
+void qc_host_encode_batch(const double* x, uint32_t* out, size_t n, int32_t family, int32_t a,
+                          int32_t b, int32_t flags) {
+    QcFormat f = qc_host_format(family, a, b, flags);
+    for (size_t i = 0; i < n; ++i) out[i] = qc_encode(x[i], f);
+}
+
+// qc_decode on one pattern.
+double qc_host_decode(uint32_t pattern, int32_t family, int32_t a, int32_t b, int32_t flags) {
+    return qc_decode(pattern, qc_host_format(family, a, b, flags));
+}
+
+// qc_decode on patterns[0..n) into out.
+void qc_host_decode_batch(const uint32_t* patterns, double* out, size_t n, int32_t family,
+                          int32_t a, int32_t b, int32_t flags) {
+    QcFormat f = qc_host_format(family, a, b, flags);
+    for (size_t i = 0; i < n; ++i) out[i] = qc_decode(patterns[i], f);
+}
+
+// qc_philox4x32_10.
+void qc_host_philox4x32_10(const uint32_t* ctr, const uint32_t* key, uint32_t* out) {
+    qc_philox4x32_10(ctr, key, out);
+}
+
+// qc_random for one element.
+uint32_t qc_host_random(uint64_t seed, uint64_t call, uint64_t index) {
+    return qc_random(seed, call, index);
+}
+
+// qc_random for elements first_index .. first_index + n (index wraps around 2^64).
+void qc_host_random_batch(uint64_t seed, uint64_t call, uint64_t first_index, uint32_t* out,
+                          size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = qc_random(seed, call, first_index + i);
+}
+
+}  // extern "C"

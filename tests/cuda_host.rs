@@ -1,0 +1,1085 @@
+//! The CUDA per-element math, compiled for the host, against the Rust code bit for bit.
+//!
+//! `kernels/quant.cuh` holds the rounding math the CUDA kernels run, as `__host__ __device__`
+//! functions; `build.rs` compiles `kernels/host_shim.cpp` (extern "C" wrappers over it) with
+//! the host C++ compiler into a static library, so this file can call it without a GPU.
+//! Every result is compared with qcandle's Rust code ([`Format::round`], [`Block::round`],
+//! `Posit`/`Float` `encode`/`decode`, [`Stream`]) on the f64 bit pattern: the sign of zero
+//! counts, and so do NaN's sign and payload.
+//!
+//! Inputs: every pattern of every format of at most 16 bits, every rounding boundary between
+//! neighbouring values (midpoints, and for posits every pattern of the posits with one and
+//! two more bits, which holds the geometric boundaries where exponent bits are cut off) with
+//! the f64 values just below and above it, every power of two across each format's range,
+//! specials, and random f32 and f64 inputs. Rounding modes: nearest-even, nearest-away,
+//! toward-zero and stochastic with 1, 8 and 23 random bits, with random words 0, u32::MAX,
+//! 2^31, a pseudo-random word, and the two words on either side of the point where the Rust
+//! result flips from rounding up to rounding down (found by bisection on the random word).
+
+mod common;
+use common::Mismatches;
+
+use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
+use qcandle::format::{Block, BlockScope, Float, Format, Overflow, Specials};
+use qcandle::philox::{philox4x32_10, Stream};
+use qcandle::Rounding;
+
+// ---------------------------------------------------------------------------------------
+// The shim (kernels/host_shim.cpp)
+// ---------------------------------------------------------------------------------------
+
+extern "C" {
+    fn qc_host_round(
+        x: f64,
+        family: i32,
+        a: i32,
+        b: i32,
+        flags: i32,
+        mode: i32,
+        bits: i32,
+        random: u32,
+    ) -> f64;
+    fn qc_host_round_batch(
+        x: *const f64,
+        random: *const u32,
+        out: *mut f64,
+        n: usize,
+        family: i32,
+        a: i32,
+        b: i32,
+        flags: i32,
+        mode: i32,
+        bits: i32,
+    );
+    fn qc_host_round_block(
+        x: f64,
+        wl: i32,
+        block_max: f64,
+        mode: i32,
+        bits: i32,
+        random: u32,
+    ) -> f64;
+    fn qc_host_round_block_batch(
+        x: *const f64,
+        random: *const u32,
+        out: *mut f64,
+        n: usize,
+        wl: i32,
+        block_max: f64,
+        mode: i32,
+        bits: i32,
+    );
+    fn qc_host_encode(x: f64, family: i32, a: i32, b: i32, flags: i32) -> u32;
+    fn qc_host_encode_fails(x: f64, family: i32, a: i32, b: i32, flags: i32) -> i32;
+    fn qc_host_encode_batch(
+        x: *const f64,
+        out: *mut u32,
+        n: usize,
+        family: i32,
+        a: i32,
+        b: i32,
+        flags: i32,
+    );
+    fn qc_host_decode(pattern: u32, family: i32, a: i32, b: i32, flags: i32) -> f64;
+    fn qc_host_decode_batch(
+        patterns: *const u32,
+        out: *mut f64,
+        n: usize,
+        family: i32,
+        a: i32,
+        b: i32,
+        flags: i32,
+    );
+    fn qc_host_philox4x32_10(ctr: *const u32, key: *const u32, out: *mut u32);
+    fn qc_host_random(seed: u64, call: u64, index: u64) -> u32;
+    fn qc_host_random_batch(seed: u64, call: u64, first_index: u64, out: *mut u32, n: usize);
+}
+
+/// `QC_NO_PATTERN` in quant.cuh.
+const NO_PATTERN: u32 = u32::MAX;
+
+/// A format as the four ints of `QcFormat` (see quant.cuh).
+#[derive(Debug, Clone, Copy)]
+struct Raw {
+    family: i32,
+    a: i32,
+    b: i32,
+    flags: i32,
+}
+
+/// `qcandle::Format` -> `QcFormat`.
+fn raw(format: &Format) -> Raw {
+    match format {
+        Format::Posit(p) => Raw {
+            family: 0,
+            a: p.n() as i32,
+            b: p.es() as i32,
+            flags: 0,
+        },
+        Format::Float(f) => {
+            let specials = match f.specials() {
+                Specials::Ieee => 0,
+                Specials::FiniteNan => 1,
+                Specials::Finite => 2,
+            };
+            Raw {
+                family: 1,
+                a: f.exp() as i32,
+                b: f.man() as i32,
+                flags: f.subnormals() as i32
+                    | ((f.overflow() == Overflow::Saturate) as i32) << 1
+                    | specials << 2,
+            }
+        }
+        Format::Fixed(f) => Raw {
+            family: 2,
+            a: f.wl() as i32,
+            b: f.fl(),
+            flags: f.clamp() as i32 | (f.symmetric() as i32) << 1,
+        },
+        Format::Block(b) => Raw {
+            family: 3,
+            a: b.wl() as i32,
+            b: 0,
+            flags: 0,
+        },
+    }
+}
+
+/// `qcandle::Rounding` -> `QcRounding` (mode, bits).
+fn raw_rounding(r: Rounding) -> (i32, i32) {
+    match r {
+        Rounding::NearestEven => (0, 0),
+        Rounding::NearestAway => (1, 0),
+        Rounding::TowardZero => (2, 0),
+        Rounding::Stochastic { bits } => (3, bits as i32),
+    }
+}
+
+fn shim_round(f: Raw, r: Rounding, xs: &[f64], rand: &[u32]) -> Vec<f64> {
+    assert_eq!(xs.len(), rand.len());
+    let (mode, bits) = raw_rounding(r);
+    let mut out = vec![0.0; xs.len()];
+    // SAFETY: the three arrays hold xs.len() elements.
+    unsafe {
+        qc_host_round_batch(
+            xs.as_ptr(),
+            rand.as_ptr(),
+            out.as_mut_ptr(),
+            xs.len(),
+            f.family,
+            f.a,
+            f.b,
+            f.flags,
+            mode,
+            bits,
+        )
+    };
+    out
+}
+
+fn shim_round_block(wl: u32, max: f64, r: Rounding, xs: &[f64], rand: &[u32]) -> Vec<f64> {
+    assert_eq!(xs.len(), rand.len());
+    let (mode, bits) = raw_rounding(r);
+    let mut out = vec![0.0; xs.len()];
+    // SAFETY: the three arrays hold xs.len() elements.
+    unsafe {
+        qc_host_round_block_batch(
+            xs.as_ptr(),
+            rand.as_ptr(),
+            out.as_mut_ptr(),
+            xs.len(),
+            wl as i32,
+            max,
+            mode,
+            bits,
+        )
+    };
+    out
+}
+
+fn shim_encode(f: Raw, xs: &[f64]) -> Vec<u32> {
+    let mut out = vec![0; xs.len()];
+    // SAFETY: both arrays hold xs.len() elements.
+    unsafe {
+        qc_host_encode_batch(
+            xs.as_ptr(),
+            out.as_mut_ptr(),
+            xs.len(),
+            f.family,
+            f.a,
+            f.b,
+            f.flags,
+        )
+    };
+    out
+}
+
+fn shim_decode(f: Raw, ps: &[u32]) -> Vec<f64> {
+    let mut out = vec![0.0; ps.len()];
+    // SAFETY: both arrays hold ps.len() elements.
+    unsafe {
+        qc_host_decode_batch(
+            ps.as_ptr(),
+            out.as_mut_ptr(),
+            ps.len(),
+            f.family,
+            f.a,
+            f.b,
+            f.flags,
+        )
+    };
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// What is rounded: a format, or an element of a block with a given maximum
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+enum Subject {
+    /// `Format::round` (block formats: the value as a block of its own).
+    Format(Format),
+    /// `Block::round` with the block's largest finite magnitude.
+    Block(Block, f64),
+}
+
+impl Subject {
+    fn name(&self) -> String {
+        match self {
+            Subject::Format(f) => f.to_string(),
+            Subject::Block(b, max) => format!("block<{}> max {max:e}", b.wl()),
+        }
+    }
+
+    fn rust(&self, x: f64, r: Rounding, random: u32) -> f64 {
+        match self {
+            Subject::Format(f) => f.round(x, r, random),
+            Subject::Block(b, max) => match r {
+                Rounding::NearestEven => b.round(x, *max, NearestEven, random),
+                Rounding::NearestAway => b.round(x, *max, NearestAway, random),
+                Rounding::TowardZero => b.round(x, *max, TowardZero, random),
+                Rounding::Stochastic { bits } => b.round(x, *max, Stochastic { bits }, random),
+            },
+        }
+    }
+
+    fn shim(&self, r: Rounding, xs: &[f64], rand: &[u32]) -> Vec<f64> {
+        match self {
+            Subject::Format(f) => shim_round(raw(f), r, xs, rand),
+            Subject::Block(b, max) => shim_round_block(b.wl(), *max, r, xs, rand),
+        }
+    }
+}
+
+/// Deterministic pseudo-random numbers for inputs and random words.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+}
+
+/// A pseudo-random word for input `i`.
+fn word(i: usize) -> u32 {
+    SplitMix(i as u64 ^ 0x5eed).next_u32()
+}
+
+const DETERMINISTIC: [Rounding; 3] = [
+    Rounding::NearestEven,
+    Rounding::NearestAway,
+    Rounding::TowardZero,
+];
+const STOCHASTIC_BITS: [u32; 3] = [1, 8, 23];
+
+/// The random words on either side of the point where the Rust result for `x` changes as
+/// the top `k` bits of the random word grow (stochastic rounding goes up iff
+/// `random >> (32 - k)` is below a threshold): the largest top that gives the result of
+/// top 0 (with every lower bit set) and the smallest that does not (lower bits clear).
+fn flip_words(s: &Subject, x: f64, k: u32) -> Option<[u32; 2]> {
+    let r = Rounding::Stochastic { bits: k };
+    let at = |top: u32| s.rust(x, r, top << (32 - k)).to_bits();
+    let first = at(0);
+    let (mut lo, mut hi) = (0u32, (1u32 << k) - 1);
+    if at(hi) == first {
+        return None;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if at(mid) == first {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let low_ones = (1u32 << (32 - k)) - 1;
+    Some([(lo << (32 - k)) | low_ones, hi << (32 - k)])
+}
+
+fn show(x: f64) -> String {
+    format!("{x:e} ({:#018x})", x.to_bits())
+}
+
+/// Compares the shim with Rust on `xs` with per-element random words; returns the count.
+fn compare(s: &Subject, r: Rounding, xs: &[f64], rand: &[u32], m: &mut Mismatches) -> u64 {
+    let got = s.shim(r, xs, rand);
+    for ((&x, &w), &g) in xs.iter().zip(rand).zip(&got) {
+        let want = s.rust(x, r, w);
+        m.check(want.to_bits() == g.to_bits(), || {
+            format!(
+                "{} {r} x = {} random {w:#010x}: rust {} shim {}",
+                s.name(),
+                show(x),
+                show(want),
+                show(g)
+            )
+        });
+    }
+    xs.len() as u64
+}
+
+/// Every rounding mode on `xs`; returns the number of checks.
+fn check_all_modes(s: &Subject, xs: &[f64], m: &mut Mismatches) -> u64 {
+    let mut checked = 0;
+    let words: Vec<u32> = (0..xs.len()).map(word).collect();
+    for r in DETERMINISTIC {
+        checked += compare(s, r, xs, &words, m);
+    }
+    for k in STOCHASTIC_BITS {
+        let mut xr = Vec::with_capacity(xs.len() * 6);
+        let mut wr = Vec::with_capacity(xs.len() * 6);
+        for (i, &x) in xs.iter().enumerate() {
+            for w in [0, u32::MAX, 0x8000_0000, words[i]] {
+                xr.push(x);
+                wr.push(w);
+            }
+            if k > 1 {
+                for w in flip_words(s, x, k).into_iter().flatten() {
+                    xr.push(x);
+                    wr.push(w);
+                }
+            }
+        }
+        checked += compare(s, Rounding::Stochastic { bits: k }, &xr, &wr, m);
+    }
+    checked
+}
+
+/// Posit/Float encode of every `x` and decode of every pattern, shim against Rust.
+fn check_codec(f: &Format, xs: &[f64], patterns: &[u32], m: &mut Mismatches) -> u64 {
+    let r = raw(f);
+    let got = shim_encode(r, xs);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let want = match f {
+            Format::Posit(p) => Some(p.encode(x)),
+            Format::Float(fl) => fl.encode(x).ok(),
+            _ => unreachable!("only posits and floats have patterns"),
+        };
+        // SAFETY: plain values.
+        let fails = unsafe { qc_host_encode_fails(x, r.family, r.a, r.b, r.flags) } != 0;
+        m.check(
+            want == (!fails).then_some(g) && (want.is_some() || g == NO_PATTERN),
+            || {
+                format!(
+                    "{f} encode {}: rust {want:?} shim {g:#x} (fails {fails})",
+                    show(x)
+                )
+            },
+        );
+    }
+    let got = shim_decode(r, patterns);
+    for (&p, &g) in patterns.iter().zip(&got) {
+        let want = match f {
+            Format::Posit(po) => po.decode(p),
+            Format::Float(fl) => fl.decode(p),
+            _ => unreachable!("only posits and floats have patterns"),
+        };
+        m.check(want.to_bits() == g.to_bits(), || {
+            format!("{f} decode {p:#x}: rust {} shim {}", show(want), show(g))
+        });
+    }
+    (xs.len() + patterns.len()) as u64
+}
+
+// ---------------------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------------------
+
+fn fmt(s: &str) -> Format {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+/// Formats of at most 8 bits and fixed/block formats named in the brief.
+const SMALL: &[&str] = &[
+    "posit<8,0>",
+    "posit<8,1>",
+    "posit<8,2>",
+    "posit<8,3>",
+    "posit<5,5>",
+    "posit<4,0>",
+    "posit<3,0>",
+    "posit<3,1>",
+    "posit<2,0>",
+    "e5m2",
+    "e4m3",
+    "e3m2",
+    "e2m3",
+    "e2m1",
+    "float<4,3,sat>",
+    "float<4,0,fn>",
+    "float<3,0,fin>",
+    "float<3,1,nosub>",
+    "fixed<8,4>",
+    "fixed<8,-2>",
+    "fixed<8,4,noclamp>",
+    "fixed<8,60>",
+    "block<8>",
+];
+
+const SIXTEEN: &[&str] = &[
+    "posit<16,0>",
+    "posit<16,1>",
+    "posit<16,2>",
+    "posit<16,3>",
+    "fp16",
+    "bf16",
+    "float<5,10,nosub>",
+    "fixed<16,8,sym>",
+];
+
+/// Block maxima for `block<8>` (and `block<16>`): ordinary, binade edges, f64 subnormal,
+/// and the top of f64, where the range's top overflows to Inf.
+const BLOCK_MAXIMA: &[f64] = &[
+    1.0,
+    1.5,
+    1.999_999_999,
+    0.75,
+    3.0e-5,
+    6.0e4,
+    1.0e-310,
+    5.0e-324,
+    1.0e300,
+    f64::MAX,
+];
+
+/// Every finite value of a posit or float format of at most 16 bits, or of a fixed format's
+/// codes, sorted, with the signs.
+fn values(f: &Format) -> Vec<f64> {
+    let mut v: Vec<f64> = match f {
+        Format::Posit(_) | Format::Float(_) => {
+            assert!(f.bits() <= 18);
+            (0..1u32 << f.bits()).map(|p| decode(f, p)).collect()
+        }
+        Format::Fixed(x) => {
+            let half = 1i64 << (x.wl() - 1);
+            (-half - 2..half + 2)
+                .map(|k| k as f64 * qcandle::format::grid::pow2(-x.fl()))
+                .collect()
+        }
+        Format::Block(_) => unreachable!("block values depend on the block maximum"),
+    };
+    v.retain(|x| x.is_finite());
+    sorted(v)
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v.dedup_by(|a, b| a == b);
+    v
+}
+
+fn decode(f: &Format, p: u32) -> f64 {
+    match f {
+        Format::Posit(po) => po.decode(p),
+        Format::Float(fl) => fl.decode(p),
+        _ => unreachable!(),
+    }
+}
+
+/// The values of a block element grid (codes two past each end) for a block maximum.
+fn block_values(wl: u32, max: f64) -> Vec<f64> {
+    let e = qcandle::format::grid::parts(max).e;
+    let q = e - (wl as i32 - 2);
+    let half = 1i64 << (wl - 1);
+    sorted(
+        (-half - 2..half + 2)
+            .map(|k| k as f64 * qcandle::format::grid::pow2(q))
+            .filter(|x| x.is_finite())
+            .collect(),
+    )
+}
+
+/// Midpoints of neighbours (exact: the values have few significant bits) plus points past
+/// the largest value, so the overflow boundary is included.
+fn boundaries(vals: &[f64]) -> Vec<f64> {
+    let mut out: Vec<f64> = vals.windows(2).map(|w| w[0] * 0.5 + w[1] * 0.5).collect();
+    if let Some(&top) = vals.last() {
+        if top > 0.0 {
+            let man = 24; // a gap no format exceeds relative to its top value
+            for extra in [
+                top * 2.0,
+                top * 4.0,
+                top * (1.0 + 0.5f64.powi(man)),
+                top * 1.5,
+                top * 1.25,
+                top * 1.125,
+                top * 1.0625,
+                top * 1.03125,
+            ] {
+                out.push(extra);
+                out.push(-extra);
+            }
+        }
+    }
+    out
+}
+
+/// `xs` with the f64 just below and above each one.
+fn with_neighbours(xs: &[f64]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(xs.len() * 3);
+    for &x in xs {
+        out.extend([x, x.next_down(), x.next_up()]);
+    }
+    out
+}
+
+/// Specials and extremes of f64 and f32.
+fn specials() -> Vec<f64> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+        f64::from_bits(0x7ff0_0000_0000_0001), // signalling NaN
+        f64::from_bits(0xfff4_0000_dead_beef),
+        f64::MAX,
+        f64::MIN,
+        f64::MIN_POSITIVE,
+        f64::from_bits(1),
+        f64::from_bits(0x000f_ffff_ffff_ffff),
+        f64::from_bits(0x0008_0000_0000_0000),
+        f64::from(f32::MAX),
+        f64::from(f32::MIN_POSITIVE),
+        f64::from(f32::from_bits(1)),
+        f64::from(f32::from_bits(0x007f_ffff)),
+        f64::from(f32::from_bits(0x0040_0000)),
+        1.0e300,
+        1.0e-300,
+        2.0f64.powi(1023),
+        3.0 * 2.0f64.powi(1022),
+        1.0,
+        1.5,
+        0.1,
+        65504.0,
+        65520.0,
+        448.0,
+        464.0,
+        480.0,
+        6.0,
+        7.0,
+        28.0,
+        30.0,
+    ];
+    let neg: Vec<f64> = v.iter().map(|x| -x).collect();
+    v.extend(neg);
+    v
+}
+
+/// Every power of two in `[-lim, lim]`, with its neighbours, both signs.
+fn powers_of_two(lim: i32) -> Vec<f64> {
+    let mut v = Vec::new();
+    for e in -lim..=lim {
+        let x = qcandle::format::grid::pow2(e);
+        v.extend(with_neighbours(&[x, -x]));
+    }
+    v
+}
+
+/// Random f32 inputs: `n / 2` with uniform bits (every exponent, NaN and Inf included) and
+/// `n / 2` with exponents in `[lo, hi]`.
+fn random_f32(n: usize, lo: i32, hi: i32, seed: u64) -> Vec<f64> {
+    let mut rng = SplitMix(seed);
+    let span = (hi - lo + 1) as u64;
+    (0..n)
+        .map(|i| {
+            let r = rng.next_u64();
+            let bits = if i % 2 == 0 {
+                r as u32
+            } else {
+                let e = (lo + ((r >> 32) % span) as i32).clamp(-149, 127);
+                let sign = ((r >> 31) & 1) as u32;
+                if e < -126 {
+                    (sign << 31) | ((r as u32 & 0x007f_ffff) >> (-126 - e))
+                } else {
+                    (sign << 31) | (((e + 127) as u32) << 23) | (r as u32 & 0x007f_ffff)
+                }
+            };
+            f64::from(f32::from_bits(bits))
+        })
+        .collect()
+}
+
+/// Random f64 inputs with full 52-bit fractions and exponents in `[lo, hi]` (sticky bits
+/// beyond f32's precision).
+fn random_f64(n: usize, lo: i32, hi: i32, seed: u64) -> Vec<f64> {
+    let mut rng = SplitMix(seed);
+    let span = (hi - lo + 1) as u64;
+    (0..n)
+        .map(|_| {
+            let r = rng.next_u64();
+            let e = lo + (rng.next_u64() % span) as i32;
+            let m = f64::from_bits(0x3ff0_0000_0000_0000 | (r & 0x000f_ffff_ffff_ffff));
+            let v = m * qcandle::format::grid::pow2(e);
+            if r >> 63 == 1 {
+                -v
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// The binade range `[lo, hi]` where a format's rounding happens (for random inputs).
+fn binade_range(s: &Subject) -> (i32, i32) {
+    let f = match s {
+        Subject::Format(f) => f,
+        Subject::Block(_, max) => {
+            let e = qcandle::format::grid::parts(*max).e;
+            return ((e - 40).max(-1074), (e + 3).min(1023));
+        }
+    };
+    match f {
+        Format::Block(_) => (-140, 130),
+        _ => {
+            let max = f.max_finite().expect("not a block");
+            let min = f.min_positive().expect("not a block");
+            let e_max = qcandle::format::grid::parts(max).e;
+            let e_min = qcandle::format::grid::parts(min).e;
+            ((e_min - 3).max(-1074), (e_max + 3).min(1023))
+        }
+    }
+}
+
+/// Every boundary input of `s`: values, midpoints, powers of two, with f64 neighbours.
+fn boundary_inputs(s: &Subject) -> Vec<f64> {
+    let mut xs = match s {
+        Subject::Format(f @ Format::Posit(p)) => {
+            let mut v = values(f);
+            let b = boundaries(&v);
+            // The posits with one and two more bits hold every boundary, geometric ones too
+            // (two more only for the small formats).
+            for extra in 1..=2u32 {
+                let n = p.n() + extra;
+                if n <= 32 && (extra == 1 || p.n() <= 8) {
+                    let wider = Format::posit(n, p.es()).expect("valid posit");
+                    v.extend(values(&wider));
+                }
+            }
+            v.extend(b);
+            v.extend(powers_of_two(p.max_scale() + 2));
+            v
+        }
+        Subject::Format(f @ (Format::Float(_) | Format::Fixed(_))) => {
+            let mut v = values(f);
+            let b = boundaries(&v);
+            v.extend(b);
+            if let Format::Float(fl) = f {
+                let (lo, hi) = (
+                    fl.emin() - fl.man() as i32 - 3,
+                    fl.emin() + 2 * fl.bias() + 3,
+                );
+                v.extend(powers_of_two(hi.max(-lo)));
+            }
+            v
+        }
+        Subject::Format(Format::Block(_)) => {
+            // A lone value is its own block: powers of two and their neighbours are the edges.
+            powers_of_two(1074)
+        }
+        Subject::Block(b, max) => {
+            let mut v = block_values(b.wl(), *max);
+            let bd = boundaries(&v);
+            v.extend(bd);
+            v
+        }
+    };
+    xs = with_neighbours(&xs);
+    xs.extend(specials());
+    xs
+}
+
+fn subjects(names: &[&str]) -> Vec<Subject> {
+    let mut out = Vec::new();
+    for name in names {
+        let f = fmt(name);
+        out.push(Subject::Format(f));
+        if let Format::Block(_) = f {
+            for &max in BLOCK_MAXIMA {
+                out.push(Subject::Block(
+                    Block::new(f.bits(), BlockScope::Tensor).unwrap(),
+                    max,
+                ));
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+/// Decode and encode of every pattern (and of patterns with junk above the format's bits),
+/// and rounding of every value, for the posit and float formats of at most 16 bits.
+fn every_pattern(names: &[&str]) {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for name in names {
+        let f = fmt(name);
+        if !matches!(f, Format::Posit(_) | Format::Float(_)) {
+            continue;
+        }
+        let bits = f.bits();
+        let mut patterns: Vec<u32> = (0..1u32 << bits).collect();
+        if bits < 32 {
+            let junk: Vec<u32> = (0..1u32 << bits)
+                .map(|p| p | (word(p as usize) << bits))
+                .collect();
+            patterns.extend(junk);
+        }
+        let vals: Vec<f64> = (0..1u32 << bits).map(|p| decode(&f, p)).collect();
+        checked += check_codec(&f, &vals, &patterns, &mut m);
+        checked += check_all_modes(&Subject::Format(f), &vals, &mut m);
+    }
+    m.assert_none_of("every pattern", checked);
+}
+
+#[test]
+fn every_pattern_small() {
+    every_pattern(SMALL);
+}
+
+#[test]
+fn every_pattern_16bit() {
+    every_pattern(SIXTEEN);
+}
+
+/// Every rounding boundary (with its f64 neighbours) in every mode, and encode of each.
+fn every_boundary(names: &[&str]) {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for s in subjects(names) {
+        let xs = boundary_inputs(&s);
+        checked += check_all_modes(&s, &xs, &mut m);
+        if let Subject::Format(f @ (Format::Posit(_) | Format::Float(_))) = s {
+            checked += check_codec(&f, &xs, &[], &mut m);
+        }
+    }
+    m.assert_none_of("every boundary", checked);
+}
+
+#[test]
+fn every_boundary_small() {
+    every_boundary(SMALL);
+}
+
+#[test]
+fn every_boundary_posit16() {
+    every_boundary(&SIXTEEN[..4]);
+}
+
+#[test]
+fn every_boundary_float16_fixed16() {
+    every_boundary(&SIXTEEN[4..]);
+}
+
+/// 1e5 random f32 inputs (half of them in the format's range) and 2e4 random f64 inputs per
+/// format, every mode, and encode.
+#[test]
+fn random_inputs() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let mut names: Vec<&str> = SMALL.to_vec();
+    names.extend(SIXTEEN);
+    names.extend([
+        "block<2>",
+        "block<16>",
+        "block<32>",
+        "fixed<32,0>",
+        "fixed<2,1,sym>",
+    ]);
+    for (i, s) in subjects(&names).into_iter().enumerate() {
+        let (lo, hi) = binade_range(&s);
+        let mut xs = random_f32(100_000, lo, hi, 17 + i as u64);
+        xs.extend(random_f64(20_000, lo, hi, 1017 + i as u64));
+        checked += check_all_modes(&s, &xs, &mut m);
+        if let Subject::Format(f @ (Format::Posit(_) | Format::Float(_))) = s {
+            checked += check_codec(&f, &xs, &[], &mut m);
+        }
+    }
+    m.assert_none_of("random inputs", checked);
+}
+
+/// The 32-bit posits, float<8,23> and tf32: random f32/f64 inputs, random patterns and the
+/// boundaries between random neighbouring patterns, every power of two in range.
+#[test]
+fn wide_formats() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (i, name) in [
+        "posit<32,2>",
+        "posit<32,5>",
+        "float<8,23>",
+        "tf32",
+        "posit<24,1>",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let f = fmt(name);
+        let s = Subject::Format(f);
+        let (lo, hi) = binade_range(&s);
+        let mut rng = SplitMix(99 + i as u64);
+        let bits = f.bits();
+        let mask = if bits == 32 {
+            u32::MAX
+        } else {
+            (1 << bits) - 1
+        };
+        // Random patterns, and the patterns next to zero, the largest values, and NaR/Inf.
+        let mut patterns: Vec<u32> = (0..50_000).map(|_| rng.next_u32() & mask).collect();
+        let sign = 1u32 << (bits - 1);
+        for p in 0..4096u32 {
+            patterns.extend([
+                p,
+                sign.wrapping_sub(p) & mask,
+                sign | p,
+                mask.wrapping_sub(p),
+            ]);
+        }
+        let mut xs = random_f32(100_000, lo, hi, 7 + i as u64);
+        xs.extend(random_f64(50_000, lo, hi, 70 + i as u64));
+        let mut bounds = Vec::new();
+        for &p in &patterns {
+            let (a, b) = (decode(&f, p), decode(&f, p.wrapping_add(1) & mask));
+            if a.is_finite() && b.is_finite() {
+                bounds.extend([a, a * 0.5 + b * 0.5]);
+            }
+        }
+        xs.extend(with_neighbours(&bounds));
+        let lim = match f {
+            Format::Posit(p) => p.max_scale() + 2,
+            _ => 160,
+        };
+        xs.extend(powers_of_two(lim));
+        xs.extend(specials());
+        checked += check_all_modes(&s, &xs, &mut m);
+        checked += check_codec(&f, &xs, &patterns, &mut m);
+    }
+    m.assert_none_of("wide formats", checked);
+}
+
+/// Specials through the single-value entry points (not only the batch loops).
+#[test]
+fn single_value_entry_points() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let mut names: Vec<&str> = SMALL.to_vec();
+    names.extend(SIXTEEN);
+    names.extend([
+        "posit<32,2>",
+        "float<8,23>",
+        "float<8,23,fin>",
+        "float<8,0,fn>",
+    ]);
+    let modes = [
+        Rounding::NearestEven,
+        Rounding::NearestAway,
+        Rounding::TowardZero,
+        Rounding::Stochastic { bits: 1 },
+        Rounding::Stochastic { bits: 23 },
+    ];
+    for name in names {
+        let f = fmt(name);
+        let r = raw(&f);
+        for x in specials() {
+            for mode in modes {
+                for w in [0u32, 0x7fff_ffff, u32::MAX] {
+                    let (md, bits) = raw_rounding(mode);
+                    // SAFETY: plain values.
+                    let got = unsafe { qc_host_round(x, r.family, r.a, r.b, r.flags, md, bits, w) };
+                    let want = f.round(x, mode, w);
+                    m.check(want.to_bits() == got.to_bits(), || {
+                        format!(
+                            "{f} {mode} {}: rust {} shim {}",
+                            show(x),
+                            show(want),
+                            show(got)
+                        )
+                    });
+                    if let Format::Block(b) = f {
+                        for max in BLOCK_MAXIMA {
+                            // SAFETY: plain values.
+                            let got =
+                                unsafe { qc_host_round_block(x, b.wl() as i32, *max, md, bits, w) };
+                            let want = Subject::Block(b, *max).rust(x, mode, w);
+                            m.check(want.to_bits() == got.to_bits(), || {
+                                format!(
+                                    "{f} max {max:e} {mode} {}: rust {} shim {}",
+                                    show(x),
+                                    show(want),
+                                    show(got)
+                                )
+                            });
+                            checked += 1;
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+            if let Format::Posit(_) | Format::Float(_) = f {
+                // SAFETY: plain values.
+                let got = unsafe { qc_host_encode(x, r.family, r.a, r.b, r.flags) };
+                let want = match f {
+                    Format::Posit(p) => p.encode(x),
+                    Format::Float(fl) => fl.encode(x).unwrap_or(NO_PATTERN),
+                    _ => unreachable!(),
+                };
+                m.check(want == got, || {
+                    format!("{f} encode {}: rust {want:#x} shim {got:#x}", show(x))
+                });
+                let p = got;
+                // SAFETY: plain values.
+                let got = unsafe { qc_host_decode(p, r.family, r.a, r.b, r.flags) };
+                let want = decode(&f, p);
+                m.check(want.to_bits() == got.to_bits(), || {
+                    format!("{f} decode {p:#x}: rust {} shim {}", show(want), show(got))
+                });
+                checked += 2;
+            }
+        }
+    }
+    // The canonical NaN patterns pack writes.
+    for (name, nan) in [
+        ("fp16", 0x7e00u32),
+        ("e4m3", 0x7f),
+        ("bf16", 0x7fc0),
+        ("e5m2", 0x7e),
+    ] {
+        let r = raw(&fmt(name));
+        // SAFETY: plain values.
+        let got = unsafe { qc_host_encode(f64::NAN, r.family, r.a, r.b, r.flags) };
+        m.check(got == nan, || {
+            format!("{name} NaN pattern {got:#x}, want {nan:#x}")
+        });
+        checked += 1;
+    }
+    m.assert_none_of("single-value entry points", checked);
+}
+
+/// `qc_random` is `Stream::new(seed, call).at(index)`, also where the block index crosses
+/// 2^32 (the counter's high word) and near 2^64; `qc_philox4x32_10` is `philox4x32_10`.
+#[test]
+fn random_stream() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let seeds = [
+        0u64,
+        1,
+        42,
+        0xdead_beef,
+        1 << 32,
+        0x1234_5678_9abc_def0,
+        u64::MAX,
+    ];
+    let calls = [
+        0u64,
+        1,
+        7,
+        (1 << 32) - 1,
+        1 << 32,
+        0xffff_ffff_0000_0001,
+        u64::MAX,
+    ];
+    let starts = [
+        0u64,
+        1000,
+        (1u64 << 34) - 64, // block index 2^32 - 16 .. crosses into the high word
+        (1u64 << 34) + 3,
+        (1u64 << 36) - 5,
+        u64::MAX - 127,
+    ];
+    for &seed in &seeds {
+        for &call in &calls {
+            let stream = Stream::new(seed, call);
+            for &start in &starts {
+                let n = 128usize;
+                let mut got = vec![0u32; n];
+                // SAFETY: got holds n words.
+                unsafe { qc_host_random_batch(seed, call, start, got.as_mut_ptr(), n) };
+                for (j, &g) in got.iter().enumerate() {
+                    let index = start.wrapping_add(j as u64);
+                    let want = stream.at(index);
+                    m.check(want == g, || {
+                        format!("seed {seed:#x} call {call:#x} index {index:#x}: rust {want:#010x} shim {g:#010x}")
+                    });
+                    checked += 1;
+                }
+                // SAFETY: plain values.
+                let one = unsafe { qc_host_random(seed, call, start) };
+                m.check(one == stream.at(start), || {
+                    format!("qc_host_random {seed} {call} {start}")
+                });
+                checked += 1;
+            }
+        }
+    }
+    let mut rng = SplitMix(3);
+    for _ in 0..10_000 {
+        let ctr = [
+            rng.next_u32(),
+            rng.next_u32(),
+            rng.next_u32(),
+            rng.next_u32(),
+        ];
+        let key = [rng.next_u32(), rng.next_u32()];
+        let mut got = [0u32; 4];
+        // SAFETY: four, two and four words.
+        unsafe { qc_host_philox4x32_10(ctr.as_ptr(), key.as_ptr(), got.as_mut_ptr()) };
+        let want = philox4x32_10(ctr, key);
+        m.check(want == got, || {
+            format!("philox {ctr:x?} {key:x?}: rust {want:x?} shim {got:x?}")
+        });
+        checked += 1;
+    }
+    m.assert_none_of("random stream", checked);
+}
+
+/// The float presets and options reach the shim as the ints the header expects.
+#[test]
+fn raw_format_mapping() {
+    let f = |s: &str| {
+        let r = raw(&fmt(s));
+        (r.family, r.a, r.b, r.flags)
+    };
+    assert_eq!(f("posit<16,1>"), (0, 16, 1, 0));
+    assert_eq!(f("fp16"), (1, 5, 10, 1));
+    assert_eq!(f("e4m3"), (1, 4, 3, 1 | 1 << 2));
+    assert_eq!(f("e2m1"), (1, 2, 1, 1 | 2 | 2 << 2));
+    assert_eq!(f("float<5,10,nosub,sat>"), (1, 5, 10, 2));
+    assert_eq!(f("fixed<16,8,sym>"), (2, 16, 8, 3));
+    assert_eq!(f("fixed<8,-2,noclamp>"), (2, 8, -2, 0));
+    assert_eq!(f("block<8,dim=1>"), (3, 8, 0, 0));
+    let e4m3 = Float::with_options(4, 3, true, Overflow::Infinity, Specials::FiniteNan).unwrap();
+    assert_eq!(Format::Float(e4m3), fmt("e4m3"));
+}
