@@ -118,9 +118,10 @@ impl Quire {
         self.posit.round(x, NearestEven, 0)
     }
 
-    /// Adds `a * b` where `a` and `b` are posit values (or ±1), multiples of minpos.
+    /// Adds `a * b` where `a` and `b` are posit values (or ±1), multiples of minpos; NaN or
+    /// ±Inf (not posit values) make the quire NaR.
     pub(crate) fn add_exact_product(&mut self, a: f64, b: f64) {
-        if a.is_nan() || b.is_nan() {
+        if !a.is_finite() || !b.is_finite() {
             self.nar = true;
             return;
         }
