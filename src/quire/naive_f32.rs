@@ -25,7 +25,11 @@ fn to_f32_odd(v: f64) -> f32 {
         return f;
     }
     let away = v.abs() > (f as f64).abs();
-    f32::from_bits(if away { f.to_bits() + 1 } else { f.to_bits() - 1 })
+    f32::from_bits(if away {
+        f.to_bits() + 1
+    } else {
+        f.to_bits() - 1
+    })
 }
 
 /// The row kernel of one format.
