@@ -52,6 +52,16 @@ impl Stream {
         }
     }
 
+    /// The seed this stream was built from.
+    pub fn seed(&self) -> u64 {
+        self.key[0] as u64 | (self.key[1] as u64) << 32
+    }
+
+    /// The call index this stream was built from.
+    pub fn call(&self) -> u64 {
+        self.call
+    }
+
     /// The four 32-bit words for elements `4 * block .. 4 * block + 4`.
     #[inline(always)]
     pub fn block(&self, block: u64) -> [u32; 4] {

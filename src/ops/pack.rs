@@ -54,6 +54,10 @@ pub fn pack(x: &Tensor, format: &Format) -> Result<Tensor> {
             x.dtype()
         );
     }
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return cuda::pack(x, format, dtype);
+    }
     let values = x.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
     let patterns = values
         .iter()
@@ -87,6 +91,10 @@ pub fn unpack(patterns: &Tensor, format: &Format) -> Result<Tensor> {
 /// Decodes bit patterns of `format` to values of `dtype`.
 pub fn unpack_as(patterns: &Tensor, format: &Format, dtype: DType) -> Result<Tensor> {
     pattern_dtype(format)?;
+    #[cfg(feature = "cuda")]
+    if patterns.device().is_cuda() {
+        return cuda::unpack(patterns, format, dtype);
+    }
     let flat = patterns.flatten_all()?;
     let raw: Vec<u32> = match patterns.dtype() {
         DType::U8 => flat.to_vec1::<u8>()?.into_iter().map(u32::from).collect(),
@@ -99,11 +107,112 @@ pub fn unpack_as(patterns: &Tensor, format: &Format, dtype: DType) -> Result<Ten
         other => bail!("unpack: patterns must be u8, i16 or u32, got {other:?}"),
     };
     let bits = format.bits();
-    if let Some(bad) = raw.iter().find(|&&p| bits < 32 && p >> bits != 0) {
-        bail!("unpack: pattern {bad:#x} does not fit the {bits} bits of {format}");
+    if let Some(&bad) = raw.iter().find(|&&p| bits < 32 && p >> bits != 0) {
+        return Err(misfit(format, bad));
     }
     let values: Vec<f64> = raw.iter().map(|&p| decode(format, p)).collect();
     Tensor::from_vec(values, patterns.shape(), &Device::Cpu)?
         .to_dtype(dtype)?
         .to_device(patterns.device())
+}
+
+/// unpack's error for a pattern with bits above the format's.
+fn misfit(format: &Format, pattern: u32) -> candle_core::Error {
+    let bits = format.bits();
+    candle_core::Error::Msg(format!(
+        "unpack: pattern {pattern:#x} does not fit the {bits} bits of {format}"
+    ))
+    .bt()
+}
+
+/// pack and unpack of CUDA tensors, through the kernels of `kernels/quant.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::Tensor;
+    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape};
+
+    use super::{encode, misfit};
+    use crate::format::Format;
+
+    /// pack on the device: f16/bf16 are widened to f32 (exact; NaN packs to the canonical
+    /// pattern whatever its payload), strided views made contiguous.
+    pub(super) fn pack(x: &Tensor, format: &Format, pattern: DType) -> Result<Tensor> {
+        let x = match x.dtype() {
+            DType::F16 | DType::BF16 => x.to_dtype(DType::F32)?,
+            _ => x.clone(),
+        };
+        x.contiguous()?.apply_op1_no_bwd(&PackOp {
+            format: *format,
+            pattern,
+        })
+    }
+
+    /// unpack on the device: f32 and f64 directly; other dtypes through f64 as on the CPU,
+    /// the last conversion made on the host so that it is the CPU's (half's) conversion.
+    pub(super) fn unpack(patterns: &Tensor, format: &Format, dtype: DType) -> Result<Tensor> {
+        match patterns.dtype() {
+            DType::U8 | DType::I16 | DType::U32 => {}
+            other => bail!("unpack: patterns must be u8, i16 or u32, got {other:?}"),
+        }
+        let direct = matches!(dtype, DType::F32 | DType::F64);
+        let op = UnpackOp {
+            format: *format,
+            dtype: if direct { dtype } else { DType::F64 },
+        };
+        let values = patterns.contiguous()?.apply_op1_no_bwd(&op)?;
+        if direct {
+            Ok(values)
+        } else {
+            values
+                .to_device(&candle_core::Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_device(patterns.device())
+        }
+    }
+
+    struct PackOp {
+        format: Format,
+        pattern: DType,
+    }
+
+    impl CustomOp1 for PackOp {
+        fn name(&self) -> &'static str {
+            "qcandle-pack"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("qcandle-pack: the CUDA op was given a CPU tensor")
+        }
+
+        fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+            match crate::kernels::cuda::pack(storage, layout, &self.format, self.pattern)? {
+                Some(out) => Ok((out, layout.shape().clone())),
+                // The only value without a pattern is NaN in a `fin` format: the CPU's error.
+                None => encode(&self.format, f64::NAN)
+                    .and_then(|_| bail!("pack: a value of {} has no pattern", self.format)),
+            }
+        }
+    }
+
+    struct UnpackOp {
+        format: Format,
+        dtype: DType,
+    }
+
+    impl CustomOp1 for UnpackOp {
+        fn name(&self) -> &'static str {
+            "qcandle-unpack"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("qcandle-unpack: the CUDA op was given a CPU tensor")
+        }
+
+        fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+            match crate::kernels::cuda::unpack(storage, layout, &self.format, self.dtype)? {
+                Ok(out) => Ok((out, layout.shape().clone())),
+                Err(pattern) => Err(misfit(&self.format, pattern)),
+            }
+        }
+    }
 }

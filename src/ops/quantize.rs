@@ -137,6 +137,17 @@ impl CustomOp1 for QuantizeOp {
         Ok((out, layout.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (f, r, s) = (&self.format, self.rounding, self.stream);
+        let out = crate::kernels::cuda::quantize(storage, layout, f, r, s)?;
+        Ok((out, layout.shape().clone()))
+    }
+
     /// Straight-through: the gradient of the rounding is taken to be the identity.
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(grad_res.clone()))
@@ -157,6 +168,12 @@ impl InplaceOp1 for QuantizeOp {
             CpuStorage::BF16(v) => cpu::quantize_in_place(v, layout, f, r, s),
             other => Err(unsupported("quantize_", other.dtype())),
         }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &mut candle_core::CudaStorage, layout: &Layout) -> Result<()> {
+        let (f, r, s) = (&self.format, self.rounding, self.stream);
+        crate::kernels::cuda::quantize_in_place(storage, layout, f, r, s)
     }
 }
 
@@ -243,6 +260,22 @@ impl CustomOp1 for QuantizerOp {
             CpuStorage::BF16(v) => CpuStorage::BF16(cpu::gather(v, layout)),
             other => return Err(unsupported("quantizer", other.dtype())),
         };
+        Ok((out, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendDevice;
+        if let Some(op) = &self.forward {
+            return CustomOp1::cuda_fwd(op, storage, layout);
+        }
+        // No forward rounding: a contiguous copy of the view.
+        let mut out = storage.device.zeros_impl(layout.shape(), storage.dtype())?;
+        storage.copy_strided_src(&mut out, 0, layout)?;
         Ok((out, layout.shape().clone()))
     }
 

@@ -1,0 +1,596 @@
+//! Launch wrappers for the CUDA kernels in `kernels/quant.cu` (built to PTX by build.rs with
+//! the `cuda` feature), called from the ops' `cuda_fwd`.
+//!
+//! Every wrapper gives the bits of the CPU path in [`super::cpu`]: the per-element math is
+//! `kernels/quant.cuh` (compared with the Rust kernels bit for bit by `tests/cuda_host.rs`),
+//! element `i` of the logical row-major order reads random word `i` of the same Philox stream,
+//! and block maxima are exact integer maxima. f32 and f64 tensors run on the device; f16 and
+//! bf16 tensors are rounded by the CPU kernel on a host copy (exact, but slow).
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::{DType, Layout, Result};
+
+use crate::format::float::{Overflow, Specials};
+use crate::format::{BlockScope, Format, Rounding};
+use crate::kernels::cpu;
+use crate::philox::Stream;
+
+/// The PTX of every `kernels/*.cu`, one `&str` constant per file (`QUANT` for `quant.cu`).
+#[allow(missing_docs)]
+pub mod ptx {
+    include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
+}
+
+/// The module name the quantize kernels are loaded under (one per device).
+const MODULE: &str = "qcandle_quant";
+
+/// Threads per block of every launch (see the launch notes in `kernels/quant.cu`).
+const THREADS: u32 = 256;
+
+/// A format as `QcFormat` of `kernels/quant.cuh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QcFormat {
+    /// 0 posit, 1 float, 2 fixed, 3 block.
+    pub family: i32,
+    /// posit n, float exponent bits, fixed/block word length.
+    pub a: i32,
+    /// posit es, float mantissa bits, fixed fraction length.
+    pub b: i32,
+    /// float: bit 0 subnormals, bit 1 saturate, bits 2-3 specials (0 ieee, 1 fn, 2 fin);
+    /// fixed: bit 0 clamp, bit 1 symmetric.
+    pub flags: i32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of four i32, the layout of the C struct.
+unsafe impl DeviceRepr for QcFormat {}
+
+impl QcFormat {
+    /// The ints of a validated format (the block's dim is host-side only).
+    pub fn new(format: &Format) -> Self {
+        match format {
+            Format::Posit(p) => QcFormat {
+                family: 0,
+                a: p.n() as i32,
+                b: p.es() as i32,
+                flags: 0,
+            },
+            Format::Float(f) => {
+                let specials = match f.specials() {
+                    Specials::Ieee => 0,
+                    Specials::FiniteNan => 1,
+                    Specials::Finite => 2,
+                };
+                QcFormat {
+                    family: 1,
+                    a: f.exp() as i32,
+                    b: f.man() as i32,
+                    flags: f.subnormals() as i32
+                        | ((f.overflow() == Overflow::Saturate) as i32) << 1
+                        | specials << 2,
+                }
+            }
+            Format::Fixed(f) => QcFormat {
+                family: 2,
+                a: f.wl() as i32,
+                b: f.fl(),
+                flags: f.clamp() as i32 | (f.symmetric() as i32) << 1,
+            },
+            Format::Block(b) => QcFormat {
+                family: 3,
+                a: b.wl() as i32,
+                b: 0,
+                flags: 0,
+            },
+        }
+    }
+}
+
+/// A rounding mode as `QcRounding` of `kernels/quant.cuh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QcRounding {
+    /// 0 nearest-even, 1 nearest-away, 2 toward-zero, 3 stochastic.
+    pub mode: i32,
+    /// Random bits of stochastic rounding (0 otherwise).
+    pub bits: i32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of two i32, the layout of the C struct.
+unsafe impl DeviceRepr for QcRounding {}
+
+impl QcRounding {
+    /// The ints of a rounding mode.
+    pub fn new(rounding: Rounding) -> Self {
+        match rounding {
+            Rounding::NearestEven => QcRounding { mode: 0, bits: 0 },
+            Rounding::NearestAway => QcRounding { mode: 1, bits: 0 },
+            Rounding::TowardZero => QcRounding { mode: 2, bits: 0 },
+            Rounding::Stochastic { bits } => QcRounding {
+                mode: 3,
+                bits: bits as i32,
+            },
+        }
+    }
+}
+
+/// Blocks for `items` work items of one thread each: enough to cover them, at most 32 per SM
+/// (grid-stride loops do the rest).
+fn launch_config(dev: &CudaDevice, items: u64) -> LaunchConfig {
+    let sms = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .ok()
+        .filter(|&n| n > 0)
+        .unwrap_or(132) as u64;
+    let blocks = items.div_ceil(THREADS as u64).clamp(1, sms * 32);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The dims then strides of a non-contiguous layout, on the device (None when contiguous).
+fn layout_info(dev: &CudaDevice, layout: &Layout) -> Result<Option<CudaSlice<u64>>> {
+    if layout.is_contiguous() {
+        return Ok(None);
+    }
+    let info: Vec<u64> = layout
+        .dims()
+        .iter()
+        .chain(layout.stride())
+        .map(|&v| v as u64)
+        .collect();
+    Ok(Some(dev.clone_htod(&info)?))
+}
+
+/// (inner, count) of the block grid, as `cpu::BlockGrid` computes it.
+fn block_grid(scope: BlockScope, dims: &[usize]) -> Result<(u64, u64)> {
+    match scope {
+        BlockScope::Tensor => Ok((1, 1)),
+        BlockScope::Dim(d) => {
+            let rank = dims.len() as i64;
+            let resolved = if d < 0 { d + rank } else { d };
+            if resolved < 0 || resolved >= rank {
+                candle_core::bail!(
+                    "block dim={d} is out of range for a tensor of rank {rank} (shape {dims:?})"
+                );
+            }
+            let r = resolved as usize;
+            Ok((
+                dims[r + 1..].iter().product::<usize>() as u64,
+                dims[r] as u64,
+            ))
+        }
+    }
+}
+
+/// A device element type with quantize kernels.
+trait DeviceFloat: DeviceRepr {
+    const SUFFIX: &'static str;
+}
+impl DeviceFloat for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl DeviceFloat for f64 {
+    const SUFFIX: &'static str = "f64";
+}
+
+/// Everything one quantize launch needs besides the memory.
+struct Plan {
+    format: QcFormat,
+    rounding: QcRounding,
+    seed: u64,
+    call: u64,
+    block: Option<(u64, u64)>,
+}
+
+impl Plan {
+    fn new(
+        format: &Format,
+        rounding: Rounding,
+        stream: Option<Stream>,
+        dims: &[usize],
+    ) -> Result<Self> {
+        // As cpu::quantize_slice: stochastic rounding without a stream uses (seed 0, call 0).
+        let stream = match rounding {
+            Rounding::Stochastic { .. } => Some(stream.unwrap_or_else(|| Stream::new(0, 0))),
+            _ => None,
+        };
+        let block = match format {
+            Format::Block(b) => Some(block_grid(b.scope(), dims)?),
+            _ => None,
+        };
+        Ok(Plan {
+            format: QcFormat::new(format),
+            rounding: QcRounding::new(rounding),
+            seed: stream.map_or(0, |s| s.seed()),
+            call: stream.map_or(0, |s| s.call()),
+            block,
+        })
+    }
+}
+
+/// Block maxima (f64 bits) of the view `src` (layout `layout`, starting at its first element).
+fn block_maxima<T: DeviceFloat>(
+    dev: &CudaDevice,
+    src: &CudaView<'_, T>,
+    layout: &Layout,
+    info: &Option<CudaSlice<u64>>,
+    (inner, count): (u64, u64),
+) -> Result<CudaSlice<u64>> {
+    let n = layout.shape().elem_count() as u64;
+    let mut maxima = dev.alloc_zeros::<u64>(count as usize)?;
+    let func =
+        dev.get_or_load_custom_func(&format!("qc_block_max_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let rank = layout.dims().len() as u32;
+    let null = 0u64;
+    let mut b = func.builder();
+    b.arg(src).arg(&n).arg(&rank);
+    match info {
+        Some(i) => b.arg(i),
+        None => b.arg(&null),
+    };
+    b.arg(&inner).arg(&count).arg(&mut maxima);
+    // SAFETY: the signature of qc_block_max_* in kernels/quant.cu.
+    unsafe { b.launch(launch_config(dev, n)) }.w()?;
+    Ok(maxima)
+}
+
+/// Rounds the view (`src`, `layout`) into a new contiguous slice.
+fn quantize_typed<T: DeviceFloat>(
+    dev: &CudaDevice,
+    src: &CudaSlice<T>,
+    layout: &Layout,
+    plan: &Plan,
+) -> Result<CudaSlice<T>> {
+    let n = layout.shape().elem_count();
+    // SAFETY: every element is written by the kernel below (n > 0) or there are none.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    if n == 0 {
+        return Ok(out);
+    }
+    let view = src.slice(layout.start_offset()..);
+    let info = layout_info(dev, layout)?;
+    let maxima = match plan.block {
+        Some(grid) => Some(block_maxima::<T>(dev, &view, layout, &info, grid)?),
+        None => None,
+    };
+    let func =
+        dev.get_or_load_custom_func(&format!("qc_quantize_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let (n64, rank, dst_strided, null) = (n as u64, layout.dims().len() as u32, 0i32, 0u64);
+    let (inner, count) = plan.block.unwrap_or((1, 1));
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&view).arg(&n64).arg(&rank);
+    match &info {
+        Some(i) => b.arg(i),
+        None => b.arg(&null),
+    };
+    b.arg(&dst_strided)
+        .arg(&plan.format)
+        .arg(&plan.rounding)
+        .arg(&plan.seed)
+        .arg(&plan.call);
+    match &maxima {
+        Some(m) => b.arg(m),
+        None => b.arg(&null),
+    };
+    b.arg(&inner).arg(&count);
+    // SAFETY: the signature of qc_quantize_* in kernels/quant.cu.
+    unsafe { b.launch(launch_config(dev, n64.div_ceil(4))) }.w()?;
+    Ok(out)
+}
+
+/// Rounds the view (`data`, `layout`) in place.
+fn quantize_in_place_typed<T: DeviceFloat>(
+    dev: &CudaDevice,
+    data: &mut CudaSlice<T>,
+    layout: &Layout,
+    plan: &Plan,
+) -> Result<()> {
+    let n = layout.shape().elem_count();
+    if n == 0 {
+        return Ok(());
+    }
+    let info = layout_info(dev, layout)?;
+    let maxima = match plan.block {
+        Some(grid) => {
+            let view = data.slice(layout.start_offset()..);
+            Some(block_maxima::<T>(dev, &view, layout, &info, grid)?)
+        }
+        None => None,
+    };
+    let func =
+        dev.get_or_load_custom_func(&format!("qc_quantize_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let (n64, rank, null) = (n as u64, layout.dims().len() as u32, 0u64);
+    let dst_strided = info.is_some() as i32;
+    let (inner, count) = plan.block.unwrap_or((1, 1));
+    let mut view = data.slice_mut(layout.start_offset()..);
+    let mut b = func.builder();
+    // src null: the kernel reads dst.
+    b.arg(&mut view).arg(&null).arg(&n64).arg(&rank);
+    match &info {
+        Some(i) => b.arg(i),
+        None => b.arg(&null),
+    };
+    b.arg(&dst_strided)
+        .arg(&plan.format)
+        .arg(&plan.rounding)
+        .arg(&plan.seed)
+        .arg(&plan.call);
+    match &maxima {
+        Some(m) => b.arg(m),
+        None => b.arg(&null),
+    };
+    b.arg(&inner).arg(&count);
+    // SAFETY: the signature of qc_quantize_* in kernels/quant.cu.
+    unsafe { b.launch(launch_config(dev, n64.div_ceil(4))) }.w()?;
+    Ok(())
+}
+
+fn unsupported(op: &str, dtype: DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{op}: unsupported dtype {dtype:?}; quantize takes f32, f64, f16 or bf16 tensors"
+    ))
+}
+
+/// `cpu::quantize_to_vec` on a host copy of the storage (f16, bf16).
+fn quantize_on_host<T>(
+    dev: &CudaDevice,
+    src: &CudaSlice<T>,
+    layout: &Layout,
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> Result<CudaSlice<T>>
+where
+    T: cpu::Element + DeviceRepr,
+{
+    let host = dev.clone_dtoh(src)?;
+    let out = cpu::quantize_to_vec(&host, layout, format, rounding, stream)?;
+    dev.clone_htod(&out)
+}
+
+/// The quantize op's forward on a CUDA tensor: the view (`storage`, `layout`) rounded into a
+/// new contiguous storage.
+pub fn quantize(
+    storage: &CudaStorage,
+    layout: &Layout,
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> Result<CudaStorage> {
+    let dev = &storage.device;
+    let slice = match &storage.slice {
+        CudaStorageSlice::F32(s) => {
+            let plan = Plan::new(format, rounding, stream, layout.dims())?;
+            CudaStorageSlice::F32(quantize_typed(dev, s, layout, &plan)?)
+        }
+        CudaStorageSlice::F64(s) => {
+            let plan = Plan::new(format, rounding, stream, layout.dims())?;
+            CudaStorageSlice::F64(quantize_typed(dev, s, layout, &plan)?)
+        }
+        CudaStorageSlice::F16(s) => {
+            CudaStorageSlice::F16(quantize_on_host(dev, s, layout, format, rounding, stream)?)
+        }
+        CudaStorageSlice::BF16(s) => {
+            CudaStorageSlice::BF16(quantize_on_host(dev, s, layout, format, rounding, stream)?)
+        }
+        _ => return Err(unsupported("quantize", storage.dtype())),
+    };
+    Ok(CudaStorage {
+        slice,
+        device: dev.clone(),
+    })
+}
+
+/// `cpu::quantize_in_place` on a host copy, copied back (f16, bf16).
+fn quantize_in_place_on_host<T>(
+    dev: &CudaDevice,
+    data: &mut CudaSlice<T>,
+    layout: &Layout,
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> Result<()>
+where
+    T: cpu::Element + DeviceRepr,
+{
+    let mut host = dev.clone_dtoh(&*data)?;
+    cpu::quantize_in_place(&mut host, layout, format, rounding, stream)?;
+    dev.memcpy_htod(&host, data)
+}
+
+/// The in-place quantize op on a CUDA tensor.
+pub fn quantize_in_place(
+    storage: &mut CudaStorage,
+    layout: &Layout,
+    format: &Format,
+    rounding: Rounding,
+    stream: Option<Stream>,
+) -> Result<()> {
+    let dev = storage.device.clone();
+    let dtype = storage.dtype();
+    match &mut storage.slice {
+        CudaStorageSlice::F32(s) => {
+            let plan = Plan::new(format, rounding, stream, layout.dims())?;
+            quantize_in_place_typed(&dev, s, layout, &plan)
+        }
+        CudaStorageSlice::F64(s) => {
+            let plan = Plan::new(format, rounding, stream, layout.dims())?;
+            quantize_in_place_typed(&dev, s, layout, &plan)
+        }
+        CudaStorageSlice::F16(s) => {
+            quantize_in_place_on_host(&dev, s, layout, format, rounding, stream)
+        }
+        CudaStorageSlice::BF16(s) => {
+            quantize_in_place_on_host(&dev, s, layout, format, rounding, stream)
+        }
+        _ => Err(unsupported("quantize_", dtype)),
+    }
+}
+
+/// The bit patterns of a contiguous f32/f64 view in the pattern dtype `pattern` (U8, I16,
+/// U32); `Ok(None)` when some element has no pattern (NaN in a `fin` float format: the caller
+/// reports pack's error).
+pub fn pack(
+    storage: &CudaStorage,
+    layout: &Layout,
+    format: &Format,
+    pattern: DType,
+) -> Result<Option<CudaStorage>> {
+    let dev = &storage.device;
+    let n = layout.shape().elem_count();
+    let start = layout.start_offset();
+    let f = QcFormat::new(format);
+    let mut failed = dev.alloc_zeros::<u32>(1)?;
+    let (src_suffix, dst_suffix) = (
+        match storage.dtype() {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            other => candle_core::bail!("pack on CUDA takes f32 or f64 storage, got {other:?}"),
+        },
+        match pattern {
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U32 => "u32",
+            other => candle_core::bail!("pack: no {other:?} patterns"),
+        },
+    );
+    let func = dev.get_or_load_custom_func(
+        &format!("qc_pack_{src_suffix}_{dst_suffix}"),
+        MODULE,
+        ptx::QUANT,
+    )?;
+    let n64 = n as u64;
+    let cfg = launch_config(dev, n64);
+    macro_rules! launch {
+        ($src:expr, $ty:ty, $variant:ident) => {{
+            // SAFETY: every element is written by the kernel (or there are none).
+            let mut out = unsafe { dev.alloc::<$ty>(n)? };
+            if n > 0 {
+                let view = $src.slice(start..);
+                let mut b = func.builder();
+                b.arg(&mut out)
+                    .arg(&view)
+                    .arg(&n64)
+                    .arg(&f)
+                    .arg(&mut failed);
+                // SAFETY: the signature of qc_pack_* in kernels/quant.cu.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    macro_rules! by_pattern {
+        ($src:expr) => {
+            match pattern {
+                DType::U8 => launch!($src, u8, U8),
+                DType::I16 => launch!($src, i16, I16),
+                _ => launch!($src, u32, U32),
+            }
+        };
+    }
+    let slice = match &storage.slice {
+        CudaStorageSlice::F32(s) => by_pattern!(s),
+        CudaStorageSlice::F64(s) => by_pattern!(s),
+        _ => unreachable!("checked above"),
+    };
+    if dev.clone_dtoh(&failed)?[0] != 0 {
+        return Ok(None);
+    }
+    Ok(Some(CudaStorage {
+        slice,
+        device: dev.clone(),
+    }))
+}
+
+/// The values (f32 or f64 `dtype`) of the contiguous pattern view (U8, I16 or U32 storage);
+/// `Err(Some(pattern))` with the first pattern that has bits above the format's (the caller
+/// reports unpack's error).
+pub fn unpack(
+    storage: &CudaStorage,
+    layout: &Layout,
+    format: &Format,
+    dtype: DType,
+) -> Result<std::result::Result<CudaStorage, u32>> {
+    let dev = &storage.device;
+    let n = layout.shape().elem_count();
+    let start = layout.start_offset();
+    let f = QcFormat::new(format);
+    let bits = format.bits();
+    let mut first_bad = dev.clone_htod(&[u64::MAX])?;
+    let src_suffix = match storage.dtype() {
+        DType::U8 => "u8",
+        DType::I16 => "i16",
+        DType::U32 => "u32",
+        other => candle_core::bail!("unpack: patterns must be u8, i16 or u32, got {other:?}"),
+    };
+    let dst_suffix = match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        other => candle_core::bail!("unpack on CUDA writes f32 or f64, not {other:?}"),
+    };
+    let func = dev.get_or_load_custom_func(
+        &format!("qc_unpack_{src_suffix}_{dst_suffix}"),
+        MODULE,
+        ptx::QUANT,
+    )?;
+    let n64 = n as u64;
+    let cfg = launch_config(dev, n64);
+    macro_rules! launch {
+        ($src:expr, $ty:ty, $variant:ident) => {{
+            // SAFETY: every element is written by the kernel (or there are none).
+            let mut out = unsafe { dev.alloc::<$ty>(n)? };
+            if n > 0 {
+                let view = $src.slice(start..);
+                let mut b = func.builder();
+                b.arg(&mut out)
+                    .arg(&view)
+                    .arg(&n64)
+                    .arg(&f)
+                    .arg(&bits)
+                    .arg(&mut first_bad);
+                // SAFETY: the signature of qc_unpack_* in kernels/quant.cu.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    macro_rules! by_dtype {
+        ($src:expr) => {
+            match dtype {
+                DType::F32 => launch!($src, f32, F32),
+                _ => launch!($src, f64, F64),
+            }
+        };
+    }
+    let slice = match &storage.slice {
+        CudaStorageSlice::U8(s) => by_dtype!(s),
+        CudaStorageSlice::I16(s) => by_dtype!(s),
+        CudaStorageSlice::U32(s) => by_dtype!(s),
+        _ => unreachable!("checked above"),
+    };
+    let bad = dev.clone_dtoh(&first_bad)?[0];
+    if bad != u64::MAX {
+        let at = start + bad as usize;
+        let p = match &storage.slice {
+            CudaStorageSlice::U8(s) => dev.clone_dtoh(&s.slice(at..at + 1))?[0] as u32,
+            CudaStorageSlice::I16(s) => dev.clone_dtoh(&s.slice(at..at + 1))?[0] as u16 as u32,
+            CudaStorageSlice::U32(s) => dev.clone_dtoh(&s.slice(at..at + 1))?[0],
+            _ => unreachable!("checked above"),
+        };
+        return Ok(Err(p));
+    }
+    Ok(Ok(CudaStorage {
+        slice,
+        device: dev.clone(),
+    }))
+}

@@ -1,0 +1,390 @@
+//! The CUDA ops against the CPU path, bit for bit: every op runs on the CPU and on
+//! `Device::new_cuda(0)` with the same inputs (and the same seed and call index for stochastic
+//! rounding) and must give identical bits, and the stochastic call counters must advance alike.
+//!
+//! Without a GPU (no device, the link stubs of `cuda-toolchain.sh`, or a build without the
+//! `cuda` feature, where `Device::new_cuda` always fails) every test prints
+//! "skipped: no CUDA device" and passes.
+
+use candle_core::{DType, Device, IndexOp, Tensor};
+use qcandle::{pack, quantize, quantize_, unpack, Format, Quant, Quantizer};
+
+/// The CUDA device, or None (with the skip message) where there is none.
+fn gpu() -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// `#[test] fn $name()` that runs `$body(&gpu)` when there is a CUDA device.
+macro_rules! test_device {
+    ($name:ident, $body:expr) => {
+        #[test]
+        fn $name() -> anyhow::Result<()> {
+            let Some(gpu) = gpu() else {
+                return Ok(());
+            };
+            let body: fn(&Device) -> anyhow::Result<()> = $body;
+            body(&gpu)
+        }
+    };
+}
+
+const FORMATS: &[&str] = &[
+    "posit<8,0>",
+    "posit<8,2>",
+    "posit<16,1>",
+    "posit<16,2>",
+    "posit32",
+    "posit<6,5>",
+    "fp16",
+    "bf16",
+    "tf32",
+    "e5m2",
+    "e4m3",
+    "e3m2",
+    "e2m3",
+    "e2m1",
+    "float<4,3,nosub>",
+    "float<5,2,sat>",
+    "float<8,23>",
+    "fixed<8,4>",
+    "fixed<16,8,noclamp>",
+    "fixed<8,4,sym>",
+    "fixed<32,-3>",
+    "block<8>",
+    "block<4>",
+    "block<8,dim=0>",
+    "block<6,dim=1>",
+    "block<8,dim=-1>",
+];
+
+const ROUNDINGS: &[&str] = &[
+    "nearest-even",
+    "nearest-away",
+    "toward-zero",
+    "stochastic",
+    "stochastic:4",
+];
+
+/// Deterministic test values: every exponent from subnormals to near f32::MAX, ties and
+/// near-ties of small formats, zeros, infinities and NaNs with payloads.
+fn values(n: usize) -> Vec<f32> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let specials = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7F80_0001),
+        f32::from_bits(0xFFC1_2345),
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        1.5,
+        -2.5,
+        448.0,
+        464.0,
+        65504.0,
+        65520.0,
+        0.09375,
+        1.0625,
+    ];
+    (0..n)
+        .map(|i| {
+            if i < specials.len() {
+                return specials[i];
+            }
+            let r = next();
+            match r % 4 {
+                // Any bit pattern (NaNs and infinities included).
+                0 => f32::from_bits(r as u32 >> 1 | ((r >> 40) as u32) << 31),
+                // Moderate magnitudes, where most formats have their range.
+                1 | 2 => {
+                    let e = ((r >> 8) % 40) as i32 - 20;
+                    let m = 1.0 + (r >> 32) as f32 / 4294967296.0;
+                    let s = if r & 16 != 0 { -1.0 } else { 1.0 };
+                    s * m * 2f32.powi(e)
+                }
+                // Short mantissas: ties of the small formats.
+                _ => {
+                    let e = ((r >> 8) % 16) as i32 - 8;
+                    let m = ((r >> 32) % 64) as f32 / 32.0 + 1.0;
+                    m * 2f32.powi(e)
+                }
+            }
+        })
+        .collect()
+}
+
+fn bits32(t: &Tensor) -> anyhow::Result<Vec<u32>> {
+    let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    Ok(v.iter().map(|x| x.to_bits()).collect())
+}
+
+fn bits_of(t: &Tensor) -> anyhow::Result<Vec<u64>> {
+    let flat = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::F32 => flat
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|x| x.to_bits() as u64)
+            .collect(),
+        DType::F64 => flat.to_vec1::<f64>()?.iter().map(|x| x.to_bits()).collect(),
+        DType::F16 => flat
+            .to_vec1::<half::f16>()?
+            .iter()
+            .map(|x| x.to_bits() as u64)
+            .collect(),
+        DType::BF16 => flat
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .map(|x| x.to_bits() as u64)
+            .collect(),
+        DType::U8 => flat.to_vec1::<u8>()?.iter().map(|&x| x as u64).collect(),
+        DType::I16 => flat
+            .to_vec1::<i16>()?
+            .iter()
+            .map(|&x| x as u16 as u64)
+            .collect(),
+        DType::U32 => flat.to_vec1::<u32>()?.iter().map(|&x| x as u64).collect(),
+        other => anyhow::bail!("no bits for {other:?}"),
+    })
+}
+
+/// Asserts equal bits, naming the first difference.
+fn assert_same(cpu: &Tensor, gpu: &Tensor, what: &str) -> anyhow::Result<()> {
+    assert_eq!(cpu.dims(), gpu.dims(), "{what}: shapes");
+    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtypes");
+    let (a, b) = (bits_of(cpu)?, bits_of(gpu)?);
+    if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+        let x = bits32(cpu)?;
+        panic!(
+            "{what}: element {i} of {}: cpu {:#x}, gpu {:#x} (cpu value {})",
+            a.len(),
+            a[i],
+            b[i],
+            f32::from_bits(x[i])
+        );
+    }
+    Ok(())
+}
+
+/// A view of a tensor (to test strided and offset inputs).
+type View = fn(&Tensor) -> candle_core::Result<Tensor>;
+
+/// The same quantization (format, rounding, seed 7) for each device.
+fn quants(format: &str, rounding: &str) -> anyhow::Result<(Quant, Quant)> {
+    let q = Quant::parse(format, rounding)?.with_seed(7);
+    Ok((q.clone().with_seed(7), q))
+}
+
+/// A 3-D input (so per-dim blocks have several slices) of `dtype`.
+fn input(dtype: DType) -> anyhow::Result<Tensor> {
+    let (a, b, c) = (5, 67, 211); // 70,685 elements: not a multiple of 4
+    Ok(Tensor::from_vec(values(a * b * c), (a, b, c), &Device::Cpu)?.to_dtype(dtype)?)
+}
+
+fn check_quantize(gpu: &Device, dtype: DType, views: bool) -> anyhow::Result<()> {
+    let x = input(dtype)?;
+    let xg = x.to_device(gpu)?;
+    for format in FORMATS {
+        for rounding in ROUNDINGS {
+            let (qc, qg) = quants(format, rounding)?;
+            let what = format!("{dtype:?} {format} {rounding}");
+            // Two calls each: the second stochastic call uses the next call index.
+            for call in 0..2 {
+                let c = quantize(&x, &qc)?;
+                let g = quantize(&xg, &qg)?;
+                assert_same(
+                    &c,
+                    &g.to_device(&Device::Cpu)?,
+                    &format!("{what} call {call}"),
+                )?;
+            }
+            if views {
+                // Unaligned start (scalar path), transposed (gather), sliced.
+                let cases: [(&str, View); 3] = [
+                    ("offset", |t| t.flatten_all()?.narrow(0, 1, 70_000)),
+                    ("transposed", |t| t.transpose(1, 2)),
+                    ("sliced", |t| t.i((.., 3..60, 1..200))),
+                ];
+                for (name, view) in cases {
+                    let c = quantize(&view(&x)?, &qc)?;
+                    let g = quantize(&view(&xg)?, &qg)?;
+                    assert_same(&c, &g.to_device(&Device::Cpu)?, &format!("{what} {name}"))?;
+                }
+            }
+            assert_eq!(qc.calls(), qg.calls(), "{what}: call counters");
+        }
+    }
+    Ok(())
+}
+
+test_device!(quantize_f32_matches_cpu, |gpu| check_quantize(
+    gpu,
+    DType::F32,
+    true
+));
+
+test_device!(quantize_f64_matches_cpu, |gpu| check_quantize(
+    gpu,
+    DType::F64,
+    true
+));
+
+test_device!(quantize_f16_bf16_match_cpu, |gpu| {
+    check_quantize(gpu, DType::F16, false)?;
+    check_quantize(gpu, DType::BF16, false)
+});
+
+test_device!(quantize_in_place_matches_cpu, |gpu| {
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for format in ["posit<16,1>", "e4m3", "fixed<8,4>", "block<8,dim=1>"] {
+            for rounding in ["nearest-even", "stochastic"] {
+                let (qc, qg) = quants(format, rounding)?;
+                let what = format!("in place {dtype:?} {format} {rounding}");
+                let c = input(dtype)?;
+                let g = c.to_device(gpu)?;
+                quantize_(&c, &qc)?;
+                quantize_(&g, &qg)?;
+                assert_same(&c, &g.to_device(&Device::Cpu)?, &what)?;
+                // A strided view: only its elements change.
+                let c = input(dtype)?;
+                let g = c.to_device(gpu)?;
+                quantize_(&c.i((.., 2..40, ..))?, &qc)?;
+                quantize_(&g.i((.., 2..40, ..))?, &qg)?;
+                assert_same(&c, &g.to_device(&Device::Cpu)?, &format!("{what} view"))?;
+                assert_eq!(qc.calls(), qg.calls(), "{what}: call counters");
+            }
+        }
+    }
+    Ok(())
+});
+
+test_device!(quantizer_matches_cpu, |gpu| {
+    use candle_nn::Module;
+    let x = input(DType::F32)?.transpose(0, 2)?;
+    let xg = x.to_device(gpu)?;
+    let copy = Quantizer::new(None, None);
+    assert_same(
+        &copy.forward(&x)?,
+        &copy.forward(&xg)?.to_device(&Device::Cpu)?,
+        "quantizer without formats",
+    )?;
+    let (qc, qg) = quants("e5m2", "stochastic:8")?;
+    let (c, g) = (
+        Quantizer::new(Some(qc), None),
+        Quantizer::new(Some(qg), None),
+    );
+    assert_same(
+        &c.forward(&x)?,
+        &g.forward(&xg)?.to_device(&Device::Cpu)?,
+        "quantizer e5m2",
+    )?;
+    Ok(())
+});
+
+test_device!(pack_unpack_match_cpu, |gpu| {
+    let formats = [
+        "posit<8,0>",
+        "posit<8,2>",
+        "posit<16,1>",
+        "posit32",
+        "posit<6,1>",
+        "fp16",
+        "bf16",
+        "tf32",
+        "e5m2",
+        "e4m3",
+        "e3m2",
+        "e2m1",
+        "float<8,23>",
+    ];
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        // Without NaN: `fin` formats refuse it.
+        let x = input(dtype)?;
+        let x = x.where_cond(&x.eq(&x)?, &x.zeros_like()?)?;
+        let xg = x.to_device(gpu)?;
+        for format in formats {
+            let f: Format = format.parse()?;
+            let what = format!("{dtype:?} {format}");
+            let pc = pack(&x, &f)?;
+            let pg = pack(&xg, &f)?;
+            assert_same(&pc, &pg.to_device(&Device::Cpu)?, &format!("pack {what}"))?;
+            let pt = pack(&x.transpose(0, 1)?, &f)?;
+            let ptg = pack(&xg.transpose(0, 1)?, &f)?;
+            assert_same(
+                &pt,
+                &ptg.to_device(&Device::Cpu)?,
+                &format!("pack^T {what}"),
+            )?;
+            for out in [DType::F32, DType::F64, DType::BF16] {
+                let uc = qcandle::ops::pack::unpack_as(&pc, &f, out)?;
+                let ug = qcandle::ops::pack::unpack_as(&pg, &f, out)?;
+                assert_same(
+                    &uc,
+                    &ug.to_device(&Device::Cpu)?,
+                    &format!("unpack {what} {out:?}"),
+                )?;
+            }
+            let uc = unpack(&pc.i((.., 1..5, ..))?, &f)?;
+            let ug = unpack(&pg.i((.., 1..5, ..))?, &f)?;
+            assert_same(
+                &uc,
+                &ug.to_device(&Device::Cpu)?,
+                &format!("unpack view {what}"),
+            )?;
+        }
+    }
+    // The errors: NaN has no pattern in a `fin` format; a pattern wider than the format.
+    let nan = Tensor::new(&[1.0f32, f32::NAN], &Device::Cpu)?;
+    let e2m1: Format = "e2m1".parse()?;
+    let c = pack(&nan, &e2m1).unwrap_err().to_string();
+    let g = pack(&nan.to_device(gpu)?, &e2m1).unwrap_err().to_string();
+    assert_eq!(c.lines().next(), g.lines().next());
+    let wide = Tensor::new(&[1u8, 0x3F, 0x10], &Device::Cpu)?;
+    let c = unpack(&wide, &e2m1).unwrap_err().to_string();
+    let g = unpack(&wide.to_device(gpu)?, &e2m1)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(c.lines().next(), g.lines().next());
+    Ok(())
+});
+
+test_device!(stochastic_stream_is_the_cpu_one, |gpu| {
+    // Values halfway between bf16 neighbours, for several calls of one Quant whose call
+    // index crosses 2^32 (the high word of the Philox counter).
+    let x = Tensor::from_vec(
+        (0..4099)
+            .map(|i| f32::from_bits(0x3F80_8000 + (i as u32 % 128) * 0x1_0000))
+            .collect::<Vec<_>>(),
+        4099,
+        &Device::Cpu,
+    )?;
+    let xg = x.to_device(gpu)?;
+    let (qc, qg) = quants("bf16", "stochastic")?;
+    qc.set_calls(u32::MAX as u64 - 2);
+    qg.set_calls(u32::MAX as u64 - 2);
+    for call in 0..6 {
+        let c = quantize(&x, &qc)?;
+        let g = quantize(&xg, &qg)?;
+        assert_same(&c, &g.to_device(&Device::Cpu)?, &format!("call {call}"))?;
+    }
+    assert_eq!(qc.calls(), qg.calls());
+    Ok(())
+});
