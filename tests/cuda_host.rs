@@ -21,6 +21,7 @@ use common::Mismatches;
 
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use qcandle::format::{Block, BlockScope, Float, Format, Overflow, Specials};
+use qcandle::kernels::qc::{QcFormat, QcRounding};
 use qcandle::philox::{philox4x32_10, Stream};
 use qcandle::Rounding;
 
@@ -98,62 +99,18 @@ extern "C" {
 /// `QC_NO_PATTERN` in quant.cuh.
 const NO_PATTERN: u32 = u32::MAX;
 
-/// A format as the four ints of `QcFormat` (see quant.cuh).
-#[derive(Debug, Clone, Copy)]
-struct Raw {
-    family: i32,
-    a: i32,
-    b: i32,
-    flags: i32,
-}
+/// A format as the four ints of `QcFormat` (the library's own mapping, which the CUDA
+/// launches use too).
+type Raw = QcFormat;
 
-/// `qcandle::Format` -> `QcFormat`.
 fn raw(format: &Format) -> Raw {
-    match format {
-        Format::Posit(p) => Raw {
-            family: 0,
-            a: p.n() as i32,
-            b: p.es() as i32,
-            flags: 0,
-        },
-        Format::Float(f) => {
-            let specials = match f.specials() {
-                Specials::Ieee => 0,
-                Specials::FiniteNan => 1,
-                Specials::Finite => 2,
-            };
-            Raw {
-                family: 1,
-                a: f.exp() as i32,
-                b: f.man() as i32,
-                flags: f.subnormals() as i32
-                    | ((f.overflow() == Overflow::Saturate) as i32) << 1
-                    | specials << 2,
-            }
-        }
-        Format::Fixed(f) => Raw {
-            family: 2,
-            a: f.wl() as i32,
-            b: f.fl(),
-            flags: f.clamp() as i32 | (f.symmetric() as i32) << 1,
-        },
-        Format::Block(b) => Raw {
-            family: 3,
-            a: b.wl() as i32,
-            b: 0,
-            flags: 0,
-        },
-    }
+    QcFormat::new(format)
 }
 
 /// `qcandle::Rounding` -> `QcRounding` (mode, bits).
 fn raw_rounding(r: Rounding) -> (i32, i32) {
-    match r {
-        Rounding::NearestEven => (0, 0),
-        Rounding::NearestAway => (1, 0),
-        Rounding::TowardZero => (2, 0),
-        Rounding::Stochastic { bits } => (3, bits as i32),
-    }
+    let q = QcRounding::new(r);
+    (q.mode, q.bits)
 }
 
 fn shim_round(f: Raw, r: Rounding, xs: &[f64], rand: &[u32]) -> Vec<f64> {

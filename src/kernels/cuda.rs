@@ -15,7 +15,6 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{DType, Layout, Result};
 
-use crate::format::float::{Overflow, Specials};
 use crate::format::{BlockScope, Format, Rounding};
 use crate::kernels::cpu;
 use crate::philox::Stream;
@@ -32,92 +31,13 @@ const MODULE: &str = "qcandle_quant";
 /// Threads per block of every launch (see the launch notes in `kernels/quant.cu`).
 const THREADS: u32 = 256;
 
-/// A format as `QcFormat` of `kernels/quant.cuh`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QcFormat {
-    /// 0 posit, 1 float, 2 fixed, 3 block.
-    pub family: i32,
-    /// posit n, float exponent bits, fixed/block word length.
-    pub a: i32,
-    /// posit es, float mantissa bits, fixed fraction length.
-    pub b: i32,
-    /// float: bit 0 subnormals, bit 1 saturate, bits 2-3 specials (0 ieee, 1 fn, 2 fin);
-    /// fixed: bit 0 clamp, bit 1 symmetric.
-    pub flags: i32,
-}
+pub use super::qc::{QcFormat, QcRounding};
 
 // SAFETY: a plain #[repr(C)] struct of four i32, the layout of the C struct.
 unsafe impl DeviceRepr for QcFormat {}
 
-impl QcFormat {
-    /// The ints of a validated format (the block's dim is host-side only).
-    pub fn new(format: &Format) -> Self {
-        match format {
-            Format::Posit(p) => QcFormat {
-                family: 0,
-                a: p.n() as i32,
-                b: p.es() as i32,
-                flags: 0,
-            },
-            Format::Float(f) => {
-                let specials = match f.specials() {
-                    Specials::Ieee => 0,
-                    Specials::FiniteNan => 1,
-                    Specials::Finite => 2,
-                };
-                QcFormat {
-                    family: 1,
-                    a: f.exp() as i32,
-                    b: f.man() as i32,
-                    flags: f.subnormals() as i32
-                        | ((f.overflow() == Overflow::Saturate) as i32) << 1
-                        | specials << 2,
-                }
-            }
-            Format::Fixed(f) => QcFormat {
-                family: 2,
-                a: f.wl() as i32,
-                b: f.fl(),
-                flags: f.clamp() as i32 | (f.symmetric() as i32) << 1,
-            },
-            Format::Block(b) => QcFormat {
-                family: 3,
-                a: b.wl() as i32,
-                b: 0,
-                flags: 0,
-            },
-        }
-    }
-}
-
-/// A rounding mode as `QcRounding` of `kernels/quant.cuh`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QcRounding {
-    /// 0 nearest-even, 1 nearest-away, 2 toward-zero, 3 stochastic.
-    pub mode: i32,
-    /// Random bits of stochastic rounding (0 otherwise).
-    pub bits: i32,
-}
-
 // SAFETY: a plain #[repr(C)] struct of two i32, the layout of the C struct.
 unsafe impl DeviceRepr for QcRounding {}
-
-impl QcRounding {
-    /// The ints of a rounding mode.
-    pub fn new(rounding: Rounding) -> Self {
-        match rounding {
-            Rounding::NearestEven => QcRounding { mode: 0, bits: 0 },
-            Rounding::NearestAway => QcRounding { mode: 1, bits: 0 },
-            Rounding::TowardZero => QcRounding { mode: 2, bits: 0 },
-            Rounding::Stochastic { bits } => QcRounding {
-                mode: 3,
-                bits: bits as i32,
-            },
-        }
-    }
-}
 
 /// Blocks for `items` work items of one thread each: enough to cover them, at most 32 per SM
 /// (grid-stride loops do the rest).

@@ -5,3 +5,4 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod im2col;
+pub mod qc;

@@ -136,25 +136,14 @@ pub fn quire_gemm(
         Accumulator::I16 => {
             let s = posit.max_scale();
             let scale = pow2(s);
-            let to_int = |v: f64| (v * scale) as i16;
-            let ai: Vec<i16> = a[..m * k].iter().map(|&v| to_int(v)).collect();
-            let mut bt = vec![0i16; k * n];
-            for t in 0..k {
-                for j in 0..n {
-                    bt[j * k + t] = to_int(b[t * n + j]);
-                }
-            }
-            let row_nar: Vec<bool> = (0..m).map(|i| not_finite(&a[i * k..i * k + k])).collect();
-            let col_nar: Vec<bool> = (0..n)
-                .map(|j| (0..k).any(|t| !b[t * n + j].is_finite()))
-                .collect();
+            let ops = IntOperands::new(a, b, dims, |v| (v * scale) as i16);
             let unit = pow2(-2 * s);
             let row = |i: usize, dst: &mut [f64]| {
                 let mut sums = vec![0i64; n];
-                int_dot::row(&ai[i * k..i * k + k], &bt, &mut sums);
+                int_dot::row(&ops.a[i * k..i * k + k], &ops.bt, &mut sums);
                 for (j, (o, &sum)) in dst.iter_mut().zip(&sums).enumerate() {
                     let bias_v = bias.at(i, j);
-                    *o = if row_nar[i] || col_nar[j] || bias_v.is_some_and(|v| !v.is_finite()) {
+                    *o = if ops.nar(i, j, bias_v) {
                         f64::NAN
                     } else {
                         // The bias is a posit: an integer in units of minpos^2 too.
@@ -170,27 +159,17 @@ pub fn quire_gemm(
             let s = posit.max_scale();
             let scale = pow2(s);
             let to_int = |v: f64| (v * scale) as i64;
-            let ai: Vec<i64> = a[..m * k].iter().map(|&v| to_int(v)).collect();
-            let mut bt = vec![0i64; k * n];
-            for t in 0..k {
-                for j in 0..n {
-                    bt[j * k + t] = to_int(b[t * n + j]);
-                }
-            }
-            let row_nar: Vec<bool> = (0..m).map(|i| not_finite(&a[i * k..i * k + k])).collect();
-            let col_nar: Vec<bool> = (0..n)
-                .map(|j| (0..k).any(|t| !b[t * n + j].is_finite()))
-                .collect();
+            let ops = IntOperands::new(a, b, dims, to_int);
             let unit = pow2(-2 * s);
             let row = |i: usize, dst: &mut [f64]| {
-                let ar = &ai[i * k..i * k + k];
+                let ar = &ops.a[i * k..i * k + k];
                 for (j, o) in dst.iter_mut().enumerate() {
                     let bias_v = bias.at(i, j);
-                    if row_nar[i] || col_nar[j] || bias_v.is_some_and(|v| !v.is_finite()) {
+                    if ops.nar(i, j, bias_v) {
                         *o = f64::NAN;
                         continue;
                     }
-                    let br = &bt[j * k..j * k + k];
+                    let br = &ops.bt[j * k..j * k + k];
                     let mut acc: i128 = bias_v.map_or(0, |v| (to_int(v) as i128) << s);
                     for (&x, &y) in ar.iter().zip(br) {
                         acc += x as i128 * y as i128;
@@ -220,6 +199,40 @@ pub fn quire_gemm(
 }
 
 /// Whether any value is NaN or ±Inf (neither is a posit value: the output is NaR).
+/// GEMM operands as integer multiples of minpos: `a` row-major, `b` transposed so that each
+/// output is a contiguous dot product; rows of `a` and columns of `b` holding a NaR (or any
+/// non-finite value) are flagged, their outputs being NaR.
+struct IntOperands<T> {
+    a: Vec<T>,
+    bt: Vec<T>,
+    row_nar: Vec<bool>,
+    col_nar: Vec<bool>,
+}
+
+impl<T: Copy + Default> IntOperands<T> {
+    fn new(a: &[f64], b: &[f64], (m, k, n): Dims, to_int: impl Fn(f64) -> T) -> Self {
+        let mut bt = vec![T::default(); k * n];
+        for t in 0..k {
+            for j in 0..n {
+                bt[j * k + t] = to_int(b[t * n + j]);
+            }
+        }
+        IntOperands {
+            a: a[..m * k].iter().map(|&v| to_int(v)).collect(),
+            bt,
+            row_nar: (0..m).map(|i| not_finite(&a[i * k..i * k + k])).collect(),
+            col_nar: (0..n)
+                .map(|j| (0..k).any(|t| !b[t * n + j].is_finite()))
+                .collect(),
+        }
+    }
+
+    /// Whether output `(i, j)` with this bias term is NaR.
+    fn nar(&self, i: usize, j: usize, bias: Option<f64>) -> bool {
+        self.row_nar[i] || self.col_nar[j] || bias.is_some_and(|v| !v.is_finite())
+    }
+}
+
 fn not_finite(v: &[f64]) -> bool {
     v.iter().any(|x| !x.is_finite())
 }
