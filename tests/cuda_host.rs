@@ -17,7 +17,7 @@
 //! result flips from rounding up to rounding down (found by bisection on the random word).
 
 mod common;
-use common::Mismatches;
+use common::{Mismatches, SplitMix};
 
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use qcandle::format::{Block, BlockScope, Float, Format, Overflow, Specials};
@@ -226,22 +226,6 @@ impl Subject {
             Subject::Format(f) => shim_round(raw(f), r, xs, rand),
             Subject::Block(b, max) => shim_round_block(b.wl(), *max, r, xs, rand),
         }
-    }
-}
-
-/// Deterministic pseudo-random numbers for inputs and random words.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
     }
 }
 

@@ -7,7 +7,7 @@
 //! comment, pin each rounding mode independently of the reference.
 
 mod common;
-use common::Mismatches;
+use common::{Mismatches, SplitMix};
 
 use qcandle::format::block::block_max;
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
@@ -21,31 +21,6 @@ use rayon::prelude::*;
 
 fn same(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
-}
-
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// A float with a random sign, a log-uniform magnitude over 2^lo..2^hi and random bits.
-    fn float_between(&mut self, lo: i32, hi: i32) -> f64 {
-        let e = lo + self.below((hi - lo) as u64) as i32;
-        let m = 1.0 + (self.next_u64() >> 12) as f64 / (1u64 << 52) as f64;
-        let s = if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
-        s * m * exp2(e)
-    }
 }
 
 /// Exact 2^q for q in f64's range, subnormal powers included (built from the bit pattern).

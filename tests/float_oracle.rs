@@ -8,7 +8,7 @@
 //! (parsing, Display round trips, error messages) are tested at the end of this file.
 
 mod common;
-use common::Mismatches;
+use common::{Mismatches, SplitMix};
 
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use qcandle::format::{Block, BlockScope, Fixed, Float, Overflow, Posit, Specials};
@@ -22,22 +22,6 @@ use rayon::prelude::*;
 /// Bit-for-bit equality, except that any NaN matches any NaN.
 fn same(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
-}
-
-/// SplitMix64: a tiny deterministic generator, so failures reproduce.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
 }
 
 fn float(exp: u32, man: u32, sub: bool, overflow: Overflow, specials: Specials) -> Float {

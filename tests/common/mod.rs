@@ -1,5 +1,6 @@
 //! Shared by the oracle test files: a mismatch collector that counts every failure, keeps
-//! the first few descriptions, and merges across parallel workers.
+//! the first few descriptions, and merges across parallel workers; and a small seeded
+//! generator.
 
 /// Counts mismatches and keeps the first [`Mismatches::KEEP`] descriptions.
 #[derive(Default)]
@@ -52,5 +53,35 @@ impl Mismatches {
     pub fn assert_none_of(&self, what: &str, checked: u64) {
         println!("{what}: {checked} checks, {} mismatches", self.count);
         self.assert_none(what);
+    }
+}
+
+/// SplitMix64: a tiny deterministic generator, so failures reproduce.
+pub struct SplitMix(pub u64);
+
+#[allow(dead_code)] // each test file uses part of it
+impl SplitMix {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// The top 32 bits of the next word.
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// A float with a random sign, a log-uniform magnitude over 2^lo..2^hi and random bits.
+    pub fn float_between(&mut self, lo: i32, hi: i32) -> f64 {
+        let e = lo + self.below((hi - lo) as u64) as i32;
+        let m = 1.0 + (self.next_u64() >> 12) as f64 / (1u64 << 52) as f64;
+        let s = if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+        s * m * 2f64.powi(e)
     }
 }
