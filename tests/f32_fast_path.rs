@@ -5,7 +5,7 @@
 //! Covered: every exponent byte with the mantissas that sit on, just below and just above
 //! each possible rounding position (ties and near-ties for every `s`), 1e6 random patterns,
 //! both signs, every rounding mode, for formats of each family and every case of the table
-//! (exact, round, tiny, posit clamps, slow). The exhaustive comparison over all 2^32 inputs
+//! (exact, round, tiny, posit clamps, slow), from a separate input and in place. The exhaustive comparison over all 2^32 inputs
 //! is `#[ignore]`d and run by `.ci/run`.
 
 use qcandle::format::f32_plan::{F32Plan, RunRounder};
@@ -41,6 +41,35 @@ fn same(a: f32, b: f32) -> bool {
         || (a.is_nan() && b.is_nan() && a.is_sign_negative() == b.is_sign_negative())
 }
 
+/// The vectorised pass over `xs` with the kernel's general-path fixups, from a separate
+/// input and in place (where elements left to the general path keep their input and are
+/// found again by `needs_slow` on the buffer, as `kernels::cpu` does).
+fn runs<P: RunRounder, R: RoundingRule>(
+    plan: &P,
+    xs: &[f32],
+    rule: R,
+    random: &[u32],
+    slow: impl Fn(f64, u32) -> f64,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut run = vec![0f32; xs.len()];
+    if plan.round_run(xs, &mut run, rule, random) {
+        for (j, &x) in xs.iter().enumerate() {
+            if plan.needs_slow(x) {
+                run[j] = slow(x as f64, random[j]) as f32;
+            }
+        }
+    }
+    let mut in_place = xs.to_vec();
+    if plan.round_run_in_place(&mut in_place, rule, random) {
+        for (v, &r) in in_place.iter_mut().zip(random) {
+            if plan.needs_slow(*v) {
+                *v = slow(*v as f64, r) as f32;
+            }
+        }
+    }
+    (run, in_place)
+}
+
 /// Counts inputs where the fast path differs from the general path: both the per-element
 /// `F32Plan::round` and the vectorised `F32Plan::round_run` (with its general-path fixups).
 fn mismatches<R: RoundingRule>(
@@ -52,19 +81,12 @@ fn mismatches<R: RoundingRule>(
     let slow = |v: f64, r: u32| format.round_rule(v, rule, r);
     let xs: Vec<f32> = inputs.map(f32::from_bits).collect();
     let random: Vec<u32> = xs.iter().map(|x| random_word(x.to_bits())).collect();
-    let mut run = vec![0f32; xs.len()];
-    if plan.round_run(&xs, &mut run, rule, &random) {
-        for (j, &x) in xs.iter().enumerate() {
-            if plan.needs_slow(x) {
-                run[j] = slow(x as f64, random[j]) as f32;
-            }
-        }
-    }
+    let (run, in_place) = runs(&plan, &xs, rule, &random, slow);
     let mut bad = 0;
     for (j, &x) in xs.iter().enumerate() {
         let fast = plan.round(x, rule, random[j], slow);
         let general = format.round_rule(x as f64, rule, random[j]) as f32;
-        if !same(fast, general) || !same(run[j], general) {
+        if !same(fast, general) || !same(run[j], general) || !same(in_place[j], general) {
             if bad < 5 {
                 eprintln!(
                     "{format} {:?}: x = {x:e} ({:#010x}): fast {fast:e} run {:e} general {general:e}",
@@ -193,19 +215,13 @@ fn block_fast_path_equals_general_path() {
                 let slow = |v: f64, r: u32| b.round(v, max, rule, r);
                 let xs: Vec<f32> = inputs.iter().map(|&b| f32::from_bits(b)).collect();
                 let random: Vec<u32> = inputs.iter().map(|&b| stream.at(b as u64)).collect();
-                let mut run = vec![0f32; xs.len()];
-                if plan.round_run(&xs, &mut run, rule, &random) {
-                    for (j, &x) in xs.iter().enumerate() {
-                        if plan.needs_slow(x) {
-                            run[j] = slow(x as f64, random[j]) as f32;
-                        }
-                    }
-                }
+                let (run, in_place) = runs(&plan, &xs, rule, &random, slow);
                 for (j, &x) in xs.iter().enumerate() {
                     let r = random[j];
                     let fast = plan.round(x, rule, r, slow);
                     let general = b.round(x as f64, max, rule, r) as f32;
-                    if !same(fast, general) || !same(run[j], general) {
+                    if !same(fast, general) || !same(run[j], general) || !same(in_place[j], general)
+                    {
                         if bad < 5 {
                             eprintln!("block<{wl}> max {max:e} {:?}: x = {x:e}: fast {fast:e} general {general:e}", R::KIND);
                         }

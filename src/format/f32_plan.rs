@@ -87,7 +87,17 @@ pub struct F32Plan {
     max_pos: u32,
     /// Zero has no sign in this format (posit, fixed point).
     unsigned_zero: bool,
+    /// Which of the selects the plan needs: [`POSIT`], [`SIGNED`] or [`GRID`].
+    shape: u8,
 }
+
+/// Plan shape of posits: clamps to minpos/maxpos, never `Tiny`, no overflow limit,
+/// unsigned zero.
+const POSIT: u8 = 0;
+/// Plan shape of floats: `Tiny`, one overflow limit for both signs, signed zero.
+const SIGNED: u8 = 1;
+/// Plan shape of fixed point: `Tiny`, a limit per sign, unsigned zero.
+const GRID: u8 = 2;
 
 fn f32_bits(v: f64) -> u32 {
     (v as f32).to_bits()
@@ -144,11 +154,13 @@ impl F32Plan {
             min_pos: 0,
             max_pos: 0,
             unsigned_zero,
+            shape: GRID,
         }
     }
 
     fn posit(p: &Posit) -> Self {
         let mut plan = Self::empty(true);
+        plan.shape = POSIT;
         plan.min_pos = f32_bits(p.min_pos());
         plan.max_pos = f32_bits(p.max_pos());
         let max_scale = p.max_scale();
@@ -216,6 +228,7 @@ impl F32Plan {
         plan.limit_neg = max;
         plan.over_pos = over;
         plan.over_neg = over;
+        plan.shape = SIGNED;
         plan
     }
 
@@ -236,6 +249,110 @@ impl F32Plan {
     }
 }
 
+impl F32Plan {
+    /// The fast-path result for one element: the output pattern and whether the element
+    /// needs the general path. `SHAPE` is the plan's [`F32Plan::shape`]; each shape drops
+    /// the selects the others need, which keeps the vectorised loop short.
+    #[inline(always)]
+    fn round_one<R: RoundingRule, const SHAPE: u8>(&self, x: f32, r: u32, rule: R) -> (u32, bool) {
+        let bits = x.to_bits();
+        let sign = bits & SIGN;
+        let abs = bits ^ sign;
+        let e = self.packed[(abs >> 23) as usize];
+        let s = e & 0xff;
+        let flip = (e >> 8) & 1;
+        let case = (e >> 16) & 0xff;
+        let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
+        let slow = case == Case::Slow as u32 && abs != 0;
+        if SHAPE == POSIT {
+            let mag = if case == Case::MinPos as u32 {
+                self.min_pos
+            } else if case == Case::MaxPos as u32 {
+                self.max_pos
+            } else {
+                rounded
+            };
+            // Posit zero has no sign; every nonzero input rounds to a nonzero posit.
+            return (if mag == 0 { 0 } else { mag | sign }, slow);
+        }
+        let m = (abs & 0x007f_ffff) | 0x0080_0000;
+        let tiny = if rule.up_tiny(m, e >> 24, r) {
+            self.tiny
+        } else {
+            0
+        };
+        let mag = if case == Case::Tiny as u32 {
+            tiny
+        } else {
+            rounded
+        };
+        if SHAPE == SIGNED {
+            let mag = if mag > self.limit_pos {
+                self.over_pos
+            } else {
+                mag
+            };
+            return (mag | sign, slow);
+        }
+        let negative = sign != 0;
+        let limit = if negative {
+            self.limit_neg
+        } else {
+            self.limit_pos
+        };
+        let over = if negative {
+            self.over_neg
+        } else {
+            self.over_pos
+        };
+        let mag = if mag > limit { over } else { mag };
+        let out = if mag == 0 && self.unsigned_zero {
+            0
+        } else {
+            mag | sign
+        };
+        (out, slow)
+    }
+
+    #[inline(always)]
+    fn run<R: RoundingRule, const SHAPE: u8>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
+            *o = f32::from_bits(out);
+            any_slow |= slow;
+        }
+        any_slow
+    }
+
+    #[inline(always)]
+    fn run_in_place<R: RoundingRule, const SHAPE: u8>(
+        &self,
+        buf: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, o) in buf.iter_mut().enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let x = *o;
+            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
+            *o = if slow { x } else { f32::from_bits(out) };
+            any_slow |= slow;
+        }
+        any_slow
+    }
+}
+
 impl RunRounder for F32Plan {
     /// Branch-free rounding of a run of values (no calls, no data-dependent branches, so the
     /// loop vectorises): writes every element's fast-path result to `dst` and returns whether
@@ -250,54 +367,26 @@ impl RunRounder for F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        let mut any_slow = false;
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
-            let r = if stochastic { random[j] } else { 0 };
-            let bits = x.to_bits();
-            let sign = bits & SIGN;
-            let abs = bits ^ sign;
-            let e = self.packed[(abs >> 23) as usize];
-            let s = e & 0xff;
-            let flip = (e >> 8) & 1;
-            let case = (e >> 16) & 0xff;
-            let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
-            let m = (abs & 0x007f_ffff) | 0x0080_0000;
-            let tiny = if rule.up_tiny(m, e >> 24, r) {
-                self.tiny
-            } else {
-                0
-            };
-            let mag = if case == Case::Tiny as u32 {
-                tiny
-            } else if case == Case::MinPos as u32 {
-                self.min_pos
-            } else if case == Case::MaxPos as u32 {
-                self.max_pos
-            } else {
-                rounded
-            };
-            let negative = sign != 0;
-            let limit = if negative {
-                self.limit_neg
-            } else {
-                self.limit_pos
-            };
-            let over = if negative {
-                self.over_neg
-            } else {
-                self.over_pos
-            };
-            let mag = if mag > limit { over } else { mag };
-            let out = if mag == 0 && self.unsigned_zero {
-                0
-            } else {
-                mag | sign
-            };
-            *o = f32::from_bits(out);
-            any_slow |= case == Case::Slow as u32 && abs != 0;
+        match self.shape {
+            POSIT => self.run::<R, POSIT>(src, dst, rule, random),
+            SIGNED => self.run::<R, SIGNED>(src, dst, rule, random),
+            _ => self.run::<R, GRID>(src, dst, rule, random),
         }
-        any_slow
+    }
+
+    /// [`RunRounder::round_run`] with `buf` as both input and output.
+    #[inline(always)]
+    fn round_run_in_place<R: RoundingRule>(
+        &self,
+        buf: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        match self.shape {
+            POSIT => self.run_in_place::<R, POSIT>(buf, rule, random),
+            SIGNED => self.run_in_place::<R, SIGNED>(buf, rule, random),
+            _ => self.run_in_place::<R, GRID>(buf, rule, random),
+        }
     }
 
     /// Whether `round_run` leaves `x` to the general path.
@@ -305,6 +394,37 @@ impl RunRounder for F32Plan {
     fn needs_slow(&self, x: f32) -> bool {
         let abs = x.to_bits() & !SIGN;
         abs != 0 && self.table[(abs >> 23) as usize].case == Case::Slow
+    }
+}
+
+impl BlockF32Plan {
+    /// The fast-path result for one element and whether it needs the general path.
+    #[inline(always)]
+    fn round_one<R: RoundingRule>(&self, x: f32, r: u32, rule: R) -> (u32, bool) {
+        let bits = x.to_bits();
+        let sign = bits & SIGN;
+        let abs = bits ^ sign;
+        let byte = abs >> 23;
+        let shift = self.q150 - byte as i32;
+        let s = shift.clamp(0, 23) as u32;
+        let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
+        let rounded = rule.round_bits(abs, s, odd, r);
+        let m = (abs & 0x007f_ffff) | 0x0080_0000;
+        let tiny_s = shift.clamp(24, 255) as u32;
+        let tiny = if rule.up_tiny(m, tiny_s, r) {
+            self.tiny
+        } else {
+            0
+        };
+        let mag = if shift >= 24 { tiny } else { rounded };
+        let limit = if sign == 0 {
+            self.limit_pos
+        } else {
+            self.limit_neg
+        };
+        let mag = if abs == 0 { 0 } else { mag.min(limit) };
+        let out = if mag == 0 { 0 } else { mag | sign };
+        (out, (byte == 0 && abs != 0) || byte == 255)
     }
 }
 
@@ -326,30 +446,32 @@ impl RunRounder for BlockF32Plan {
         let stochastic = R::KIND == RuleKind::Stochastic;
         for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
             let r = if stochastic { random[j] } else { 0 };
-            let bits = x.to_bits();
-            let sign = bits & SIGN;
-            let abs = bits ^ sign;
-            let byte = abs >> 23;
-            let shift = self.q150 - byte as i32;
-            let s = shift.clamp(0, 23) as u32;
-            let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
-            let rounded = rule.round_bits(abs, s, odd, r);
-            let m = (abs & 0x007f_ffff) | 0x0080_0000;
-            let tiny_s = shift.clamp(24, 255) as u32;
-            let tiny = if rule.up_tiny(m, tiny_s, r) {
-                self.tiny
-            } else {
-                0
-            };
-            let mag = if shift >= 24 { tiny } else { rounded };
-            let limit = if sign == 0 {
-                self.limit_pos
-            } else {
-                self.limit_neg
-            };
-            let mag = if abs == 0 { 0 } else { mag.min(limit) };
-            *o = f32::from_bits(if mag == 0 { 0 } else { mag | sign });
-            any_slow |= (byte == 0 && abs != 0) || byte == 255;
+            let (out, slow) = self.round_one(x, r, rule);
+            *o = f32::from_bits(out);
+            any_slow |= slow;
+        }
+        any_slow
+    }
+
+    /// [`RunRounder::round_run`] with `buf` as both input and output.
+    #[inline(always)]
+    fn round_run_in_place<R: RoundingRule>(
+        &self,
+        buf: &mut [f32],
+        rule: R,
+        random: &[u32],
+    ) -> bool {
+        if !self.fast {
+            return true;
+        }
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, o) in buf.iter_mut().enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let x = *o;
+            let (out, slow) = self.round_one(x, r, rule);
+            *o = if slow { x } else { f32::from_bits(out) };
+            any_slow |= slow;
         }
         any_slow
     }
@@ -374,6 +496,13 @@ pub trait RunRounder: Sync {
         rule: R,
         random: &[u32],
     ) -> bool;
+    /// [`RunRounder::round_run`] with `buf` as both input and output; elements that need the
+    /// general path keep their input value. (Rounded elements may also answer
+    /// [`RunRounder::needs_slow`], e.g. a result on a posit binade with cut exponent bits or
+    /// an overflow to Inf; rounding them again returns them unchanged, since every format
+    /// value rounds to itself.)
+    fn round_run_in_place<R: RoundingRule>(&self, buf: &mut [f32], rule: R, random: &[u32])
+        -> bool;
     /// Whether `x` needs the general path.
     fn needs_slow(&self, x: f32) -> bool;
 

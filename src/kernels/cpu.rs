@@ -179,13 +179,13 @@ where
     for_each_chunk(dst, work);
 }
 
-/// Elements per run of the vectorised pass (its random words and, in place, its inputs are
-/// staged in stack buffers of this size).
+/// Elements per run of the vectorised pass (its random words are staged in a stack buffer
+/// of this size).
 const RUN: usize = 1024;
 
-/// The f32 kernel: each run of [`RUN`] elements goes through [`F32Plan::round_run`]
-/// (vectorised with AVX2 where the CPU has it), then the few elements it leaves to the
-/// general path (`slow`) are redone one by one.
+/// The f32 kernel: each run of [`RUN`] elements goes through [`RunRounder::round_run`]
+/// (or its in-place form; vectorised with AVX2 where the CPU has it), then the few elements
+/// it leaves to the general path (`slow`) are redone one by one.
 fn map_f32_runs<P, R, S>(
     src: Option<&[f32]>,
     dst: &mut [f32],
@@ -200,7 +200,6 @@ fn map_f32_runs<P, R, S>(
 {
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
-        let mut staged = [0f32; RUN];
         let mut words = [0u32; RUN];
         let mut start = 0;
         while start < out.len() {
@@ -210,17 +209,26 @@ fn map_f32_runs<P, R, S>(
                 fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
             }
             let o = &mut out[start..start + len];
-            let inp: &[f32] = match src {
-                Some(s) => &s[first..first + len],
-                None => {
-                    staged[..len].copy_from_slice(o);
-                    &staged[..len]
+            let words = &words[..len];
+            match src {
+                Some(s) => {
+                    let inp = &s[first..first + len];
+                    if round_run_dispatch(plan, Some(inp), o, rule, words) {
+                        for (j, &x) in inp.iter().enumerate() {
+                            if plan.needs_slow(x) {
+                                o[j] = slow(x as f64, words[j]) as f32;
+                            }
+                        }
+                    }
                 }
-            };
-            if round_run_dispatch(plan, inp, o, rule, &words[..len]) {
-                for (j, &x) in inp.iter().enumerate() {
-                    if plan.needs_slow(x) {
-                        o[j] = slow(x as f64, words[j]) as f32;
+                None => {
+                    // Elements left to the general path kept their input value.
+                    if round_run_dispatch(plan, None, o, rule, words) {
+                        for (v, &r) in o.iter_mut().zip(words) {
+                            if plan.needs_slow(*v) {
+                                *v = slow(*v as f64, r) as f32;
+                            }
+                        }
                     }
                 }
             }
@@ -249,11 +257,12 @@ unsafe fn fill_avx2(stream: &Stream, first_block: u64, out: &mut [u32]) {
     stream.fill(first_block, out)
 }
 
-/// [`F32Plan::round_run`], compiled for AVX2 when the CPU has it.
+/// [`RunRounder::round_run`] from `src`, or [`RunRounder::round_run_in_place`] when `src`
+/// is `None`, compiled for AVX2 when the CPU has it.
 #[inline(always)]
 fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
     plan: &P,
-    src: &[f32],
+    src: Option<&[f32]>,
     dst: &mut [f32],
     rule: R,
     random: &[u32],
@@ -265,19 +274,33 @@ fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
             return unsafe { round_run_avx2(plan, src, dst, rule, random) };
         }
     }
-    plan.round_run(src, dst, rule, random)
+    round_run(plan, src, dst, rule, random)
+}
+
+#[inline(always)]
+fn round_run<P: RunRounder, R: RoundingRule>(
+    plan: &P,
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    rule: R,
+    random: &[u32],
+) -> bool {
+    match src {
+        Some(src) => plan.round_run(src, dst, rule, random),
+        None => plan.round_run_in_place(dst, rule, random),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn round_run_avx2<P: RunRounder, R: RoundingRule>(
     plan: &P,
-    src: &[f32],
+    src: Option<&[f32]>,
     dst: &mut [f32],
     rule: R,
     random: &[u32],
 ) -> bool {
-    plan.round_run(src, dst, rule, random)
+    round_run(plan, src, dst, rule, random)
 }
 
 /// Like [`map_elements`], but `f` receives the element's block number (tracked with
