@@ -505,6 +505,74 @@ fn pool_grad_reference(x: &Tensor, r: &Tensor, k: usize, s: usize) -> Result<Vec
     Ok(want)
 }
 
+/// The max-pool forward by direct loops: each window's first maximum in row-major order (a
+/// later value wins only when strictly greater, so a NaN never replaces and a leading NaN
+/// stays).
+fn pool_reference(x: &Tensor, k: usize, s: usize) -> Result<Vec<f32>> {
+    let (n, c, h, w) = x.dims4()?;
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    let (oh, ow) = ((h - k) / s + 1, (w - k) / s + 1);
+    let mut want = Vec::with_capacity(n * c * oh * ow);
+    for plane in 0..n * c {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = None::<f32>;
+                for i in 0..k {
+                    for j in 0..k {
+                        let v = xs[plane * h * w + (oy * s + i) * w + ox * s + j];
+                        if best.is_none_or(|b| v > b) {
+                            best = Some(v);
+                        }
+                    }
+                }
+                want.push(best.expect("a non-empty window"));
+            }
+        }
+    }
+    Ok(want)
+}
+
+/// Windows full of ties and NaNs, on the 2x2/2 pairwise path (unit-stride rows) and the
+/// general path (other windows, transposed views): forward and gradient follow the first
+/// maximum.
+#[test]
+fn max_pool_ties_and_nans_follow_the_first_maximum() -> Result<()> {
+    let levels = [-1.0, 0.0, 1.0, f32::NAN];
+    for (i, &(dims, k, s)) in [([2, 3, 9, 10], 2, 2), ([2, 2, 9, 9], 3, 2)]
+        .iter()
+        .enumerate()
+    {
+        let len = dims.iter().product();
+        let v: Vec<f32> = rand_vec(len, 90 + i as u64)
+            .iter()
+            .map(|r| levels[((r + 1.0) * 2.0) as usize % 4])
+            .collect();
+        let base = Tensor::from_vec(v, &dims, &CPU)?;
+        for x in [
+            base.clone(),
+            base.transpose(2, 3)?,
+            base.narrow(3, 1, dims[3] - 1)?,
+        ] {
+            let (y, dx, r) = pool_both(&x, k, s)?;
+            let got = y.flatten_all()?.to_vec1::<f32>()?;
+            let want = pool_reference(&x.contiguous()?, k, s)?;
+            assert!(got.iter().any(|v| v.is_nan()), "the case has NaN windows");
+            let same = |a: &f32, b: &f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            assert!(
+                got.iter().zip(&want).all(|(a, b)| same(a, b)),
+                "forward {dims:?} k={k}"
+            );
+            let want = pool_grad_reference(&x.contiguous()?, &r, k, s)?;
+            assert_eq!(
+                dx.flatten_all()?.to_vec1::<f32>()?,
+                want,
+                "backward {dims:?} k={k}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Forward values and the input gradient of `sum(max_pool(x) * r)` for our op, with `r`.
 fn pool_both(x: &Tensor, k: usize, s: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let xv = Var::from_tensor(x)?;

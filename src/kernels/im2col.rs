@@ -164,7 +164,7 @@ pub fn im2col<T: Copy + Send + Sync>(
                     run[..xlo].fill(pad);
                     let mid = &mut run[xlo..xhi];
                     if step == 1 {
-                        mid.copy_from_slice(&src[base..base + mid.len()]);
+                        copy_short(mid, &src[base..base + mid.len()]);
                     } else {
                         for (k, d) in mid.iter_mut().enumerate() {
                             *d = src[base + k * step];
@@ -174,6 +174,23 @@ pub fn im2col<T: Copy + Send + Sync>(
                 }
             }
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)` for the short runs of im2col (an image row, tens of elements):
+/// eight elements at a time as fixed-size copies, which compile to inline vector moves,
+/// where `copy_from_slice` would call `memcpy` for every run.
+#[inline(always)]
+fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let s: &[T; 8] = s.try_into().expect("a chunk of 8");
+        let d: &mut [T; 8] = d.try_into().expect("a chunk of 8");
+        *d = *s;
+    }
+    for (d, &s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = s;
     }
 }
 

@@ -656,13 +656,30 @@ impl CustomOp1 for BiasGrad {
                 let mut acc = 0f64;
                 for i in 0..n {
                     let row = &dy[(i * oc + o) * p..(i * oc + o + 1) * p];
-                    acc += row.iter().sum::<f32>() as f64;
+                    acc += lane_sum(row) as f64;
                 }
                 acc as f32
             })
             .collect();
         Ok((CpuStorage::F32(db), Shape::from(oc)))
     }
+}
+
+/// The sum of `v` in 16 interleaved f32 lanes (element `i` into lane `i % 16`), then the
+/// lanes in order: independent additions vectorise where one running sum would wait on
+/// every add. The order is fixed, so the result does not depend on threads.
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l += x;
+    }
+    lanes.iter().sum()
 }
 
 /// Max pooling of `x` `(N, C, H, W)` over `kernel x kernel` windows every `stride` pixels
@@ -708,6 +725,20 @@ impl MaxPool {
         )
     }
 
+    /// For 2x2 windows every 2 pixels along rows of unit stride (LeNet's and CifarNet's
+    /// pooling), the offset of `plane` and the row stride, for the branch-free loops that
+    /// read each window as two pairs; None otherwise.
+    fn pairs(&self, l: &Layout, plane: usize) -> Option<(usize, usize)> {
+        let s = l.stride();
+        let c = l.dims()[1];
+        (self.kernel == 2 && self.stride == 2 && s[3] == 1).then(|| {
+            (
+                l.start_offset() + (plane / c) * s[0] + (plane % c) * s[1],
+                s[2],
+            )
+        })
+    }
+
     /// Calls `f(q, y, x, value)` for every window `q` of `plane` (an index into `N * C`) with
     /// the coordinates and value of the window's first maximum in row-major order.
     fn for_each_argmax(
@@ -741,6 +772,20 @@ impl MaxPool {
     }
 }
 
+/// The first maximum of a window's values in row-major order and its position: a later
+/// value replaces the best only when strictly greater, so ties keep the first and a NaN
+/// never replaces (a NaN in first place stays), as in [`MaxPool::for_each_argmax`].
+#[inline(always)]
+fn first_max(v: [f32; 4]) -> (usize, f32) {
+    let (mut at, mut best) = (0, v[0]);
+    for (i, &x) in v.iter().enumerate().skip(1) {
+        let greater = best < x;
+        at = if greater { i } else { at };
+        best = if greater { x } else { best };
+    }
+    (at, best)
+}
+
 impl CustomOp1 for MaxPool {
     fn name(&self) -> &'static str {
         "qcandle-max-pool2d"
@@ -753,8 +798,20 @@ impl CustomOp1 for MaxPool {
         let mut y = vec![0f32; n * c * oh * ow];
         y.par_chunks_mut(oh * ow)
             .enumerate()
-            .for_each(|(plane, yp)| {
-                self.for_each_argmax(x, l, plane, |q, _, _, v| yp[q] = v);
+            .for_each(|(plane, yp)| match self.pairs(l, plane) {
+                Some((base, row)) => {
+                    for (oy, out) in yp.chunks_exact_mut(ow).enumerate() {
+                        let top = &x[base + 2 * oy * row..][..2 * ow];
+                        let bottom = &x[base + (2 * oy + 1) * row..][..2 * ow];
+                        for (o, (t, b)) in out
+                            .iter_mut()
+                            .zip(top.chunks_exact(2).zip(bottom.chunks_exact(2)))
+                        {
+                            *o = first_max([t[0], t[1], b[0], b[1]]).1;
+                        }
+                    }
+                }
+                None => self.for_each_argmax(x, l, plane, |q, _, _, v| yp[q] = v),
             });
         Ok((CpuStorage::F32(y), Shape::from((n, c, oh, ow))))
     }
@@ -788,8 +845,30 @@ impl CustomOp2 for MaxPoolGrad {
             .enumerate()
             .for_each(|(plane, dxp)| {
                 let g = &dy[plane * oh * ow..(plane + 1) * oh * ow];
-                self.0
-                    .for_each_argmax(x, l1, plane, |q, yy, xx, _| dxp[yy * w + xx] += g[q]);
+                match self.0.pairs(l1, plane) {
+                    Some((base, row)) => {
+                        // Windows do not overlap: each writes its four pixels once.
+                        for (oy, gr) in g.chunks_exact(ow).enumerate() {
+                            let top = &x[base + 2 * oy * row..][..2 * ow];
+                            let bottom = &x[base + (2 * oy + 1) * row..][..2 * ow];
+                            let (d0, rest) = dxp[2 * oy * w..].split_at_mut(w);
+                            let d1 = &mut rest[..w];
+                            for (ox, &gv) in gr.iter().enumerate() {
+                                let (t, b) =
+                                    (&top[2 * ox..2 * ox + 2], &bottom[2 * ox..2 * ox + 2]);
+                                let at = first_max([t[0], t[1], b[0], b[1]]).0;
+                                let pick = |i: usize| if at == i { gv } else { 0.0 };
+                                d0[2 * ox] = pick(0);
+                                d0[2 * ox + 1] = pick(1);
+                                d1[2 * ox] = pick(2);
+                                d1[2 * ox + 1] = pick(3);
+                            }
+                        }
+                    }
+                    None => self
+                        .0
+                        .for_each_argmax(x, l1, plane, |q, yy, xx, _| dxp[yy * w + xx] += g[q]),
+                }
             });
         Ok((CpuStorage::F32(dx), Shape::from((n, c, h, w))))
     }
