@@ -13,8 +13,8 @@
 //! output's shape (the part of `fwd+bwd` that is not the layer). candle materialises the
 //! loss gradient, so the layer's backward receives a contiguous tensor, as from a following
 //! layer; other losses (`sum(y * r)`, a dot product) cost candle several milliseconds more
-//! on the conv1 output, the same on both sides. The thread-count lookup is pinned first
-//! ([`qcandle::ops::conv::pin_thread_count`]), which speeds up candle's matmuls as well.
+//! on the conv1 output, the same on both sides. candle's CPU thread settings are tuned first
+//! ([`qcandle::ops::threads::tune_cpu_threads`]), which speeds up candle's ops as well.
 //! Run: `cargo bench --bench conv`.
 
 use std::time::Duration;
@@ -22,7 +22,8 @@ use std::time::Duration;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Conv2dConfig;
 use criterion::{criterion_group, criterion_main, Criterion};
-use qcandle::ops::{conv::pin_thread_count, conv2d, max_pool2d};
+use qcandle::ops::threads::tune_cpu_threads;
+use qcandle::ops::{conv2d, max_pool2d};
 
 const BATCH: usize = 128;
 
@@ -38,7 +39,7 @@ fn theirs(x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 fn bench_conv(c: &mut Criterion) {
-    pin_thread_count();
+    tune_cpu_threads();
     let dev = Device::Cpu;
     let layers = [("conv1", 1, 6, 32, false), ("conv2", 6, 16, 14, true)];
     for (name, cin, cout, size, input_grad) in layers {

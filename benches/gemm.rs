@@ -29,7 +29,7 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use qcandle::format::Format;
-use qcandle::ops::conv::pin_thread_count;
+use qcandle::ops::threads::tune_cpu_threads;
 use qcandle::quire::kernels::{accumulator_for, Accumulator};
 use qcandle::quire::{naive_matmul, quire_matmul};
 
@@ -43,7 +43,7 @@ const FORMATS: &[(&str, Accumulator)] = &[
 type Op = fn(&Tensor, &Tensor, &Format) -> candle_core::Result<Tensor>;
 
 fn bench_gemm(c: &mut Criterion) {
-    pin_thread_count();
+    tune_cpu_threads();
     for &(m, k, n) in SHAPES {
         let big = m * k * n >= 1 << 28;
         let a = Tensor::from_vec(

@@ -377,6 +377,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    qcandle::ops::threads::tune_cpu_threads();
     match Cli::parse().command {
         Command::Formats => print!("{}", qcandle::report::formats_table()),
         Command::Quantize {

@@ -34,15 +34,9 @@
 //! The per-image GEMMs are small (for LeNet's conv2, `16 x 100 x 150`) but run at about
 //! 60 GFLOP/s on one core, so the op needs no larger batched GEMM.
 //!
-//! # Thread count lookup
-//!
-//! candle looks up its thread count on every CPU matmul, reading the CPU topology from
-//! `/proc` each time unless `RAYON_NUM_THREADS` is set. [`pin_thread_count`] (called by
-//! [`conv2d`] and [`max_pool2d`] on first use) sets `RAYON_NUM_THREADS` once to the value
-//! candle would have computed, after starting rayon's global pool so its size is unchanged.
+//! Both ops call [`tune_cpu_threads`] on first use (see [`crate::ops::threads`]).
 
 use std::borrow::Cow;
-use std::sync::Once;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -53,24 +47,7 @@ use rayon::prelude::*;
 
 use crate::kernels::im2col::{col2im, im2col, ConvGeom};
 use crate::ops::quantize::{quantize_no_grad, Quant, QuantizeOp, Quantizer};
-
-static PIN: Once = Once::new();
-
-/// Makes candle's per-matmul thread-count lookup a cheap environment read: when neither
-/// `RAYON_NUM_THREADS` nor `CANDLE_NUM_THREADS` is set, sets `RAYON_NUM_THREADS` (once per
-/// process) to the count candle computes from the CPU topology, after rayon's global pool
-/// has been built (so the pool keeps its size). Child processes inherit the variable.
-/// Call it early, before other threads read the environment.
-pub fn pin_thread_count() {
-    PIN.call_once(|| {
-        let set = |k| std::env::var_os(k).is_some();
-        if !set("RAYON_NUM_THREADS") && !set("CANDLE_NUM_THREADS") {
-            let _ = rayon::current_num_threads();
-            let n = candle_core::utils::get_num_threads();
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-        }
-    });
-}
+use crate::ops::threads::tune_cpu_threads;
 
 /// A 2-D convolution of `x` `(N, C, H, W)` with `w` `(OC, C/groups, KH, KW)`, plus `bias`
 /// `(OC)` when given, with `cfg`'s padding, stride, dilation and groups.
@@ -201,7 +178,7 @@ pub fn conv2d_quantized(
             Ok(y)
         };
     }
-    pin_thread_count();
+    tune_cpu_threads();
     let op = ConvOp {
         geom,
         out_channels: oc,
@@ -707,7 +684,7 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 || n * c == 0 {
         return x.max_pool2d_with_stride(kernel, stride);
     }
-    pin_thread_count();
+    tune_cpu_threads();
     x.apply_op1(MaxPool { kernel, stride })
 }
 

@@ -1,10 +1,11 @@
 //! candle operations: convolution and max pooling with fast CPU backward passes, the fused
 //! quantize op (straight-through backward), the `Quantizer` layer with its own backward
-//! format, and bit-pattern packing.
+//! format, bit-pattern packing, and the process-wide CPU thread settings.
 
 pub mod conv;
 pub mod pack;
 pub mod quantize;
+pub mod threads;
 
 pub use conv::{conv2d, conv2d_quantized, conv2d_relu, max_pool2d};
 pub use pack::{pack, unpack};
