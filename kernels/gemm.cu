@@ -45,8 +45,15 @@
 //   of the narrow modes keep the inner loop to one 32-bit IMAD (s <= 6) or one mul.wide + one
 //   64-bit add (s <= 12) per product.
 // - static shared memory only (at most 2 x 32 x 65 x 8 + 2 KB = 35 KB), so no opt-in is needed
-//   and several blocks fit one SM. Larger tiles (128 x 128 with 8 x 8 micro-tiles), 128-bit
-//   shared loads and the operation tables in shared memory are the next things to measure.
+//   and several blocks fit one SM.
+// - ptxas 13.0 for sm_90, no spills: qc_quire_gemm_i64 63 registers and 17.5 KB shared memory
+//   (4 blocks, 1024 threads per SM), qc_quire_gemm_i64x128 124 registers (2 blocks),
+//   qc_quire_gemm_i128 190 registers and 35 KB (1 block), qc_naive_gemm 40 registers and 4 KB.
+//   In the i64 kernel's inner loop a k step is 8 shared loads (4 of them broadcasts) for 16
+//   IMADs, roughly balanced between the shared-memory and integer pipes on an H100.
+// - Not measured yet (no GPU at hand when written): larger tiles (128 x 128 with 8 x 8
+//   micro-tiles) and 128-bit shared loads for the quire kernels, and the operation tables in
+//   shared memory (128 KB, dynamic shared memory with opt-in) for the naive kernel.
 #include "quant.cuh"
 
 #define QC_GEMM_BM 64
