@@ -64,6 +64,7 @@
 #define QC_GEMM_TX (QC_GEMM_BN / QC_GEMM_TN)   // 16 threads along n
 #define QC_GEMM_TY (QC_GEMM_BM / QC_GEMM_TM)   // 16 threads along m
 #define QC_GEMM_THREADS (QC_GEMM_TX * QC_GEMM_TY)  // 256
+static_assert(QC_GEMM_THREADS == 256, "the quire kernels fill the 256-entry table one entry per thread");
 
 // Read-only loads (a host emulation defines __ldg as a plain load).
 #ifndef QC_LDG
