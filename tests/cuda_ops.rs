@@ -388,3 +388,124 @@ test_device!(stochastic_stream_is_the_cpu_one, |gpu| {
     assert_eq!(qc.calls(), qg.calls());
     Ok(())
 });
+
+/// A `rows x cols` f32 matrix of [`values`] starting at element `skip`.
+fn matrix(rows: usize, cols: usize, skip: usize) -> anyhow::Result<Tensor> {
+    let v = values(skip + rows * cols)[skip..].to_vec();
+    Ok(Tensor::from_vec(v, (rows, cols), &Device::Cpu)?)
+}
+
+/// The posit formats of the CUDA GEMMs (and posit<16,1>, which stays on the host).
+const GEMM_FORMATS: &[&str] = &[
+    "posit<8,0>",
+    "posit<8,1>",
+    "posit<8,2>",
+    "posit<6,1>",
+    "posit<16,1>",
+];
+
+test_device!(quire_and_naive_matmul_match_cpu, |gpu| {
+    use qcandle::quire::{matmul, Accumulation};
+    for format in GEMM_FORMATS {
+        let f: Format = format.parse()?;
+        for acc in [Accumulation::Quire, Accumulation::Naive] {
+            // (m, k, n): ragged tiles, k = 1, long k, one element. The first operand starts
+            // with NaN, ±Inf and extremes in its first row; the second skips them.
+            for (m, k, n) in [
+                (67, 45, 70),
+                (5, 1, 130),
+                (3, 4000, 5),
+                (1, 1, 1),
+                (130, 64, 64),
+            ] {
+                let a = matrix(m, k, 0)?;
+                let b = matrix(k, n, 40)?;
+                let what = format!("{format} {acc:?} {m}x{k}x{n}");
+                let c = matmul(&a, &b, &f, acc)?;
+                let g = matmul(&a.to_device(gpu)?, &b.to_device(gpu)?, &f, acc)?;
+                assert!(g.device().is_cuda(), "{what}: result device");
+                assert_same(&c, &g.to_device(&Device::Cpu)?, &what)?;
+                // Transposed views (made contiguous on the device).
+                let (at, bt) = (matrix(k, m, 7)?.t()?, matrix(n, k, 11)?.t()?);
+                let c = matmul(&at, &bt, &f, acc)?;
+                let g = matmul(&at.to_device(gpu)?, &bt.to_device(gpu)?, &f, acc)?;
+                assert_same(&c, &g.to_device(&Device::Cpu)?, &format!("{what} views"))?;
+            }
+            // Batched, with a batched and a shared second operand.
+            let a = matrix(6 * 33, 17, 3)?.reshape((2, 3, 33, 17))?;
+            let b = matrix(6 * 17, 65, 5)?.reshape((2, 3, 17, 65))?;
+            let shared = matrix(17, 65, 9)?;
+            for b in [b, shared] {
+                let what = format!("{format} {acc:?} batched b {:?}", b.dims());
+                let c = matmul(&a, &b, &f, acc)?;
+                let g = matmul(&a.to_device(gpu)?, &b.to_device(gpu)?, &f, acc)?;
+                assert_same(&c, &g.to_device(&Device::Cpu)?, &what)?;
+            }
+        }
+    }
+    Ok(())
+});
+
+test_device!(posit_linear_matches_cpu, |gpu| {
+    use qcandle::quire::{linear, Accumulation};
+    for format in GEMM_FORMATS {
+        let f: Format = format.parse()?;
+        for acc in [Accumulation::Quire, Accumulation::Naive] {
+            let x = matrix(33, 70, 0)?;
+            let w = matrix(66, 70, 30)?;
+            let bias = matrix(1, 66, 2)?.flatten_all()?; // holds NaN and ±Inf
+            for bias in [None, Some(&bias)] {
+                let what = format!("{format} {acc:?} linear bias {}", bias.is_some());
+                let c = linear(&x, &w, bias, &f, acc)?;
+                let bg = bias.map(|b| b.to_device(gpu)).transpose()?;
+                let g = linear(&x.to_device(gpu)?, &w.to_device(gpu)?, bg.as_ref(), &f, acc)?;
+                assert_same(&c, &g.to_device(&Device::Cpu)?, &what)?;
+            }
+        }
+    }
+    Ok(())
+});
+
+test_device!(posit_gemm_f64_inputs_stay_on_the_host_path, |gpu| {
+    use qcandle::quire::quire_matmul;
+    let f: Format = "posit<8,0>".parse()?;
+    let a = matrix(9, 13, 0)?.to_dtype(DType::F64)?;
+    let b = matrix(13, 7, 3)?.to_dtype(DType::F64)?;
+    let c = quire_matmul(&a, &b, &f)?;
+    let g = quire_matmul(&a.to_device(gpu)?, &b.to_device(gpu)?, &f)?;
+    assert!(g.device().is_cuda());
+    assert_same(&c, &g.to_device(&Device::Cpu)?, "f64 posit<8,0>")
+});
+
+/// The GEMM kernels' parameter widths in the PTX are the ones `src/kernels/cuda_gemm.rs`
+/// pushes (device pointers and u64: 64 bits, u32 and i32: 32 bits), so a launcher that
+/// drifts from a kernel signature fails here, GPU or not.
+#[cfg(feature = "cuda")]
+#[test]
+fn gemm_kernel_parameters_match_the_launcher() {
+    let ptx = qcandle::kernels::cuda::ptx::GEMM;
+    let widths = |name: &str| -> Vec<u32> {
+        let start = ptx
+            .find(&format!(".entry {name}("))
+            .unwrap_or_else(|| panic!("{name} is not in gemm.ptx"));
+        let body = &ptx[start..];
+        body[..body.find(')').unwrap()]
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(".param ."))
+            .map(|l| l[1..].split(|c: char| !c.is_ascii_digit()).next().unwrap())
+            .map(|w| w.parse().unwrap())
+            .collect()
+    };
+    // x, out, count, n, es, flags, group, inner
+    assert_eq!(widths("qc_gemm_encode"), [64, 64, 64, 32, 32, 64, 64, 64]);
+    // a, b, bias, row_nar|mul, col_nar|add, out, m, k, n, a_batch, b_batch, n, es
+    let gemm = [64, 64, 64, 64, 64, 64, 32, 32, 32, 64, 64, 32, 32];
+    for name in [
+        "qc_quire_gemm_i64",
+        "qc_quire_gemm_i64x128",
+        "qc_quire_gemm_i128",
+        "qc_naive_gemm",
+    ] {
+        assert_eq!(widths(name), gemm, "{name}");
+    }
+}

@@ -41,7 +41,7 @@ unsafe impl DeviceRepr for QcRounding {}
 
 /// Blocks for `items` work items of one thread each: enough to cover them, at most 32 per SM
 /// (grid-stride loops do the rest).
-fn launch_config(dev: &CudaDevice, items: u64) -> LaunchConfig {
+pub(crate) fn launch_config(dev: &CudaDevice, items: u64) -> LaunchConfig {
     let sms = dev
         .cuda_stream()
         .context()

@@ -3,7 +3,10 @@
 //!
 //! Inputs of any float dtype and device are first rounded to the format (nearest even),
 //! computed on the CPU in f64 (every value of the formats involved is exact there), and
-//! returned in the first input's dtype and device. Convolutions go through the shared
+//! returned in the first input's dtype and device. With the `cuda` feature, matmuls and
+//! linear layers of f32 tensors on a CUDA device in posits of at most 8 bits (maxpos <=
+//! 2^24: posit<8,0>, <8,1>, <8,2>) run on the device instead, with the same bits
+//! ([`crate::kernels::cuda_gemm`], `kernels/gemm.cu`). Convolutions go through the shared
 //! im2col layout ([`crate::kernels::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
 //! No backward pass: these ops evaluate trained models.
 
@@ -133,6 +136,10 @@ pub fn matmul(a: &Tensor, b: &Tensor, format: &Format, acc: Accumulation) -> Res
     if kb != k || !(shared_b || bd[..bd.len() - 2] == *batch_dims) {
         bail!("matmul: shapes {ad:?} and {bd:?} do not match (a: (..., m, k), b: (..., k, n) or (k, n))");
     }
+    #[cfg(feature = "cuda")]
+    if let Some(out) = crate::kernels::cuda_gemm::matmul(a, b, format, acc)? {
+        return Ok(out);
+    }
     let batch: usize = batch_dims.iter().product();
     let (av, bv) = (rounded(a, format, "matmul")?, rounded(b, format, "matmul")?);
     let mut out = vec![0.0; batch * m * n];
@@ -177,6 +184,13 @@ pub fn linear(
             "linear: input has {inp} features but the weight {:?} expects {w_in}",
             w.dims()
         );
+    }
+    // A bias of the wrong shape falls through to the host path's error.
+    #[cfg(feature = "cuda")]
+    if bias.is_none_or(|b| b.dims() == [out_f]) {
+        if let Some(out) = crate::kernels::cuda_gemm::linear(x, w, bias, format, acc)? {
+            return Ok(out);
+        }
     }
     let bias = bias_values(bias, out_f, format, "linear")?;
     let xv = rounded(x, format, "linear")?;
