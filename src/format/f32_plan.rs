@@ -55,6 +55,17 @@ pub struct Entry {
     pub flip: u8,
 }
 
+/// A posit table entry as computed by [`F32Plan::posit_entry`]: the rounding bit, the
+/// parity correction, the clamps and whether the general path is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PositEntry {
+    s: u32,
+    flip: u32,
+    min: bool,
+    max: bool,
+    slow: bool,
+}
+
 /// A limit no magnitude exceeds (magnitudes are below 2^31).
 const NO_LIMIT: u32 = 0x7fff_ffff;
 
@@ -89,6 +100,11 @@ pub struct F32Plan {
     unsigned_zero: bool,
     /// Which of the selects the plan needs: [`POSIT`], [`SIGNED`] or [`GRID`].
     shape: u8,
+    /// Posits: `es`, `26 - n + es` (the rounding bit less the regime length, plus 2) and the
+    /// largest binade `(n - 2) 2^es`, from which [`F32Plan::round_posit`] computes entries.
+    es: i32,
+    s_offset: i32,
+    max_scale: i32,
 }
 
 /// Plan shape of posits: clamps to minpos/maxpos, never `Tiny`, no overflow limit,
@@ -155,6 +171,9 @@ impl F32Plan {
             max_pos: 0,
             unsigned_zero,
             shape: GRID,
+            es: 0,
+            s_offset: 0,
+            max_scale: 0,
         }
     }
 
@@ -164,6 +183,9 @@ impl F32Plan {
         plan.min_pos = f32_bits(p.min_pos());
         plan.max_pos = f32_bits(p.max_pos());
         let max_scale = p.max_scale();
+        plan.es = p.es() as i32;
+        plan.s_offset = 26 - p.n() as i32 + p.es() as i32;
+        plan.max_scale = max_scale;
         for eb in 1..255u32 {
             let e = eb as i32 - 127;
             plan.table[eb as usize] = if e >= max_scale {
@@ -258,23 +280,15 @@ impl F32Plan {
         let bits = x.to_bits();
         let sign = bits & SIGN;
         let abs = bits ^ sign;
+        if SHAPE == POSIT {
+            return self.round_posit(abs, sign, r, rule);
+        }
         let e = self.packed[(abs >> 23) as usize];
         let s = e & 0xff;
         let flip = (e >> 8) & 1;
         let case = (e >> 16) & 0xff;
         let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
         let slow = case == Case::Slow as u32 && abs != 0;
-        if SHAPE == POSIT {
-            let mag = if case == Case::MinPos as u32 {
-                self.min_pos
-            } else if case == Case::MaxPos as u32 {
-                self.max_pos
-            } else {
-                rounded
-            };
-            // Posit zero has no sign; every nonzero input rounds to a nonzero posit.
-            return (if mag == 0 { 0 } else { mag | sign }, slow);
-        }
         let m = (abs & 0x007f_ffff) | 0x0080_0000;
         let tiny = if rule.up_tiny(m, e >> 24, r) {
             self.tiny
@@ -312,6 +326,57 @@ impl F32Plan {
             mag | sign
         };
         (out, slow)
+    }
+
+    /// [`F32Plan::round_one`] for posits, with the table entry computed instead of looked
+    /// up (the same values, see [`F32Plan::posit`] and the test `posit_entries_match_the_table`):
+    /// for binade `e` the regime takes `rl = ((e XOR (e >> 31)) >> es) + 2` bits (the
+    /// XOR turns `e < 0` into `-e - 1`), leaving `n - 1 - rl - es` fraction bits, so the
+    /// rounding bit is `s = rl + 24 - n + es`; `s > 23` means exponent bits are cut (general
+    /// path), `s <= 0` that the grid is finer than f32's. At `s = 23` the kept pattern ends
+    /// in the low exponent bit (`es >= 1`) or the last regime bit (`es = 0`, set below 1),
+    /// while bit 23 of the f32 pattern is the low bit of the biased exponent: `flip` corrects
+    /// the parity. Computing these is cheaper than a table lookup per element, which AVX2
+    /// can only do as eight scalar loads.
+    #[inline(always)]
+    fn round_posit<R: RoundingRule>(&self, abs: u32, sign: u32, r: u32, rule: R) -> (u32, bool) {
+        let entry = self.posit_entry(abs >> 23);
+        let rounded = rule.round_bits(abs, entry.s, ((abs >> entry.s) ^ entry.flip) & 1, r);
+        let mag = if entry.min {
+            self.min_pos
+        } else if entry.max {
+            self.max_pos
+        } else {
+            rounded
+        };
+        // Posit zero has no sign; every nonzero input rounds to a nonzero posit.
+        (
+            if mag == 0 { 0 } else { mag | sign },
+            (abs != 0) & entry.slow,
+        )
+    }
+
+    /// The posit table entry of exponent byte `eb`, computed (see [`F32Plan::round_posit`]).
+    #[inline(always)]
+    fn posit_entry(&self, eb: u32) -> PositEntry {
+        let e = eb as i32 - 127;
+        let s_raw = ((e ^ (e >> 31)) >> self.es) + self.s_offset;
+        let pattern_odd = if self.es > 0 { e & 1 } else { (e < 0) as i32 } as u32;
+        // f32 zeros, subnormals, Inf and NaN take the general path (as in the table).
+        let special = (eb == 0) | (eb == 255);
+        let min = !special & (e < -self.max_scale);
+        let max = !special & (e >= self.max_scale);
+        PositEntry {
+            s: s_raw.clamp(0, 23) as u32,
+            flip: if s_raw == 23 {
+                pattern_odd ^ (eb & 1)
+            } else {
+                0
+            },
+            min,
+            max,
+            slow: special | (!min & !max & (s_raw > 23)),
+        }
     }
 
     #[inline(always)]
@@ -560,5 +625,44 @@ impl BlockF32Plan {
             tiny: f32_bits(pow2(q)),
             fast: q >= -126,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The computed posit entries equal the table built from `Posit::frac_bits` for every
+    /// exponent byte of every posit format up to 32 bits.
+    #[test]
+    fn posit_entries_match_the_table() {
+        let mut formats = 0;
+        for n in 2..=32 {
+            for es in 0..=6 {
+                let Ok(format) = format!("posit<{n},{es}>").parse::<Format>() else {
+                    continue;
+                };
+                let plan = F32Plan::new(&format, RuleKind::NearestEven).expect("a posit plan");
+                formats += 1;
+                for eb in 0..256u32 {
+                    let t = plan.table[eb as usize];
+                    let round = matches!(t.case, Case::Exact | Case::Round);
+                    let want = PositEntry {
+                        s: if round { t.s as u32 } else { 0 },
+                        flip: t.flip as u32,
+                        min: t.case == Case::MinPos,
+                        max: t.case == Case::MaxPos,
+                        slow: t.case == Case::Slow,
+                    };
+                    let mut got = plan.posit_entry(eb);
+                    if !round {
+                        got.s = 0;
+                        got.flip = 0;
+                    }
+                    assert_eq!(got, want, "{format}, exponent byte {eb}");
+                }
+            }
+        }
+        assert!(formats > 150, "only {formats} posit formats parsed");
     }
 }
