@@ -703,17 +703,38 @@ fn gradients_are_bit_identical_on_any_thread_count() -> Result<()> {
 /// stochastic rounding, where the streams must also be drawn in the same order.
 #[test]
 fn fused_quantizer_equals_a_separate_quantizer_bit_for_bit() -> Result<()> {
+    use qcandle::{Quant, Rounding};
+    // Stochastic rounding and block formats round the whole output at once; elementwise
+    // formats with deterministic rounding round each image (forward) and each chunk of the
+    // masked gradient (backward) on their own.
+    let settings = [
+        ("posit<8,1>", "e5m2", Rounding::stochastic(12)?),
+        ("posit<8,1>", "e5m2", Rounding::NearestEven),
+        ("posit<16,1>", "posit<8,0>", Rounding::TowardZero),
+        ("block<8>", "block<6>", Rounding::NearestEven),
+    ];
+    for (out_format, err_format, rounding) in settings {
+        let quants = || -> Result<(Quant, Quant)> {
+            let out = Quant::new(out_format.parse()?)
+                .with_rounding(rounding)
+                .with_seed(5);
+            let err = Quant::new(err_format.parse()?)
+                .with_rounding(rounding)
+                .with_seed(6);
+            Ok((out, err))
+        };
+        fused_equals_separate(&format!("{out_format}/{err_format} {rounding:?}"), quants)?;
+    }
+    Ok(())
+}
+
+fn fused_equals_separate(
+    label: &str,
+    quants: impl Fn() -> Result<(qcandle::Quant, qcandle::Quant)>,
+) -> Result<()> {
     use candle_core::Module;
     use qcandle::ops::conv2d_quantized;
-    use qcandle::{Quant, Quantizer, Rounding};
-    let quants = || -> Result<(Quant, Quant)> {
-        let sr = Rounding::stochastic(12)?;
-        let out = Quant::new("posit<8,1>".parse()?)
-            .with_rounding(sr)
-            .with_seed(5);
-        let err = Quant::new("e5m2".parse()?).with_rounding(sr).with_seed(6);
-        Ok((out, err))
-    };
+    use qcandle::Quantizer;
     for (i, case) in CASES.iter().enumerate() {
         let (x, w, b, c) = case_args(i, case)?;
         let args = (&x, &w, b.as_ref());
@@ -736,12 +757,16 @@ fn fused_quantizer_equals_a_separate_quantizer_bit_for_bit() -> Result<()> {
             };
             let got = run(fused, args, &r, &c)?;
             let want = run(separate, args, &r, &c)?;
-            for (g, w) in got.iter().zip(&want) {
-                let (g, w) = (g.flatten_all()?, w.flatten_all()?);
-                assert_eq!(
-                    g.to_vec1::<f32>()?,
-                    w.to_vec1::<f32>()?,
-                    "case {i} relu {relu}"
+            for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+                let g = g.flatten_all()?.to_vec1::<f32>()?;
+                let w = w.flatten_all()?.to_vec1::<f32>()?;
+                let first = g
+                    .iter()
+                    .zip(&w)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    first.is_none() && g.len() == w.len(),
+                    "{label}, case {i}, relu {relu}, result {t}: element {first:?} differs"
                 );
             }
         }

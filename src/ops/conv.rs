@@ -37,6 +37,7 @@
 //! Both ops call [`tune_cpu_threads`] on first use (see [`crate::ops::threads`]).
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -45,8 +46,9 @@ use candle_core::{
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use crate::format::Format;
 use crate::kernels::im2col::{col2im, im2col, ConvGeom};
-use crate::ops::quantize::{quantize_no_grad, Quant, QuantizeOp, Quantizer};
+use crate::ops::quantize::{Quant, QuantizeOp, Quantizer};
 use crate::ops::threads::tune_cpu_threads;
 
 /// A 2-D convolution of `x` `(N, C, H, W)` with `w` `(OC, C/groups, KH, KW)`, plus `bias`
@@ -106,7 +108,9 @@ fn conv2d_act(
 /// is rounded with `output` in place, and in backward the incoming gradient is rounded with
 /// `error` before the convolution's gradients are formed. Equal to the separate
 /// [`crate::Quantizer`] after the convolution (same streams, same calls), without the
-/// quantizer's allocations and graph node.
+/// quantizer's allocations and graph node. (With a ReLU and an output format that can round
+/// a positive value to zero, i.e. any but a posit, the quantizer is that separate layer: the
+/// fused backward would mask the gradient where the rounded output is zero.)
 pub fn conv2d_quantized(
     x: &Tensor,
     w: &Tensor,
@@ -179,16 +183,29 @@ pub fn conv2d_quantized(
         };
     }
     tune_cpu_threads();
+    // The fused backward masks the gradient with the op's rounded output; a format that can
+    // round a positive value to zero (all but posits) would mask more than the ReLU does,
+    // so such a quantizer stays a separate layer after a fused ReLU.
+    let separate = relu && output.is_some_and(|q| !matches!(q.format(), Format::Posit(_)));
     let op = ConvOp {
         geom,
         out_channels: oc,
         relu,
-        output: output.map(Quant::op),
-        error: error.cloned(),
+        output: if separate {
+            None
+        } else {
+            output.map(Quant::op)
+        },
+        error: if separate { None } else { error.cloned() },
     };
-    match bias {
+    let y = match bias {
         Some(b) => x.apply_op3(w, b, op),
         None => x.apply_op2(w, op),
+    }?;
+    if separate {
+        candle_core::Module::forward(&Quantizer::new(output.cloned(), error.cloned()), &y)
+    } else {
+        Ok(y)
     }
 }
 
@@ -339,6 +356,9 @@ impl ConvOp {
         let (sn, strides) = image_strides(x.1);
         let x0 = x.1.start_offset();
         let mut out = vec![0f32; n * oc * p];
+        // Round each image's output while it is in cache where that gives the same bits.
+        let per_image_rounding = self.output.filter(QuantizeOp::rounds_parts_alike);
+        let failed = Mutex::new(None);
         let image = |i: usize, cols: &mut [f32], y: &mut [f32], par| {
             im2col(x.0, x0 + i * sn, strides, g, 0.0, cols);
             if let Some(b) = &bias {
@@ -360,10 +380,21 @@ impl ConvOp {
             if self.relu {
                 y.iter_mut().for_each(|v| *v = v.max(0.0));
             }
+            if let Some(q) = &per_image_rounding {
+                if let Err(e) = q.round_f32_in_place(y, &[oc, g.out_h, g.out_w]) {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            }
         };
         per_image(&mut out, n, k * p, image);
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
         let dims = [n, oc, g.out_h, g.out_w];
-        if let Some(q) = &self.output {
+        if let (Some(q), None) = (&self.output, per_image_rounding) {
             q.round_f32_in_place(&mut out, &dims)?;
         }
         Ok((CpuStorage::F32(out), Shape::from(dims.to_vec())))
@@ -377,20 +408,27 @@ impl ConvOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let rounded;
-        let grad = match &self.error {
-            Some(q) => {
-                rounded = quantize_no_grad(grad, q)?;
-                &rounded
+        let error = self.error.as_ref().map(Quant::op);
+        let prepared;
+        let grad = match (error, self.relu) {
+            // Masked and rounded in one pass, chunk by chunk (rounding a masked zero gives
+            // zero, so masking first changes nothing).
+            (Some(q), true) if q.rounds_parts_alike() => {
+                prepared = grad.apply_op2_no_bwd(res, &ReluMask(Some(q)))?;
+                &prepared
             }
-            None => grad,
-        };
-        let masked;
-        let grad = if self.relu {
-            masked = grad.apply_op2_no_bwd(res, &ReluMask)?;
-            &masked
-        } else {
-            grad
+            (q, relu) => {
+                let rounded = match q {
+                    Some(q) => grad.apply_op1_no_bwd(&q)?,
+                    None => grad.clone(),
+                };
+                prepared = if relu {
+                    rounded.apply_op2_no_bwd(res, &ReluMask(None))?
+                } else {
+                    rounded
+                };
+                &prepared
+            }
         };
         let dw = if w.track_op() {
             Some(x.apply_op2_no_bwd(grad, &WeightGrad(self.clone()))?)
@@ -467,8 +505,10 @@ impl CustomOp3 for ConvOp {
     }
 }
 
-/// The ReLU's backward: `dY * (Y > 0)`, applied to `(dY, Y)`.
-struct ReluMask;
+/// The ReLU's backward: `dY * (Y > 0)`, applied to `(dY, Y)`, then rounded when given a
+/// rounding whose parts round alike ([`QuantizeOp::rounds_parts_alike`]), each chunk while
+/// it is in cache.
+struct ReluMask(Option<QuantizeOp>);
 
 impl CustomOp2 for ReluMask {
     fn name(&self) -> &'static str {
@@ -487,11 +527,15 @@ impl CustomOp2 for ReluMask {
         let mut out = vec![0f32; dy.len()];
         out.par_chunks_mut(1 << 14)
             .zip(dy.par_chunks(1 << 14).zip(y.par_chunks(1 << 14)))
-            .for_each(|(o, (g, y))| {
+            .try_for_each(|(o, (g, y))| {
                 for ((o, &g), &y) in o.iter_mut().zip(g).zip(y) {
                     *o = if y > 0.0 { g } else { 0.0 };
                 }
-            });
+                match &self.0 {
+                    Some(q) => q.round_f32_in_place(o, &[o.len()]),
+                    None => Ok(()),
+                }
+            })?;
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

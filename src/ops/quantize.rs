@@ -109,6 +109,14 @@ pub(crate) struct QuantizeOp {
 
 impl QuantizeOp {
     /// Rounds a contiguous f32 buffer (shape `dims`) in place.
+    /// Whether rounding parts of a tensor one at a time gives the bits of rounding it whole:
+    /// elementwise formats with a deterministic rounding (a stochastic stream is indexed by
+    /// the position in the whole tensor, and a block's scale depends on its maximum).
+    pub(crate) fn rounds_parts_alike(&self) -> bool {
+        !matches!(self.format, Format::Block(_))
+            && !matches!(self.rounding, Rounding::Stochastic { .. })
+    }
+
     pub(crate) fn round_f32_in_place(&self, data: &mut [f32], dims: &[usize]) -> Result<()> {
         cpu::quantize_slice(None, data, dims, &self.format, self.rounding, self.stream)
     }
