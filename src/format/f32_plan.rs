@@ -454,10 +454,14 @@ impl RunRounder for F32Plan {
         }
     }
 
-    /// Whether `round_run` leaves `x` to the general path.
+    /// Whether `round_run` leaves `x` to the general path (computed for posits, so that a
+    /// scan for such elements vectorises).
     #[inline(always)]
     fn needs_slow(&self, x: f32) -> bool {
         let abs = x.to_bits() & !SIGN;
+        if self.shape == POSIT {
+            return (abs != 0) & self.posit_entry(abs >> 23).slow;
+        }
         abs != 0 && self.table[(abs >> 23) as usize].case == Case::Slow
     }
 }

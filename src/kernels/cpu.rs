@@ -201,6 +201,7 @@ fn map_f32_runs<P, R, S>(
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
         let mut words = [0u32; RUN];
+        let mut staged = [0f32; RUN];
         let mut start = 0;
         while start < out.len() {
             let len = RUN.min(out.len() - start);
@@ -214,21 +215,14 @@ fn map_f32_runs<P, R, S>(
                 Some(s) => {
                     let inp = &s[first..first + len];
                     if round_run_dispatch(plan, Some(inp), o, rule, words) {
-                        for (j, &x) in inp.iter().enumerate() {
-                            if plan.needs_slow(x) {
-                                o[j] = slow(x as f64, words[j]) as f32;
-                            }
-                        }
+                        fix_slow(plan, inp, o, words, &slow);
                     }
                 }
                 None => {
                     // Elements left to the general path kept their input value.
                     if round_run_dispatch(plan, None, o, rule, words) {
-                        for (v, &r) in o.iter_mut().zip(words) {
-                            if plan.needs_slow(*v) {
-                                *v = slow(*v as f64, r) as f32;
-                            }
-                        }
+                        let inp: &[f32] = &staged_copy(o, &mut staged);
+                        fix_slow(plan, inp, o, words, &slow);
                     }
                 }
             }
@@ -236,6 +230,36 @@ fn map_f32_runs<P, R, S>(
         }
     };
     for_each_chunk(dst, work);
+}
+
+/// A copy of `v` in `buf` (the inputs of an in-place run, to scan while `v` is rewritten).
+fn staged_copy<'a>(v: &[f32], buf: &'a mut [f32; RUN]) -> &'a [f32] {
+    buf[..v.len()].copy_from_slice(v);
+    &buf[..v.len()]
+}
+
+/// Redoes through the general path (`slow`) the elements of `inp` the vectorised pass left
+/// to it, writing them to `out`. Elements are tested 16 at a time without branches, so runs
+/// with a few such elements (tiny posit gradients) cost little more than a clean run.
+#[inline(always)]
+fn fix_slow<P: RunRounder>(
+    plan: &P,
+    inp: &[f32],
+    out: &mut [f32],
+    words: &[u32],
+    slow: &impl Fn(f64, u32) -> f64,
+) {
+    for (c, block) in inp.chunks(16).enumerate() {
+        if !block.iter().fold(false, |any, &x| any | plan.needs_slow(x)) {
+            continue;
+        }
+        for (j, &x) in block.iter().enumerate() {
+            if plan.needs_slow(x) {
+                let i = c * 16 + j;
+                out[i] = slow(x as f64, words[i]) as f32;
+            }
+        }
+    }
 }
 
 /// [`Stream::fill`], compiled for AVX2 when the CPU has it.
