@@ -221,7 +221,7 @@ fn map_f32_runs<P, R, S>(
                 None => {
                     // Elements left to the general path kept their input value.
                     if round_run_dispatch(plan, None, o, rule, words) {
-                        let inp: &[f32] = &staged_copy(o, &mut staged);
+                        let inp = staged_copy(o, &mut staged);
                         fix_slow(plan, inp, o, words, &slow);
                     }
                 }
