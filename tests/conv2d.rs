@@ -573,6 +573,48 @@ fn max_pool_ties_and_nans_follow_the_first_maximum() -> Result<()> {
     Ok(())
 }
 
+/// The device path built from candle ops gives the forward values and gradients of the CPU
+/// op (tie-free data: which of equal maxima it picks is the device's), on overlapping,
+/// strided, odd-sized and non-contiguous inputs, and in f64.
+#[test]
+fn max_pool_by_gather_equals_the_cpu_op() -> Result<()> {
+    use qcandle::ops::max_pool2d_by_gather;
+    for (i, &(dims, k, s)) in [
+        ([3, 4, 28, 28], 2, 2),
+        ([2, 3, 9, 7], 2, 2),
+        ([2, 3, 9, 8], 3, 2),
+        ([1, 2, 7, 7], 3, 1),
+        ([3, 1, 8, 11], 2, 3),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let base = rand(&dims, 120 + i as u64)?;
+        for x in [base.clone(), base.transpose(2, 3)?] {
+            let r = rand(&max_pool2d(&x, k, s)?.dims().to_vec(), 121)?;
+            let grads = |pool: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>,
+                         x: &Tensor|
+             -> Result<(Vec<f32>, Vec<f32>)> {
+                let v = Var::from_tensor(x)?;
+                let y = pool(v.as_tensor())?;
+                let g = (&y * &r.to_dtype(y.dtype())?)?.sum_all()?.backward()?;
+                let dx = g
+                    .get(&v)
+                    .ok_or_else(|| anyhow::anyhow!("missing gradient"))?;
+                let f = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+                Ok((f(&y)?, f(dx)?))
+            };
+            let want = grads(&|t| max_pool2d(t, k, s), &x)?;
+            let got = grads(&|t| max_pool2d_by_gather(t, k, s), &x)?;
+            assert_eq!(got, want, "{dims:?} k={k} s={s}");
+            // f64 takes the gather path inside max_pool2d.
+            let got64 = grads(&|t| max_pool2d(t, k, s), &x.to_dtype(DType::F64)?)?;
+            assert_eq!(got64, want, "f64 {dims:?} k={k} s={s}");
+        }
+    }
+    Ok(())
+}
+
 /// Forward values and the input gradient of `sum(max_pool(x) * r)` for our op, with `r`.
 fn pool_both(x: &Tensor, k: usize, s: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let xv = Var::from_tensor(x)?;

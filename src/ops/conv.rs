@@ -707,8 +707,9 @@ fn lane_sum(v: &[f32]) -> f32 {
 /// (no padding; output `(H - kernel) / stride + 1` per axis).
 ///
 /// On CPU with f32 this is an op whose backward sends each window's gradient to the first
-/// maximum of the window (overlapping windows add up); otherwise candle's
-/// `max_pool2d_with_stride`. Forward values equal candle's.
+/// maximum of the window (overlapping windows add up); on other devices and dtypes,
+/// [`max_pool2d_by_gather`], built from candle ops with the same gradient. Forward values
+/// equal candle's `max_pool2d_with_stride`, whose own backward is wrong (module docs).
 ///
 /// ```
 /// use candle_core::{Device, Tensor};
@@ -725,11 +726,47 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
     if h < kernel || w < kernel {
         bail!("max_pool2d: kernel {kernel} is larger than the {h}x{w} input")
     }
-    if !x.device().is_cpu() || x.dtype() != DType::F32 || n * c == 0 {
+    if n * c == 0 {
         return x.max_pool2d_with_stride(kernel, stride);
+    }
+    if !x.device().is_cpu() || x.dtype() != DType::F32 {
+        return max_pool2d_by_gather(x, kernel, stride);
     }
     tune_cpu_threads();
     x.apply_op1(MaxPool { kernel, stride })
+}
+
+/// Max pooling from candle ops that every device has, with PyTorch's gradient: the window
+/// elements are gathered with `index_select` (`(N*C, OH*OW, kernel^2)`), the maximum of each
+/// window is picked by `argmax` and read back with `gather`. The backward of `gather` puts
+/// each window's gradient on the picked element and that of `index_select` adds
+/// overlapping windows. The path [`max_pool2d`] takes off CPU f32; public so that it can be
+/// checked on any machine. Which maximum `argmax` picks among equal values (and how it
+/// treats NaN) is the device's: on CPU the first, as in [`max_pool2d`].
+pub fn max_pool2d_by_gather(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
+    let (n, c, h, w) = x.dims4()?;
+    if kernel == 0 || stride == 0 || h < kernel || w < kernel {
+        bail!("max_pool2d: kernel {kernel} with stride {stride} does not fit a {h}x{w} input")
+    }
+    let (oh, ow) = ((h - kernel) / stride + 1, (w - kernel) / stride + 1);
+    let mut at = Vec::with_capacity(oh * ow * kernel * kernel);
+    for oy in 0..oh {
+        for ox in 0..ow {
+            for i in 0..kernel {
+                for j in 0..kernel {
+                    at.push(((oy * stride + i) * w + ox * stride + j) as u32);
+                }
+            }
+        }
+    }
+    let at = Tensor::from_vec(at, oh * ow * kernel * kernel, x.device())?;
+    let windows = x.reshape((n * c, h * w))?.index_select(&at, 1)?.reshape((
+        n * c,
+        oh * ow,
+        kernel * kernel,
+    ))?;
+    let pick = windows.argmax_keepdim(2)?;
+    windows.gather(&pick, 2)?.reshape((n, c, oh, ow))
 }
 
 #[derive(Debug, Clone, Copy)]

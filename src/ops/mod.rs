@@ -7,6 +7,6 @@ pub mod pack;
 pub mod quantize;
 pub mod threads;
 
-pub use conv::{conv2d, conv2d_quantized, conv2d_relu, max_pool2d};
+pub use conv::{conv2d, conv2d_quantized, conv2d_relu, max_pool2d, max_pool2d_by_gather};
 pub use pack::{pack, unpack};
 pub use quantize::{quantize, quantize_, quantize_no_grad, Quant, Quantizer};
