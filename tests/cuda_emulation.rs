@@ -9,22 +9,9 @@ use std::process::Command;
 #[test]
 fn kernels_match_the_per_element_reference() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("quant_emulation");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let kernels = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
-    let compiled = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-w", "-I", kernels])
-        .arg(format!("{kernels}/quant_emulation.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .status();
-    match compiled {
-        Err(e) => {
-            println!("skipped: no C++ compiler ({cxx}: {e})");
-            return;
-        }
-        Ok(status) => assert!(status.success(), "{cxx} failed on quant_emulation.cpp"),
-    }
+    let Some(exe) = compile("quant_emulation", dir.path()) else {
+        return;
+    };
     let out = Command::new(&exe).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
