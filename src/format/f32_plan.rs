@@ -39,6 +39,9 @@ pub enum Case {
     MinPos,
     /// Posit: at or above maxpos.
     MaxPos,
+    /// Posit binade with `c` exponent bits cut off, deterministic rules: the result is a
+    /// power of two (see [`F32Plan::round_posit`]).
+    Cut,
     /// Needs the general path.
     Slow,
 }
@@ -55,6 +58,12 @@ pub struct Entry {
     pub flip: u8,
 }
 
+/// The mask of the `c` low bits (`0 <= c <= 31`).
+#[inline(always)]
+fn low_bits(c: u32) -> i32 {
+    (1u32 << c).wrapping_sub(1) as i32
+}
+
 /// A posit table entry as computed by [`F32Plan::posit_entry`]: the rounding bit, the
 /// parity correction, the clamps and whether the general path is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +72,9 @@ struct PositEntry {
     flip: u32,
     min: bool,
     max: bool,
+    /// Exponent bits are cut and the fast path rounds them: `cut_bits` of them.
+    cut: bool,
+    cut_bits: u32,
     slow: bool,
 }
 
@@ -105,6 +117,9 @@ pub struct F32Plan {
     es: i32,
     s_offset: i32,
     max_scale: i32,
+    /// Posits: binades with cut exponent bits are rounded on the fast path (deterministic
+    /// rules).
+    cut_fast: bool,
 }
 
 /// Plan shape of posits: clamps to minpos/maxpos, never `Tiny`, no overflow limit,
@@ -142,7 +157,7 @@ impl F32Plan {
     /// point, whose grid depends on the block.
     pub fn new(format: &Format, kind: RuleKind) -> Option<Self> {
         let mut plan = match format {
-            Format::Posit(p) => Self::posit(p),
+            Format::Posit(p) => Self::posit(p, kind),
             Format::Float(f) => Self::float(f, kind),
             Format::Fixed(f) => Self::fixed(f),
             Format::Block(_) => return None,
@@ -174,12 +189,14 @@ impl F32Plan {
             es: 0,
             s_offset: 0,
             max_scale: 0,
+            cut_fast: false,
         }
     }
 
-    fn posit(p: &Posit) -> Self {
+    fn posit(p: &Posit, kind: RuleKind) -> Self {
         let mut plan = Self::empty(true);
         plan.shape = POSIT;
+        plan.cut_fast = kind != RuleKind::Stochastic;
         plan.min_pos = f32_bits(p.min_pos());
         plan.max_pos = f32_bits(p.max_pos());
         let max_scale = p.max_scale();
@@ -201,7 +218,20 @@ impl F32Plan {
             } else {
                 let fb = p.frac_bits(e);
                 if fb < 0 {
-                    SLOW
+                    // The result is 2^(e rounded to a multiple of 2^-fb): an f32 power of two
+                    // unless that lies outside f32's normal range (the general path then
+                    // gives a subnormal or Inf). Stochastic rounding draws against the
+                    // non-uniform gap on the general path.
+                    let c = -fb as u32;
+                    let e_down = e & !low_bits(c);
+                    if plan.cut_fast && e_down >= -126 && e_down + low_bits(c) < 127 {
+                        Entry {
+                            case: Case::Cut,
+                            ..SLOW
+                        }
+                    } else {
+                        SLOW
+                    }
                 } else {
                     let mut entry = grid_entry(e, e - fb);
                     if fb == 0 {
@@ -342,10 +372,30 @@ impl F32Plan {
     fn round_posit<R: RoundingRule>(&self, abs: u32, sign: u32, r: u32, rule: R) -> (u32, bool) {
         let entry = self.posit_entry(abs >> 23);
         let rounded = rule.round_bits(abs, entry.s, ((abs >> entry.s) ^ entry.flip) & 1, r);
+        // Cut exponent bits: the kept pattern ends `c` bits into the exponent field, so the
+        // exponent `e` rounds to a multiple of 2^c on the pattern: the guard is bit c-1 of
+        // `e`, the sticky its lower bits and the f32 fraction, and the kept pattern's parity
+        // the exponent bit `c` (or the regime's last bit, set below 1, when `c = es`). The
+        // rule decides from those three bits, as for a remainder of two bits.
+        let e = (abs >> 23) as i32 - 127;
+        let c = entry.cut_bits;
+        let low = (e & low_bits(c)) as u32;
+        let guard = (low >> (c - 1)) & 1;
+        let sticky = ((low & low_bits(c - 1) as u32) != 0) | ((abs & 0x007f_ffff) != 0);
+        let odd = if (c as i32) < self.es {
+            ((e >> c) & 1) as u32
+        } else {
+            (e < 0) as u32
+        };
+        let up = rule.round_bits((guard << 1) | sticky as u32, 2, odd, r) != 0;
+        let e_cut = (e - low as i32).wrapping_add(if up { 1 << c } else { 0 });
+        let cut = ((e_cut + 127) as u32) << 23;
         let mag = if entry.min {
             self.min_pos
         } else if entry.max {
             self.max_pos
+        } else if entry.cut {
+            cut
         } else {
             rounded
         };
@@ -366,6 +416,10 @@ impl F32Plan {
         let special = (eb == 0) | (eb == 255);
         let min = !special & (e < -self.max_scale);
         let max = !special & (e >= self.max_scale);
+        let cut_bits = (s_raw - 23).clamp(1, 31) as u32;
+        let e_down = e & !low_bits(cut_bits);
+        let cut_ok = self.cut_fast & (e_down >= -126) & (e_down + low_bits(cut_bits) < 127);
+        let cut_binade = !special & !min & !max & (s_raw > 23);
         PositEntry {
             s: s_raw.clamp(0, 23) as u32,
             flip: if s_raw == 23 {
@@ -375,7 +429,9 @@ impl F32Plan {
             },
             min,
             max,
-            slow: special | (!min & !max & (s_raw > 23)),
+            cut: cut_binade & cut_ok,
+            cut_bits,
+            slow: special | (cut_binade & !cut_ok),
         }
     }
 
@@ -653,27 +709,31 @@ mod tests {
                 let Ok(format) = format!("posit<{n},{es}>").parse::<Format>() else {
                     continue;
                 };
-                let plan = F32Plan::new(&format, RuleKind::NearestEven).expect("a posit plan");
-                formats += 1;
-                for eb in 0..256u32 {
-                    let t = plan.table[eb as usize];
-                    let round = matches!(t.case, Case::Exact | Case::Round);
-                    let want = PositEntry {
-                        s: if round { t.s as u32 } else { 0 },
-                        flip: t.flip as u32,
-                        min: t.case == Case::MinPos,
-                        max: t.case == Case::MaxPos,
-                        slow: t.case == Case::Slow,
-                    };
-                    let mut got = plan.posit_entry(eb);
-                    if !round {
-                        got.s = 0;
-                        got.flip = 0;
+                for kind in [RuleKind::NearestEven, RuleKind::Stochastic] {
+                    let plan = F32Plan::new(&format, kind).expect("a posit plan");
+                    formats += 1;
+                    for eb in 0..256u32 {
+                        let t = plan.table[eb as usize];
+                        let round = matches!(t.case, Case::Exact | Case::Round);
+                        let mut got = plan.posit_entry(eb);
+                        let want = PositEntry {
+                            s: if round { t.s as u32 } else { 0 },
+                            flip: t.flip as u32,
+                            min: t.case == Case::MinPos,
+                            max: t.case == Case::MaxPos,
+                            cut: t.case == Case::Cut,
+                            cut_bits: got.cut_bits,
+                            slow: t.case == Case::Slow,
+                        };
+                        if !round {
+                            got.s = 0;
+                            got.flip = 0;
+                        }
+                        assert_eq!(got, want, "{format} {kind:?}, exponent byte {eb}");
                     }
-                    assert_eq!(got, want, "{format}, exponent byte {eb}");
                 }
             }
         }
-        assert!(formats > 150, "only {formats} posit formats parsed");
+        assert!(formats > 300, "only {formats} posit plans built");
     }
 }
