@@ -443,9 +443,15 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        run_loop::<R>(src, dst, random, |x, r| {
-            self.round_one::<R, SHAPE>(x, r, rule)
-        })
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
+            *o = f32::from_bits(out);
+            any_slow |= slow;
+        }
+        any_slow
     }
 
     #[inline(always)]
@@ -455,47 +461,17 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        run_in_place_loop::<R>(buf, random, |x, r| self.round_one::<R, SHAPE>(x, r, rule))
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, o) in buf.iter_mut().enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let x = *o;
+            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
+            *o = if slow { x } else { f32::from_bits(out) };
+            any_slow |= slow;
+        }
+        any_slow
     }
-}
-
-/// The vectorisable loop of a run: `dst[j]` gets `round(src[j], random word)`'s pattern;
-/// returns whether `round` flagged any element for the general path.
-#[inline(always)]
-fn run_loop<R: RoundingRule>(
-    src: &[f32],
-    dst: &mut [f32],
-    random: &[u32],
-    round: impl Fn(f32, u32) -> (u32, bool),
-) -> bool {
-    let mut any_slow = false;
-    let stochastic = R::KIND == RuleKind::Stochastic;
-    for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
-        let r = if stochastic { random[j] } else { 0 };
-        let (out, slow) = round(x, r);
-        *o = f32::from_bits(out);
-        any_slow |= slow;
-    }
-    any_slow
-}
-
-/// [`run_loop`] in place; elements flagged for the general path keep their input.
-#[inline(always)]
-fn run_in_place_loop<R: RoundingRule>(
-    buf: &mut [f32],
-    random: &[u32],
-    round: impl Fn(f32, u32) -> (u32, bool),
-) -> bool {
-    let mut any_slow = false;
-    let stochastic = R::KIND == RuleKind::Stochastic;
-    for (j, o) in buf.iter_mut().enumerate() {
-        let r = if stochastic { random[j] } else { 0 };
-        let x = *o;
-        let (out, slow) = round(x, r);
-        *o = if slow { x } else { f32::from_bits(out) };
-        any_slow |= slow;
-    }
-    any_slow
 }
 
 impl RunRounder for F32Plan {
@@ -591,7 +567,15 @@ impl RunRounder for BlockF32Plan {
         if !self.fast {
             return true;
         }
-        run_loop::<R>(src, dst, random, |x, r| self.round_one(x, r, rule))
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let (out, slow) = self.round_one(x, r, rule);
+            *o = f32::from_bits(out);
+            any_slow |= slow;
+        }
+        any_slow
     }
 
     /// [`RunRounder::round_run`] with `buf` as both input and output.
@@ -605,7 +589,16 @@ impl RunRounder for BlockF32Plan {
         if !self.fast {
             return true;
         }
-        run_in_place_loop::<R>(buf, random, |x, r| self.round_one(x, r, rule))
+        let mut any_slow = false;
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        for (j, o) in buf.iter_mut().enumerate() {
+            let r = if stochastic { random[j] } else { 0 };
+            let x = *o;
+            let (out, slow) = self.round_one(x, r, rule);
+            *o = if slow { x } else { f32::from_bits(out) };
+            any_slow |= slow;
+        }
+        any_slow
     }
 
     /// Whether `round_run` leaves `x` to the general path.
