@@ -41,8 +41,8 @@ fn same(a: f32, b: f32) -> bool {
         || (a.is_nan() && b.is_nan() && a.is_sign_negative() == b.is_sign_negative())
 }
 
-/// The vectorised pass over `xs` with the kernel's general-path fixups, from a separate
-/// input and in place (where elements left to the general path keep their input and are
+/// The vectorised pass over `xs` with the kernel's fix-ups (the plan's, else the general
+/// path), from a separate input and in place (where elements left to the general path keep their input and are
 /// found again by `needs_slow` on the buffer, as `kernels::cpu` does).
 fn runs<P: RunRounder, R: RoundingRule>(
     plan: &P,
@@ -51,11 +51,15 @@ fn runs<P: RunRounder, R: RoundingRule>(
     random: &[u32],
     slow: impl Fn(f64, u32) -> f64,
 ) -> (Vec<f32>, Vec<f32>) {
+    let fix = |x: f32, r: u32| {
+        plan.fixup(x, rule, r)
+            .unwrap_or_else(|| slow(x as f64, r) as f32)
+    };
     let mut run = vec![0f32; xs.len()];
     if plan.round_run(xs, &mut run, rule, random) {
         for (j, &x) in xs.iter().enumerate() {
             if plan.needs_slow(x) {
-                run[j] = slow(x as f64, random[j]) as f32;
+                run[j] = fix(x, random[j]);
             }
         }
     }
@@ -63,7 +67,7 @@ fn runs<P: RunRounder, R: RoundingRule>(
     if plan.round_run_in_place(&mut in_place, rule, random) {
         for (v, &r) in in_place.iter_mut().zip(random) {
             if plan.needs_slow(*v) {
-                *v = slow(*v as f64, r) as f32;
+                *v = fix(*v, r);
             }
         }
     }

@@ -372,11 +372,38 @@ impl F32Plan {
     fn round_posit<R: RoundingRule>(&self, abs: u32, sign: u32, r: u32, rule: R) -> (u32, bool) {
         let entry = self.posit_entry(abs >> 23);
         let rounded = rule.round_bits(abs, entry.s, ((abs >> entry.s) ^ entry.flip) & 1, r);
-        // Cut exponent bits: the kept pattern ends `c` bits into the exponent field, so the
-        // exponent `e` rounds to a multiple of 2^c on the pattern: the guard is bit c-1 of
-        // `e`, the sticky its lower bits and the f32 fraction, and the kept pattern's parity
-        // the exponent bit `c` (or the regime's last bit, set below 1, when `c = es`). The
-        // rule decides from those three bits, as for a remainder of two bits.
+        let mag = if entry.min {
+            self.min_pos
+        } else if entry.max {
+            self.max_pos
+        } else {
+            rounded
+        };
+        // Posit zero has no sign; every nonzero input rounds to a nonzero posit. Binades with
+        // cut exponent bits are flagged for the fix-up pass (`RunRounder::fixup`).
+        (
+            if mag == 0 { 0 } else { mag | sign },
+            (abs != 0) & (entry.slow | entry.cut),
+        )
+    }
+
+    /// A posit value in a binade with cut exponent bits, rounded with a deterministic rule
+    /// (`None` elsewhere; those take the general path). The kept pattern ends `c` bits into
+    /// the exponent field, so the exponent `e` rounds to a multiple of `2^c` on the pattern:
+    /// the guard is bit `c - 1` of `e`, the sticky its lower bits and the f32 fraction, and
+    /// the kept pattern's parity the exponent bit `c` (or the regime's last bit, set below
+    /// 1, when `c = es`). The rule decides from those three bits as from a two-bit
+    /// remainder. The vectorised pass leaves these elements to this scalar step, which is
+    /// far cheaper than the general path (Adam's second moments and the smallest errors of
+    /// posit<16,1> training live there).
+    #[inline]
+    fn round_cut<R: RoundingRule>(&self, x: f32, r: u32, rule: R) -> Option<f32> {
+        let bits = x.to_bits();
+        let (sign, abs) = (bits & SIGN, bits & !SIGN);
+        let entry = self.posit_entry(abs >> 23);
+        if self.shape != POSIT || !entry.cut {
+            return None;
+        }
         let e = (abs >> 23) as i32 - 127;
         let c = entry.cut_bits;
         let low = (e & low_bits(c)) as u32;
@@ -388,22 +415,8 @@ impl F32Plan {
             (e < 0) as u32
         };
         let up = rule.round_bits((guard << 1) | sticky as u32, 2, odd, r) != 0;
-        let e_cut = (e - low as i32).wrapping_add(if up { 1 << c } else { 0 });
-        let cut = ((e_cut + 127) as u32) << 23;
-        let mag = if entry.min {
-            self.min_pos
-        } else if entry.max {
-            self.max_pos
-        } else if entry.cut {
-            cut
-        } else {
-            rounded
-        };
-        // Posit zero has no sign; every nonzero input rounds to a nonzero posit.
-        (
-            if mag == 0 { 0 } else { mag | sign },
-            (abs != 0) & entry.slow,
-        )
+        let e_cut = e - low as i32 + if up { 1 << c } else { 0 };
+        Some(f32::from_bits((((e_cut + 127) as u32) << 23) | sign))
     }
 
     /// The posit table entry of exponent byte `eb`, computed (see [`F32Plan::round_posit`]).
@@ -510,13 +523,20 @@ impl RunRounder for F32Plan {
         }
     }
 
+    /// Posit binades with cut exponent bits ([`F32Plan::round_cut`]).
+    #[inline(always)]
+    fn fixup<R: RoundingRule>(&self, x: f32, rule: R, random: u32) -> Option<f32> {
+        self.round_cut(x, random, rule)
+    }
+
     /// Whether `round_run` leaves `x` to the general path (computed for posits, so that a
     /// scan for such elements vectorises).
     #[inline(always)]
     fn needs_slow(&self, x: f32) -> bool {
         let abs = x.to_bits() & !SIGN;
         if self.shape == POSIT {
-            return (abs != 0) & self.posit_entry(abs >> 23).slow;
+            let entry = self.posit_entry(abs >> 23);
+            return (abs != 0) & (entry.slow | entry.cut);
         }
         abs != 0 && self.table[(abs >> 23) as usize].case == Case::Slow
     }
@@ -628,8 +648,16 @@ pub trait RunRounder: Sync {
     /// value rounds to itself.)
     fn round_run_in_place<R: RoundingRule>(&self, buf: &mut [f32], rule: R, random: &[u32])
         -> bool;
-    /// Whether `x` needs the general path.
+    /// Whether `x` needs the general path (or [`RunRounder::fixup`]).
     fn needs_slow(&self, x: f32) -> bool;
+
+    /// A cheaper scalar rounding of some elements the vectorised pass leaves behind
+    /// ([`F32Plan`]: posit binades with cut exponent bits, deterministic rules); `None`
+    /// where only the general path applies.
+    #[inline(always)]
+    fn fixup<R: RoundingRule>(&self, _x: f32, _rule: R, _random: u32) -> Option<f32> {
+        None
+    }
 
     /// Rounds one value: the vectorised step on a run of one, or `slow` (the general f64
     /// path) where the fast path does not apply.
@@ -643,7 +671,9 @@ pub trait RunRounder: Sync {
     ) -> f32 {
         let mut out = [0f32];
         if self.round_run(&[x], &mut out, rule, &[random]) {
-            return slow(x as f64, random) as f32;
+            return self
+                .fixup(x, rule, random)
+                .unwrap_or_else(|| slow(x as f64, random) as f32);
         }
         out[0]
     }
