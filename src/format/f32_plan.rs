@@ -11,8 +11,13 @@
 //! - `Round` (`1 <= s <= 23`); `Exact` (`s <= 0`: the grid is finer than f32's);
 //! - `Tiny` (`s >= 24`: the quantum exceeds the value, the result is 0 or one quantum);
 //! - `MinPos` / `MaxPos` (posit clamps);
-//! - `Slow`: f32 zeros, subnormals, Inf and NaN, and posit binades where exponent bits are cut
-//!   off: the general f64 path rounds these.
+//! - `Cut`: posit binades where exponent bits are cut off, for deterministic rules: the
+//!   vectorised pass flags them and a scalar fix-up rounds the exponent ([`F32Plan::round_cut`]);
+//! - `Slow`: f32 zeros, subnormals, Inf and NaN, and the other cut posit binades (stochastic
+//!   rules, results outside f32's normal range): the general f64 path rounds these.
+//!
+//! Posit plans compute their entry from the exponent byte instead of reading the table (the
+//! same values, tested), which vectorises better than a lookup.
 //!
 //! After rounding, magnitudes above the format's limit become the overflow value (floats:
 //! Inf, NaN or max; fixed point: the range end). The result is bit-identical to the f64 path
@@ -39,8 +44,8 @@ pub enum Case {
     MinPos,
     /// Posit: at or above maxpos.
     MaxPos,
-    /// Posit binade with `c` exponent bits cut off, deterministic rules: the result is a
-    /// power of two (see [`F32Plan::round_posit`]).
+    /// Posit binade with `c` exponent bits cut off, deterministic rules: flagged by the
+    /// vectorised pass and rounded by the fix-up to a power of two (see [`F32Plan::round_posit`]).
     Cut,
     /// Needs the general path.
     Slow,
@@ -117,8 +122,8 @@ pub struct F32Plan {
     es: i32,
     s_offset: i32,
     max_scale: i32,
-    /// Posits: binades with cut exponent bits are rounded on the fast path (deterministic
-    /// rules).
+    /// Posits: binades with cut exponent bits are rounded by the fix-up
+    /// ([`F32Plan::round_cut`]) rather than the general path (deterministic rules).
     cut_fast: bool,
 }
 
@@ -362,8 +367,8 @@ impl F32Plan {
     /// up (the same values, see [`F32Plan::posit`] and the test `posit_entries_match_the_table`):
     /// for binade `e` the regime takes `rl = ((e XOR (e >> 31)) >> es) + 2` bits (the
     /// XOR turns `e < 0` into `-e - 1`), leaving `n - 1 - rl - es` fraction bits, so the
-    /// rounding bit is `s = rl + 24 - n + es`; `s > 23` means exponent bits are cut (general
-    /// path), `s <= 0` that the grid is finer than f32's. At `s = 23` the kept pattern ends
+    /// rounding bit is `s = rl + 24 - n + es`; `s > 23` means exponent bits are cut (flagged:
+    /// the fix-up [`F32Plan::round_cut`] or the general path), `s <= 0` that the grid is finer than f32's. At `s = 23` the kept pattern ends
     /// in the low exponent bit (`es >= 1`) or the last regime bit (`es = 0`, set below 1),
     /// while bit 23 of the f32 pattern is the low bit of the biased exponent: `flip` corrects
     /// the parity. Computing these is cheaper than a table lookup per element, which AVX2
