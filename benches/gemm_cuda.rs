@@ -5,48 +5,22 @@
 //! prints "skipped: no CUDA device". Times include encoding the f32 operands to patterns;
 //! GOP/s counts 2·m·k·n operations.
 
-use std::time::Instant;
+#[path = "common/device.rs"]
+mod device;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use qcandle::quire::{linear, matmul, Accumulation};
 use qcandle::Format;
 
-/// Seconds per call of `f` (median of 5 timed batches after a warm-up), synchronised.
-fn time(
-    dev: &Device,
-    reps: usize,
-    mut f: impl FnMut() -> candle_core::Result<()>,
-) -> candle_core::Result<f64> {
-    for _ in 0..2 {
-        f()?;
-    }
-    dev.synchronize()?;
-    let mut samples = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        dev.synchronize()?;
-        samples.push(t.elapsed().as_secs_f64() / reps as f64);
-    }
-    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(samples[2])
-}
-
 fn main() -> anyhow::Result<()> {
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            return Ok(());
-        }
+    let Some(dev) = device::cuda_or_skip() else {
+        return Ok(());
     };
     let (m, k, n) = (1024, 1024, 1024);
     let ops = 2.0 * (m * k * n) as f64;
     let a = Tensor::randn(0f32, 1f32, (m, k), &dev)?;
     let b = Tensor::randn(0f32, 1f32, (k, n), &dev)?;
-    let f32_time = time(&dev, 20, || a.matmul(&b).map(drop))?;
+    let f32_time = device::time(&dev, 20, || a.matmul(&b).map(drop))?;
     println!(
         "{m}x{k}x{n} f32 matmul (candle): {:8.3} ms {:8.0} GFLOP/s",
         f32_time * 1e3,
@@ -55,7 +29,7 @@ fn main() -> anyhow::Result<()> {
     for format in ["posit<8,0>", "posit<8,1>", "posit<8,2>"] {
         let f: Format = format.parse()?;
         for acc in [Accumulation::Quire, Accumulation::Naive] {
-            let t = time(&dev, 5, || matmul(&a, &b, &f, acc).map(drop))?;
+            let t = device::time(&dev, 5, || matmul(&a, &b, &f, acc).map(drop))?;
             println!(
                 "{m}x{k}x{n} {format:<11} {acc:?}: {:8.3} ms {:8.0} GOP/s ({:.1}x f32)",
                 t * 1e3,
@@ -69,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     let w = Tensor::randn(0f32, 0.02f32, (1024, 4096), &dev)?;
     let bias = Tensor::randn(0f32, 0.1f32, 1024, &dev)?;
     let f: Format = "posit<8,0>".parse()?;
-    let t = time(&dev, 5, || {
+    let t = device::time(&dev, 5, || {
         linear(&x, &w, Some(&bias), &f, Accumulation::Quire).map(drop)
     })?;
     let lin_ops = 2.0 * (256 * 4096 * 1024) as f64;

@@ -4,38 +4,15 @@
 //! `cargo bench --features cuda --bench quantize_cuda` on a machine with a GPU; without one it
 //! prints "skipped: no CUDA device". GB/s counts the bytes read plus the bytes written.
 
-use std::time::Instant;
+#[path = "common/device.rs"]
+mod device;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use qcandle::{quantize, quantize_, Quant};
 
-/// Seconds per call of `f` (median of 5 timed batches after a warm-up), synchronised.
-fn time(dev: &Device, mut f: impl FnMut() -> candle_core::Result<()>) -> candle_core::Result<f64> {
-    for _ in 0..3 {
-        f()?;
-    }
-    dev.synchronize()?;
-    let reps = 20;
-    let mut samples = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        dev.synchronize()?;
-        samples.push(t.elapsed().as_secs_f64() / reps as f64);
-    }
-    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(samples[2])
-}
-
 fn main() -> anyhow::Result<()> {
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            return Ok(());
-        }
+    let Some(dev) = device::cuda_or_skip() else {
+        return Ok(());
     };
     let cases = [
         ("posit<8,0>", "nearest-even"),
@@ -53,7 +30,7 @@ fn main() -> anyhow::Result<()> {
         let n = 1usize << 26; // 64 Mi elements: 256 MiB in f32, far beyond L2
         let x = Tensor::randn(0f32, 1f32, (n / 4096, 4096), &dev)?.to_dtype(dtype)?;
         let bytes = 2.0 * (n * dtype.size_in_bytes()) as f64;
-        let copy = time(&dev, || x.copy().map(drop))?;
+        let copy = device::time(&dev, 20, || x.copy().map(drop))?;
         println!(
             "{dtype:?} {n} elements: device copy {:.3} ms, {:.0} GB/s",
             copy * 1e3,
@@ -61,7 +38,7 @@ fn main() -> anyhow::Result<()> {
         );
         for (format, rounding) in cases {
             let q = Quant::parse(format, rounding)?;
-            let t = time(&dev, || quantize(&x, &q).map(drop))?;
+            let t = device::time(&dev, 20, || quantize(&x, &q).map(drop))?;
             println!(
                 "{dtype:?} {format:<16} {rounding:<13} {:8.3} ms {:6.0} GB/s ({:.2}x copy)",
                 t * 1e3,
@@ -71,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         }
         let y = x.copy()?;
         let q = Quant::parse("posit<16,1>", "nearest-even")?;
-        let t = time(&dev, || quantize_(&y, &q))?;
+        let t = device::time(&dev, 20, || quantize_(&y, &q))?;
         println!(
             "{dtype:?} posit<16,1> in place            {:8.3} ms {:6.0} GB/s",
             t * 1e3,

@@ -562,12 +562,7 @@ fn max_pool_ties_and_nans_follow_the_first_maximum() -> Result<()> {
                 got.iter().zip(&want).all(|(a, b)| same(a, b)),
                 "forward {dims:?} k={k}"
             );
-            let want = pool_grad_reference(&x.contiguous()?, &r, k, s)?;
-            assert_eq!(
-                dx.flatten_all()?.to_vec1::<f32>()?,
-                want,
-                "backward {dims:?} k={k}"
-            );
+            assert_pool_gradient(&x, &dx, &r, k, s, &format!("{dims:?} k={k}"))?;
         }
     }
     Ok(())
@@ -612,6 +607,20 @@ fn max_pool_by_gather_equals_the_cpu_op() -> Result<()> {
             assert_eq!(got64, want, "f64 {dims:?} k={k} s={s}");
         }
     }
+    Ok(())
+}
+
+/// `dx`, the op's input gradient of `sum(max_pool(x) * r)`, equals the direct loop's.
+fn assert_pool_gradient(
+    x: &Tensor,
+    dx: &Tensor,
+    r: &Tensor,
+    k: usize,
+    s: usize,
+    what: &str,
+) -> Result<()> {
+    let want = pool_grad_reference(&x.contiguous()?, r, k, s)?;
+    assert_eq!(dx.flatten_all()?.to_vec1::<f32>()?, want, "backward {what}");
     Ok(())
 }
 
@@ -660,12 +669,7 @@ fn max_pool_backward_adds_each_window_gradient_at_its_first_maximum() -> Result<
                     .to_vec1::<f32>()?,
                 "forward {dims:?}"
             );
-            let want = pool_grad_reference(&x.contiguous()?, &r, k, s)?;
-            assert_eq!(
-                dx.flatten_all()?.to_vec1::<f32>()?,
-                want,
-                "backward {dims:?}"
-            );
+            assert_pool_gradient(&x, &dx, &r, k, s, &format!("{dims:?}"))?;
         }
     }
     Ok(())
