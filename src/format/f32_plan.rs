@@ -24,6 +24,9 @@
 //! for every f32 input: tests compare them at every rounding position of every exponent byte,
 //! and `.ci/run` over all 2^32 patterns for several formats and modes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use super::grid::pow2;
 use super::rounding::{RoundingRule, RuleKind};
 use super::{Fixed, Float, Format, Overflow, Posit, Specials};
@@ -175,6 +178,32 @@ impl F32Plan {
             };
             *packed = (tiny_s << 24) | ((entry.case as u32) << 16) | ((entry.flip as u32) << 8) | s;
         }
+        Some(plan)
+    }
+
+    /// [`F32Plan::new`] through a process-wide cache: a plan is built once per (format,
+    /// rule) and shared. Training rounds with the same few formats hundreds of times a step
+    /// (the convolutions round per image), and building the 256 entries costs more than
+    /// rounding a small tensor.
+    pub fn shared(format: &Format, kind: RuleKind) -> Option<Arc<Self>> {
+        /// Plans kept at most; a sweep over more formats than this starts the cache afresh.
+        const CAPACITY: usize = 64;
+        type Cache = Mutex<HashMap<(Format, RuleKind), Arc<F32Plan>>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        if matches!(format, Format::Block(_)) {
+            return None;
+        }
+        let cache = CACHE.get_or_init(Default::default);
+        let key = (*format, kind);
+        if let Some(plan) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Some(Arc::clone(plan));
+        }
+        let plan = Arc::new(Self::new(format, kind)?);
+        let mut plans = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.len() >= CAPACITY {
+            plans.clear();
+        }
+        plans.insert(key, Arc::clone(&plan));
         Some(plan)
     }
 
@@ -763,5 +792,38 @@ mod tests {
             }
         }
         assert!(formats > 300, "only {formats} posit plans built");
+    }
+
+    /// The cached plan of every (format, rule) key is the plan built for that key, also
+    /// after the cache has been started afresh; block formats have none.
+    #[test]
+    fn shared_plans_are_the_plans_built_for_their_key() {
+        let kinds = [
+            RuleKind::NearestEven,
+            RuleKind::NearestAway,
+            RuleKind::TowardZero,
+            RuleKind::Stochastic,
+        ];
+        let mut names: Vec<String> = ["bf16", "e4m3", "e5m2", "fixed<8,4>", "fixed<16,12>"]
+            .map(String::from)
+            .to_vec();
+        names.extend((2..=24).map(|n| format!("posit<{n},1>")));
+        // Twice over more keys than the cache holds: later lookups follow a fresh start.
+        for _ in 0..2 {
+            for name in &names {
+                let format: Format = name.parse().expect("a format");
+                for kind in kinds {
+                    let shared = F32Plan::shared(&format, kind).expect("a plan");
+                    let built = F32Plan::new(&format, kind).expect("a plan");
+                    assert_eq!(
+                        format!("{shared:?}"),
+                        format!("{built:?}"),
+                        "{name} {kind:?}"
+                    );
+                }
+            }
+        }
+        let block: Format = "block<8>".parse().expect("a format");
+        assert!(F32Plan::shared(&block, RuleKind::NearestEven).is_none());
     }
 }

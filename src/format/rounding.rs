@@ -111,7 +111,7 @@ impl FromStr for Rounding {
 
 /// Which rounding decision a [`RoundingRule`] makes; a constant per rule type so that
 /// `match R::KIND` in a monomorphised kernel compiles to straight-line code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RuleKind {
     /// Ties to even.
     NearestEven,

@@ -455,16 +455,16 @@ fn run_rule<T: Element, R: RoundingRule>(
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
     if let Some(out) = T::as_f32s_mut(dst) {
-        if let Some(plan) = F32Plan::new(format, R::KIND) {
+        if let Some(plan) = F32Plan::shared(format, R::KIND) {
             let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
-            map_f32_runs(src, out, stream, &plan, rule, |v, r| {
+            map_f32_runs(src, out, stream, &*plan, rule, |v, r| {
                 format.round_rule(v, rule, r)
             });
             return Ok(());
         }
     }
     if T::FITS_F32 {
-        if let Some(plan) = F32Plan::new(format, R::KIND) {
+        if let Some(plan) = F32Plan::shared(format, R::KIND) {
             let fast = |_, x: f64, r| {
                 plan.round(x as f32, rule, r, |v, r| format.round_rule(v, rule, r)) as f64
             };
