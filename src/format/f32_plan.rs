@@ -12,7 +12,8 @@
 //! - `Tiny` (`s >= 24`: the quantum exceeds the value, the result is 0 or one quantum);
 //! - `MinPos` / `MaxPos` (posit clamps);
 //! - `Cut`: posit binades where exponent bits are cut off, for deterministic rules: the
-//!   vectorised pass flags them and a scalar fix-up rounds the exponent ([`F32Plan::round_cut`]);
+//!   pattern is read with the exponent byte raised by one, so that rounding at bit `23 + c`
+//!   rounds the exponent to a multiple of `2^c` ([`F32Plan::round_posit`]);
 //! - `Slow`: f32 zeros, subnormals, Inf and NaN, and the other cut posit binades (stochastic
 //!   rules, results outside f32's normal range): the general f64 path rounds these.
 //!
@@ -24,8 +25,9 @@
 //! for every f32 input: tests compare them at every rounding position of every exponent byte,
 //! and `.ci/run` over all 2^32 patterns for several formats and modes.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use super::grid::pow2;
 use super::rounding::{RoundingRule, RuleKind};
@@ -78,11 +80,10 @@ fn low_bits(c: u32) -> i32 {
 struct PositEntry {
     s: u32,
     flip: u32,
+    /// `1 << 23` where the pattern is read with the exponent byte raised by one.
+    bias: u32,
     min: bool,
     max: bool,
-    /// Exponent bits are cut and the fast path rounds them: `cut_bits` of them.
-    cut: bool,
-    cut_bits: u32,
     slow: bool,
 }
 
@@ -120,14 +121,17 @@ pub struct F32Plan {
     unsigned_zero: bool,
     /// Which of the selects the plan needs: [`POSIT`], [`SIGNED`] or [`GRID`].
     shape: u8,
-    /// Posits: `es`, `26 - n + es` (the rounding bit less the regime length, plus 2) and the
-    /// largest binade `(n - 2) 2^es`, from which [`F32Plan::round_posit`] computes entries.
+    /// Posits: `es` and `26 - n + es` (the rounding bit less the regime length, plus 2),
+    /// from which [`F32Plan::posit_entry`] computes the rounding bit.
     es: i32,
     s_offset: i32,
-    max_scale: i32,
-    /// Posits: binades with cut exponent bits are rounded by the fix-up
-    /// ([`F32Plan::round_cut`]) rather than the general path (deterministic rules).
-    cut_fast: bool,
+    /// Posits: the exponent bytes of each case, as ranges read off the table: `MinPos` in
+    /// `1..min_end`, `MaxPos` in `max_start..255`, rounded (`Exact`, `Round`, `Cut`) in
+    /// `fast_lo..=fast_hi` (none: `256..=0`), `Slow` elsewhere.
+    min_end: i32,
+    max_start: i32,
+    fast_lo: i32,
+    fast_hi: i32,
 }
 
 /// Plan shape of posits: clamps to minpos/maxpos, never `Tiny`, no overflow limit,
@@ -181,30 +185,32 @@ impl F32Plan {
         Some(plan)
     }
 
-    /// [`F32Plan::new`] through a process-wide cache: a plan is built once per (format,
-    /// rule) and shared. Training rounds with the same few formats hundreds of times a step
-    /// (the convolutions round per image), and building the 256 entries costs more than
-    /// rounding a small tensor.
+    /// [`F32Plan::new`] through a per-thread cache: a plan is built once per (format, rule)
+    /// and thread, then shared. Training rounds with the same few formats hundreds of times
+    /// a step (the convolutions round per image, on every thread), and building the 256
+    /// entries costs more than rounding a small tensor.
     pub fn shared(format: &Format, kind: RuleKind) -> Option<Arc<Self>> {
         /// Plans kept at most; a sweep over more formats than this starts the cache afresh.
         const CAPACITY: usize = 64;
-        type Cache = Mutex<HashMap<(Format, RuleKind), Arc<F32Plan>>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
+        thread_local! {
+            static CACHE: RefCell<HashMap<(Format, RuleKind), Arc<F32Plan>>> =
+                RefCell::new(HashMap::new());
+        }
         if matches!(format, Format::Block(_)) {
             return None;
         }
-        let cache = CACHE.get_or_init(Default::default);
-        let key = (*format, kind);
-        if let Some(plan) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Some(Arc::clone(plan));
-        }
-        let plan = Arc::new(Self::new(format, kind)?);
-        let mut plans = cache.lock().unwrap_or_else(|e| e.into_inner());
-        if plans.len() >= CAPACITY {
-            plans.clear();
-        }
-        plans.insert(key, Arc::clone(&plan));
-        Some(plan)
+        CACHE.with_borrow_mut(|plans| {
+            let key = (*format, kind);
+            if let Some(plan) = plans.get(&key) {
+                return Some(Arc::clone(plan));
+            }
+            let plan = Arc::new(Self::new(format, kind)?);
+            if plans.len() >= CAPACITY {
+                plans.clear();
+            }
+            plans.insert(key, Arc::clone(&plan));
+            Some(plan)
+        })
     }
 
     fn empty(unsigned_zero: bool) -> Self {
@@ -222,21 +228,22 @@ impl F32Plan {
             shape: GRID,
             es: 0,
             s_offset: 0,
-            max_scale: 0,
-            cut_fast: false,
+            min_end: 1,
+            max_start: 255,
+            fast_lo: 256,
+            fast_hi: 0,
         }
     }
 
     fn posit(p: &Posit, kind: RuleKind) -> Self {
         let mut plan = Self::empty(true);
         plan.shape = POSIT;
-        plan.cut_fast = kind != RuleKind::Stochastic;
+        let cut_fast = kind != RuleKind::Stochastic;
         plan.min_pos = f32_bits(p.min_pos());
         plan.max_pos = f32_bits(p.max_pos());
         let max_scale = p.max_scale();
         plan.es = p.es() as i32;
         plan.s_offset = 26 - p.n() as i32 + p.es() as i32;
-        plan.max_scale = max_scale;
         for eb in 1..255u32 {
             let e = eb as i32 - 127;
             plan.table[eb as usize] = if e >= max_scale {
@@ -255,13 +262,23 @@ impl F32Plan {
                     // The result is 2^(e rounded to a multiple of 2^-fb): an f32 power of two
                     // unless that lies outside f32's normal range (the general path then
                     // gives a subnormal or Inf). Stochastic rounding draws against the
-                    // non-uniform gap on the general path.
+                    // non-uniform gap on the general path. The pattern is read with
+                    // exponent byte eb + 1 (see `round_posit`), whose bit 23 + c is bit c
+                    // of e: the kept pattern's last bit, unless that is the regime's
+                    // (c = es), set only below 1.
                     let c = -fb as u32;
                     let e_down = e & !low_bits(c);
-                    if plan.cut_fast && e_down >= -126 && e_down + low_bits(c) < 127 {
+                    if cut_fast && e_down >= -126 && e_down + low_bits(c) < 127 {
+                        let last = (e >> c) & 1 == 1;
+                        let regime_last = c == p.es() && e < 0;
                         Entry {
                             case: Case::Cut,
-                            ..SLOW
+                            s: 23 + c as u8,
+                            flip: if c == p.es() {
+                                (last ^ regime_last) as u8
+                            } else {
+                                0
+                            },
                         }
                     } else {
                         SLOW
@@ -279,7 +296,28 @@ impl F32Plan {
                 }
             };
         }
+        plan.case_ranges();
         plan
+    }
+
+    /// Sets the posit case ranges from the table (each case occupies one range of exponent
+    /// bytes, as the test `posit_entries_match_the_table` checks for every posit).
+    fn case_ranges(&mut self) {
+        let case = |eb: i32| self.table[eb as usize].case;
+        let min_end = (1..255).find(|&eb| case(eb) != Case::MinPos).unwrap_or(255);
+        let max_start = (1..255)
+            .rev()
+            .find(|&eb| case(eb) != Case::MaxPos)
+            .map_or(1, |eb| eb + 1);
+        let fast = |eb: &i32| matches!(case(*eb), Case::Exact | Case::Round | Case::Cut);
+        let (fast_lo, fast_hi) = match ((1..255).find(fast), (1..255).rev().find(fast)) {
+            (Some(lo), Some(hi)) => (lo, hi),
+            _ => (256, 0),
+        };
+        self.min_end = min_end;
+        self.max_start = max_start;
+        self.fast_lo = fast_lo;
+        self.fast_hi = fast_hi;
     }
 
     fn float(f: &Float, kind: RuleKind) -> Self {
@@ -393,19 +431,19 @@ impl F32Plan {
     }
 
     /// [`F32Plan::round_one`] for posits, with the table entry computed instead of looked
-    /// up (the same values, see [`F32Plan::posit`] and the test `posit_entries_match_the_table`):
-    /// for binade `e` the regime takes `rl = ((e XOR (e >> 31)) >> es) + 2` bits (the
-    /// XOR turns `e < 0` into `-e - 1`), leaving `n - 1 - rl - es` fraction bits, so the
-    /// rounding bit is `s = rl + 24 - n + es`; `s > 23` means exponent bits are cut (flagged:
-    /// the fix-up [`F32Plan::round_cut`] or the general path), `s <= 0` that the grid is finer than f32's. At `s = 23` the kept pattern ends
-    /// in the low exponent bit (`es >= 1`) or the last regime bit (`es = 0`, set below 1),
-    /// while bit 23 of the f32 pattern is the low bit of the biased exponent: `flip` corrects
-    /// the parity. Computing these is cheaper than a table lookup per element, which AVX2
-    /// can only do as eight scalar loads.
+    /// up (see [`F32Plan::posit_entry`]). Binades from `s = 23` on (the kept pattern ends
+    /// in the exponent field or the regime) are read with the exponent byte raised by one,
+    /// `e + 128`, whose low bits are those of `e` (the posit's exponent bits): rounding at bit
+    /// `23 + c` then rounds `e` to a multiple of `2^c` from the guard bit, the sticky bits
+    /// below it and the fraction, as the posit pattern does, and the carry runs into the
+    /// exponent byte; the byte is lowered again afterwards.
     #[inline(always)]
     fn round_posit<R: RoundingRule>(&self, abs: u32, sign: u32, r: u32, rule: R) -> (u32, bool) {
         let entry = self.posit_entry(abs >> 23);
-        let rounded = rule.round_bits(abs, entry.s, ((abs >> entry.s) ^ entry.flip) & 1, r);
+        let t = abs + entry.bias;
+        let rounded = rule
+            .round_bits(t, entry.s, ((t >> entry.s) ^ entry.flip) & 1, r)
+            .wrapping_sub(entry.bias);
         let mag = if entry.min {
             self.min_pos
         } else if entry.max {
@@ -413,72 +451,46 @@ impl F32Plan {
         } else {
             rounded
         };
-        // Posit zero has no sign; every nonzero input rounds to a nonzero posit. Binades with
-        // cut exponent bits are flagged for the fix-up pass (`RunRounder::fixup`).
+        // Posit zero has no sign; every nonzero input rounds to a nonzero posit.
         (
             if mag == 0 { 0 } else { mag | sign },
-            (abs != 0) & (entry.slow | entry.cut),
+            (abs != 0) & entry.slow,
         )
     }
 
-    /// A posit value in a binade with cut exponent bits, rounded with a deterministic rule
-    /// (`None` elsewhere; those take the general path). The kept pattern ends `c` bits into
-    /// the exponent field, so the exponent `e` rounds to a multiple of `2^c` on the pattern:
-    /// the guard is bit `c - 1` of `e`, the sticky its lower bits and the f32 fraction, and
-    /// the kept pattern's parity the exponent bit `c` (or the regime's last bit, set below
-    /// 1, when `c = es`). The rule decides from those three bits as from a two-bit
-    /// remainder. The vectorised pass leaves these elements to this scalar step, which is
-    /// far cheaper than the general path (Adam's second moments and the smallest errors of
-    /// posit<16,1> training live there).
-    #[inline]
-    fn round_cut<R: RoundingRule>(&self, x: f32, r: u32, rule: R) -> Option<f32> {
-        let bits = x.to_bits();
-        let (sign, abs) = (bits & SIGN, bits & !SIGN);
-        let entry = self.posit_entry(abs >> 23);
-        if self.shape != POSIT || !entry.cut {
-            return None;
-        }
-        let e = (abs >> 23) as i32 - 127;
-        let c = entry.cut_bits;
-        let low = (e & low_bits(c)) as u32;
-        let guard = (low >> (c - 1)) & 1;
-        let sticky = ((low & low_bits(c - 1) as u32) != 0) | ((abs & 0x007f_ffff) != 0);
-        let odd = if (c as i32) < self.es {
-            ((e >> c) & 1) as u32
-        } else {
-            (e < 0) as u32
-        };
-        let up = rule.round_bits((guard << 1) | sticky as u32, 2, odd, r) != 0;
-        let e_cut = e - low as i32 + if up { 1 << c } else { 0 };
-        Some(f32::from_bits((((e_cut + 127) as u32) << 23) | sign))
-    }
-
-    /// The posit table entry of exponent byte `eb`, computed (see [`F32Plan::round_posit`]).
+    /// The posit table entry of exponent byte `eb`, computed (the same values as the
+    /// table, see the test `posit_entries_match_the_table`): for binade `e` the regime
+    /// takes `rl = ((e XOR (e >> 31)) >> es) + 2` bits (the XOR turns `e < 0` into
+    /// `-e - 1`), leaving `n - 1 - rl - es` fraction bits, so the rounding bit is
+    /// `s = rl + 24 - n + es`; `s > 23` means `c = s - 23` exponent bits are cut, `s <= 0`
+    /// that the grid is finer than f32's. From `s = 23` on the pattern is read with the
+    /// exponent byte raised by one ([`F32Plan::round_posit`]): its bit `s` is then bit `c`
+    /// of `e`, the kept pattern's last bit, except where that is the regime's last bit
+    /// (`c = es`), set only below 1: `flip` corrects the parity. The case is read from the
+    /// plan's ranges of exponent bytes. Elements left to the general path round at bit 0
+    /// without bias, so the pass writes them unchanged (the in-place pass needs no select).
+    /// Computing all this is cheaper than a table lookup per element, which AVX2 can only do
+    /// as eight scalar loads.
     #[inline(always)]
     fn posit_entry(&self, eb: u32) -> PositEntry {
         let e = eb as i32 - 127;
         let s_raw = ((e ^ (e >> 31)) >> self.es) + self.s_offset;
-        let pattern_odd = if self.es > 0 { e & 1 } else { (e < 0) as i32 } as u32;
-        // f32 zeros, subnormals, Inf and NaN take the general path (as in the table).
-        let special = (eb == 0) | (eb == 255);
-        let min = !special & (e < -self.max_scale);
-        let max = !special & (e >= self.max_scale);
-        let cut_bits = (s_raw - 23).clamp(1, 31) as u32;
-        let e_down = e & !low_bits(cut_bits);
-        let cut_ok = self.cut_fast & (e_down >= -126) & (e_down + low_bits(cut_bits) < 127);
-        let cut_binade = !special & !min & !max & (s_raw > 23);
+        let b = eb as i32;
+        let min = (b >= 1) & (b < self.min_end);
+        let max = (b >= self.max_start) & (b <= 254);
+        let fast = (b >= self.fast_lo) & (b <= self.fast_hi);
+        let at_regime = s_raw - 23 == self.es;
         PositEntry {
-            s: s_raw.clamp(0, 23) as u32,
-            flip: if s_raw == 23 {
-                pattern_odd ^ (eb & 1)
+            s: if fast { s_raw.max(0) as u32 } else { 0 },
+            flip: if at_regime {
+                ((e >> self.es) as u32 & 1) ^ (e < 0) as u32
             } else {
                 0
             },
+            bias: if fast & (s_raw >= 23) { 1 << 23 } else { 0 },
             min,
             max,
-            cut: cut_binade & cut_ok,
-            cut_bits,
-            slow: special | (cut_binade & !cut_ok),
+            slow: !(fast | min | max),
         }
     }
 
@@ -514,7 +526,12 @@ impl F32Plan {
             let r = if stochastic { random[j] } else { 0 };
             let x = *o;
             let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
-            *o = if slow { x } else { f32::from_bits(out) };
+            // Posit passes already write the input of an element they leave behind.
+            *o = if SHAPE == POSIT || !slow {
+                f32::from_bits(out)
+            } else {
+                x
+            };
             any_slow |= slow;
         }
         any_slow
@@ -557,12 +574,6 @@ impl RunRounder for F32Plan {
         }
     }
 
-    /// Posit binades with cut exponent bits ([`F32Plan::round_cut`]).
-    #[inline(always)]
-    fn fixup<R: RoundingRule>(&self, x: f32, rule: R, random: u32) -> Option<f32> {
-        self.round_cut(x, random, rule)
-    }
-
     /// Whether `round_run` leaves `x` to the general path (computed for posits, so that a
     /// scan for such elements vectorises).
     #[inline(always)]
@@ -570,7 +581,7 @@ impl RunRounder for F32Plan {
         let abs = x.to_bits() & !SIGN;
         if self.shape == POSIT {
             let entry = self.posit_entry(abs >> 23);
-            return (abs != 0) & (entry.slow | entry.cut);
+            return (abs != 0) & entry.slow;
         }
         abs != 0 && self.table[(abs >> 23) as usize].case == Case::Slow
     }
@@ -664,7 +675,8 @@ impl RunRounder for BlockF32Plan {
     }
 }
 
-/// A rounding of f32 runs with a vectorisable pass and per-element fixups: the
+/// A rounding of f32 runs with a vectorisable pass and the general path for the elements it
+/// leaves behind: the
 /// elementwise [`F32Plan`] and one block's [`BlockF32Plan`].
 pub trait RunRounder: Sync {
     /// Rounds `src` into `dst`; true if some element needs the general path.
@@ -677,21 +689,12 @@ pub trait RunRounder: Sync {
     ) -> bool;
     /// [`RunRounder::round_run`] with `buf` as both input and output; elements that need the
     /// general path keep their input value. (Rounded elements may also answer
-    /// [`RunRounder::needs_slow`], e.g. a result on a posit binade with cut exponent bits or
-    /// an overflow to Inf; rounding them again returns them unchanged, since every format
-    /// value rounds to itself.)
+    /// [`RunRounder::needs_slow`], e.g. an overflow to Inf; rounding them again returns them
+    /// unchanged, since every format value rounds to itself.)
     fn round_run_in_place<R: RoundingRule>(&self, buf: &mut [f32], rule: R, random: &[u32])
         -> bool;
-    /// Whether `x` needs the general path (or [`RunRounder::fixup`]).
+    /// Whether `x` needs the general path.
     fn needs_slow(&self, x: f32) -> bool;
-
-    /// A cheaper scalar rounding of some elements the vectorised pass leaves behind
-    /// ([`F32Plan`]: posit binades with cut exponent bits, deterministic rules); `None`
-    /// where only the general path applies.
-    #[inline(always)]
-    fn fixup<R: RoundingRule>(&self, _x: f32, _rule: R, _random: u32) -> Option<f32> {
-        None
-    }
 
     /// Rounds one value: the vectorised step on a run of one, or `slow` (the general f64
     /// path) where the fast path does not apply.
@@ -705,9 +708,7 @@ pub trait RunRounder: Sync {
     ) -> f32 {
         let mut out = [0f32];
         if self.round_run(&[x], &mut out, rule, &[random]) {
-            return self
-                .fixup(x, rule, random)
-                .unwrap_or_else(|| slow(x as f64, random) as f32);
+            return slow(x as f64, random) as f32;
         }
         out[0]
     }
@@ -757,41 +758,50 @@ mod tests {
     use super::*;
 
     /// The computed posit entries equal the table built from `Posit::frac_bits` for every
-    /// exponent byte of every posit format up to 32 bits.
+    /// exponent byte of every posit format and both kinds of table (deterministic rules
+    /// round cut binades, stochastic ones leave them to the general path): the same case,
+    /// and where the case rounds, the same bit and tie parity for every pattern.
     #[test]
     fn posit_entries_match_the_table() {
         let mut formats = 0;
+        let mut cut = 0;
         for n in 2..=32 {
-            for es in 0..=6 {
-                let Ok(format) = format!("posit<{n},{es}>").parse::<Format>() else {
-                    continue;
-                };
+            for es in 0..=5 {
+                let format: Format = format!("posit<{n},{es}>").parse().expect("a posit");
                 for kind in [RuleKind::NearestEven, RuleKind::Stochastic] {
                     let plan = F32Plan::new(&format, kind).expect("a posit plan");
                     formats += 1;
                     for eb in 0..256u32 {
                         let t = plan.table[eb as usize];
-                        let round = matches!(t.case, Case::Exact | Case::Round);
-                        let mut got = plan.posit_entry(eb);
-                        let want = PositEntry {
-                            s: if round { t.s as u32 } else { 0 },
-                            flip: t.flip as u32,
-                            min: t.case == Case::MinPos,
-                            max: t.case == Case::MaxPos,
-                            cut: t.case == Case::Cut,
-                            cut_bits: got.cut_bits,
-                            slow: t.case == Case::Slow,
-                        };
-                        if !round {
-                            got.s = 0;
-                            got.flip = 0;
+                        let got = plan.posit_entry(eb);
+                        let at = format!("{format} {kind:?}, exponent byte {eb}");
+                        assert_eq!(got.min, t.case == Case::MinPos, "{at}");
+                        assert_eq!(got.max, t.case == Case::MaxPos, "{at}");
+                        assert_eq!(got.slow, t.case == Case::Slow, "{at}");
+                        if got.min || got.max || got.slow {
+                            continue;
                         }
-                        assert_eq!(got, want, "{format} {kind:?}, exponent byte {eb}");
+                        assert_eq!(got.s, t.s as u32, "{at}");
+                        if t.case == Case::Cut {
+                            cut += 1;
+                            assert!(got.bias == 1 << 23 && got.flip == t.flip as u32, "{at}");
+                            continue;
+                        }
+                        assert!(matches!(t.case, Case::Exact | Case::Round), "{at}");
+                        // The parity the rounding reads from a pattern of this binade.
+                        for low in [0, 0x0040_0000, 0x007f_ffff] {
+                            let abs = (eb << 23) | low;
+                            let s = got.s.min(31);
+                            let want = ((abs >> t.s) ^ t.flip as u32) & 1;
+                            let read = (((abs + got.bias) >> s) ^ got.flip) & 1;
+                            assert_eq!(read, want, "{at}, pattern {abs:#x}");
+                        }
                     }
                 }
             }
         }
-        assert!(formats > 300, "only {formats} posit plans built");
+        assert_eq!(formats, 31 * 6 * 2, "posit plans built");
+        assert!(cut > 1000, "only {cut} cut binades seen");
     }
 
     /// The cached plan of every (format, rule) key is the plan built for that key, also

@@ -215,14 +215,14 @@ fn map_f32_runs<P, R, S>(
                 Some(s) => {
                     let inp = &s[first..first + len];
                     if round_run_dispatch(plan, Some(inp), o, rule, words) {
-                        fix_slow(plan, rule, inp, o, words, &slow);
+                        fix_slow(plan, inp, o, words, &slow);
                     }
                 }
                 None => {
                     // Elements left to the general path kept their input value.
                     if round_run_dispatch(plan, None, o, rule, words) {
                         let inp = staged_copy(o, &mut staged);
-                        fix_slow(plan, rule, inp, o, words, &slow);
+                        fix_slow(plan, inp, o, words, &slow);
                     }
                 }
             }
@@ -238,13 +238,12 @@ fn staged_copy<'a>(v: &[f32], buf: &'a mut [f32; RUN]) -> &'a [f32] {
     &buf[..v.len()]
 }
 
-/// Redoes the elements of `inp` the vectorised pass left behind, through the plan's fix-up
-/// or the general path (`slow`), writing them to `out`. Elements are tested 16 at a time without branches, so runs
-/// with a few such elements (tiny posit gradients) cost little more than a clean run.
+/// Redoes the elements of `inp` the vectorised pass left behind through the general path
+/// (`slow`), writing them to `out`. Elements are tested 16 at a time without branches, so
+/// runs with a few such elements cost little more than a clean run.
 #[inline(always)]
-fn fix_slow<P: RunRounder, R: RoundingRule>(
+fn fix_slow<P: RunRounder>(
     plan: &P,
-    rule: R,
     inp: &[f32],
     out: &mut [f32],
     words: &[u32],
@@ -257,9 +256,7 @@ fn fix_slow<P: RunRounder, R: RoundingRule>(
         for (j, &x) in block.iter().enumerate() {
             if plan.needs_slow(x) {
                 let i = c * 16 + j;
-                out[i] = plan
-                    .fixup(x, rule, words[i])
-                    .unwrap_or_else(|| slow(x as f64, words[i]) as f32);
+                out[i] = slow(x as f64, words[i]) as f32;
             }
         }
     }
