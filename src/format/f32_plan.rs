@@ -402,8 +402,13 @@ impl F32Plan {
         } else {
             rounded
         };
+        // Floats write the elements left to the general path (`Slow` entries round at bit
+        // 0) unchanged, so their in-place pass needs no select (a masked store). The same
+        // select costs fixed point more than the store.
         if SHAPE == SIGNED {
-            let mag = if mag > self.limit_pos {
+            let mag = if slow {
+                abs
+            } else if mag > self.limit_pos {
                 self.over_pos
             } else {
                 mag
@@ -526,8 +531,8 @@ impl F32Plan {
             let r = if stochastic { random[j] } else { 0 };
             let x = *o;
             let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
-            // Posit passes already write the input of an element they leave behind.
-            *o = if SHAPE == POSIT || !slow {
+            // Posit and float passes write the input of an element they leave behind.
+            *o = if SHAPE != GRID || !slow {
                 f32::from_bits(out)
             } else {
                 x
