@@ -53,7 +53,7 @@ fn run(model: &str, configs: &[String]) -> anyhow::Result<()> {
                 optimizer: OptimizerKind::Adam,
                 seed: 0,
             };
-            Ok(Trainer::new(options, QConfig::preset(name)?)?)
+            Trainer::new(options, QConfig::preset(name)?)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut times = vec![Duration::ZERO; trainers.len()];
