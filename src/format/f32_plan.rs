@@ -507,15 +507,15 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        let mut any_slow = false;
+        let mut any_slow = 0u32;
         let stochastic = R::KIND == RuleKind::Stochastic;
         for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
             let r = if stochastic { random[j] } else { 0 };
             let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
             *o = f32::from_bits(out);
-            any_slow |= slow;
+            any_slow |= slow as u32;
         }
-        any_slow
+        any_slow != 0
     }
 
     #[inline(always)]
@@ -525,7 +525,7 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        let mut any_slow = false;
+        let mut any_slow = 0u32;
         let stochastic = R::KIND == RuleKind::Stochastic;
         for (j, o) in buf.iter_mut().enumerate() {
             let r = if stochastic { random[j] } else { 0 };
@@ -537,9 +537,9 @@ impl F32Plan {
             } else {
                 x
             };
-            any_slow |= slow;
+            any_slow |= slow as u32;
         }
-        any_slow
+        any_slow != 0
     }
 }
 
@@ -637,15 +637,15 @@ impl RunRounder for BlockF32Plan {
         if !self.fast {
             return true;
         }
-        let mut any_slow = false;
+        let mut any_slow = 0u32;
         let stochastic = R::KIND == RuleKind::Stochastic;
         for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
             let r = if stochastic { random[j] } else { 0 };
             let (out, slow) = self.round_one(x, r, rule);
             *o = f32::from_bits(out);
-            any_slow |= slow;
+            any_slow |= slow as u32;
         }
-        any_slow
+        any_slow != 0
     }
 
     /// [`RunRounder::round_run`] with `buf` as both input and output.
@@ -659,16 +659,16 @@ impl RunRounder for BlockF32Plan {
         if !self.fast {
             return true;
         }
-        let mut any_slow = false;
+        let mut any_slow = 0u32;
         let stochastic = R::KIND == RuleKind::Stochastic;
         for (j, o) in buf.iter_mut().enumerate() {
             let r = if stochastic { random[j] } else { 0 };
             let x = *o;
             let (out, slow) = self.round_one(x, r, rule);
             *o = if slow { x } else { f32::from_bits(out) };
-            any_slow |= slow;
+            any_slow |= slow as u32;
         }
-        any_slow
+        any_slow != 0
     }
 
     /// Whether `round_run` leaves `x` to the general path.
@@ -681,8 +681,7 @@ impl RunRounder for BlockF32Plan {
 }
 
 /// A rounding of f32 runs with a vectorisable pass and the general path for the elements it
-/// leaves behind: the
-/// elementwise [`F32Plan`] and one block's [`BlockF32Plan`].
+/// leaves behind: the elementwise [`F32Plan`] and one block's [`BlockF32Plan`].
 pub trait RunRounder: Sync {
     /// Rounds `src` into `dst`; true if some element needs the general path.
     fn round_run<R: RoundingRule>(
