@@ -147,6 +147,23 @@ pub fn im2col<T: Copy + Send + Sync>(
     let step = geom.stride * sx;
     let dst = &mut dst[..geom.rows() * p];
     let mut rows = dst.chunks_exact_mut(p);
+    if geom.padding == 0 && geom.stride == 1 && geom.dilation == 1 && sx == 1 {
+        // Every window lies inside the image and image rows are contiguous: row (c, i, j)
+        // is `OH` runs of `OW` consecutive input elements, one input row apart.
+        for c in 0..geom.channels {
+            for i in 0..geom.kernel_h {
+                for j in 0..geom.kernel_w {
+                    let Some(row) = rows.next() else { return };
+                    let mut start = offset + c * sc + i * sy + j;
+                    for run in row.chunks_exact_mut(ow) {
+                        copy_short(run, &src[start..start + ow]);
+                        start += sy;
+                    }
+                }
+            }
+        }
+        return;
+    }
     for c in 0..geom.channels {
         for i in 0..geom.kernel_h {
             let (ylo, yhi) = geom.valid(i, geom.height, geom.out_h);
@@ -258,6 +275,7 @@ mod tests {
             (3, 9, 8, 3, 3, 2, 1, 1),
             (1, 10, 11, 3, 2, 3, 2, 2),
             (2, 5, 5, 5, 5, 1, 4, 1),
+            (1, 6, 9, 2, 4, 1, 0, 1),
         ] {
             let g = ConvGeom::new((c, h, w), (kh, kw), s, p, d).unwrap();
             let x: Vec<f64> = (0..g.image_len())
@@ -294,6 +312,17 @@ mod tests {
                 }
             }
             assert_eq!(back, expect_back);
+            // The same image inside a larger buffer: an offset and a gap after every row.
+            let (gap, offset) = (2, 3);
+            let mut wide = vec![f64::NAN; offset + c * h * (w + gap)];
+            for (k, &v) in x.iter().enumerate() {
+                let (ci, y, xx) = (k / (h * w), k / w % h, k % w);
+                wide[offset + (ci * h + y) * (w + gap) + xx] = v;
+            }
+            let mut strided = vec![f64::NAN; cols.len()];
+            let strides = [h * (w + gap), w + gap, 1];
+            im2col(&wide, offset, strides, &g, -1.0, &mut strided);
+            assert_eq!(strided, cols);
         }
     }
 }
