@@ -1,0 +1,1 @@
+//! See the crate docs of this test file (main.rs).

@@ -1,0 +1,127 @@
+//! Hostile input: every case where the tool could hand back a wrong number, lose work or
+//! crash, driven as a user would drive it (mostly through the `qcandle` binary), plus seeded
+//! mutation passes over every parser. Each case fails on the code before it was fixed.
+//!
+//! Modules by subject: [`files`] (`.npy` and `.safetensors`, `quantize`), [`data`] (IDX
+//! files, data options, empty tensors), [`ptq`] (post-training quantization and model
+//! files), [`runs`] (run identity, locks, resume and damaged runs, option checks), [`output`]
+//! (closed and full stdout).
+
+mod data;
+mod files;
+mod output;
+mod ptq;
+mod runs;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// Runs the tool with `args` in the working directory `cwd` (none: the test's own).
+pub fn qcandle_in(cwd: Option<&Path>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_qcandle"));
+    command.args(args).stdin(Stdio::null());
+    if let Some(dir) = cwd {
+        command.current_dir(dir);
+    }
+    command.output().expect("the binary runs")
+}
+
+/// Runs the tool with `args`.
+pub fn qcandle(args: &[&str]) -> Output {
+    qcandle_in(None, args)
+}
+
+/// The tool's standard error, as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The tool's standard output, as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Asserts the tool failed cleanly: exit status 1, no panic or abort, and a message on
+/// standard error containing every one of `words` (case-insensitive).
+#[track_caller]
+pub fn assert_clean_failure(o: &Output, words: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "expected exit 1, got {:?}: {err}", o.status);
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lower = err.to_lowercase();
+    for w in words {
+        assert!(lower.contains(&w.to_lowercase()), "`{w}` missing from: {err}");
+    }
+}
+
+/// A small seeded generator (SplitMix64) for the mutation passes.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform integer below `n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// `input` with a few random edits: bytes flipped, set to boundary values, inserted,
+    /// deleted, runs duplicated, the tail cut, or ASCII digits replaced by large numbers.
+    pub fn mutate(&mut self, input: &[u8]) -> Vec<u8> {
+        let mut v = input.to_vec();
+        for _ in 0..1 + self.below(4) {
+            let len = v.len().max(1);
+            match self.below(8) {
+                0 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    v[i] ^= 1 << self.below(8);
+                }
+                1 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    v[i] = [0u8, 0xff, 0x7f, 0x80, b'9', b'-', b',', b')'][self.below(8)];
+                }
+                2 => {
+                    let i = self.below(len);
+                    v.insert(i.min(v.len()), self.next_u64() as u8);
+                }
+                3 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    v.remove(i);
+                }
+                4 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    let n = (1 + self.below(16)).min(v.len() - i);
+                    let run = v[i..i + n].to_vec();
+                    v.splice(i..i, run);
+                }
+                5 if !v.is_empty() => {
+                    let cut = self.below(v.len());
+                    v.truncate(cut);
+                }
+                6 => {
+                    if let Some(i) = v.iter().position(|b| b.is_ascii_digit()) {
+                        let big = ["18446744073709551617", "4611686018427387905", "-1", "0"];
+                        let s = big[self.below(big.len())].as_bytes();
+                        v.splice(i..i + 1, s.iter().copied());
+                    }
+                }
+                _ => {
+                    let i = self.below(len);
+                    let bytes = self.next_u64().to_le_bytes();
+                    let end = (i + 8).min(v.len());
+                    if i < end {
+                        v[i..end].copy_from_slice(&bytes[..end - i]);
+                    }
+                }
+            }
+        }
+        v
+    }
+}
