@@ -13,8 +13,57 @@ mod output;
 mod ptq;
 mod runs;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+
+/// The system allocator, recording the largest single request made by each thread, so the
+/// mutation passes can check that no parser allocates beyond what its input justifies.
+struct LargestRequest;
+
+thread_local! {
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_request(size: usize) {
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the bookkeeping only
+// touches a const-initialised thread-local cell, which never allocates.
+unsafe impl GlobalAlloc for LargestRequest {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_request(layout.size());
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_request(layout.size());
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_request(new_size);
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestRequest = LargestRequest;
+
+/// Runs `f` and returns its result with the largest single allocation (bytes) the calling
+/// thread requested meanwhile. Allocations on other threads are not seen.
+pub fn largest_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = LARGEST.with(|l| l.replace(0));
+    let result = f();
+    let largest = LARGEST.with(|l| l.replace(before.max(l.get())));
+    (result, largest)
+}
 
 /// Runs the tool with `args` in the working directory `cwd` (none: the test's own).
 pub fn qcandle_in(cwd: Option<&Path>, args: &[&str]) -> Output {
