@@ -52,6 +52,7 @@ fn run(model: &str, configs: &[String]) -> anyhow::Result<()> {
                 lr: 1e-3,
                 optimizer: OptimizerKind::Adam,
                 seed: 0,
+                train_limit: None,
             };
             Trainer::new(options, QConfig::preset(name)?)
         })

@@ -41,6 +41,7 @@ fn bench_train_step(c: &mut Criterion) {
             lr: 1e-3,
             optimizer: OptimizerKind::Adam,
             seed: 0,
+            train_limit: None,
         };
         let config = QConfig::preset(preset).expect("a preset");
         let mut trainer = Trainer::new(options, config).expect("a trainer");

@@ -37,6 +37,7 @@ pub mod plot;
 pub mod ptq;
 pub mod quire;
 pub mod report;
+pub mod run_dir;
 pub mod train;
 
 pub use error::FormatError;

@@ -12,8 +12,22 @@
 //! `metrics.csv`, `config.toml`, `model.safetensors` (the weights as candle-nn names
 //! them), `checkpoint.safetensors` (weights and optimizer state after the last finished
 //! epoch) and `curves.png`.
+//!
+//! Run identity: a directory holds one run, named by everything that changes its results:
+//! the model, the config's contents (not the spelling of its path), the optimizer, learning
+//! rate, batch size, seed, training-image limit, and the data's SHA-256 (the same images
+//! read from another directory, or uncompressed, are the same data). Only the epoch count
+//! may grow: a run asked for more epochs resumes from its checkpoint. Any other difference
+//! is refused, naming each setting that differs.
+//!
+//! Safety ([`crate::run_dir`]): a writer locks the directory, so a second one fails at once;
+//! `run.json` records every file's SHA-256, written last so it marks a complete epoch; a
+//! resumed or finished run is checked against it before its results are trusted: damaged
+//! results are rewritten from an intact checkpoint, a damaged checkpoint is reported with the
+//! way out.
 
 use std::fmt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Instant;
@@ -29,6 +43,7 @@ use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
 use crate::optim::{AdamParams, AdamWParams, LpAdam, LpAdamW, LpSgd, ParamQuant, SgdParams};
 use crate::philox::Stream;
+use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
 
 /// The optimizers `train` can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +97,40 @@ pub struct TrainOptions {
     pub optimizer: OptimizerKind,
     /// Seed of initialisation, shuffling and stochastic rounding.
     pub seed: u64,
+    /// Train on only the first this many training images (all when `None`).
+    #[serde(default)]
+    pub train_limit: Option<usize>,
+}
+
+impl TrainOptions {
+    /// Checks every option before anything is created: at least one epoch, a batch and a
+    /// training-image limit of at least 1, a positive finite learning rate, a known model.
+    /// Names each option that is wrong.
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.epochs == 0 {
+            problems.push("epochs must be at least 1, got 0".to_string());
+        }
+        if self.batch == 0 {
+            problems.push("batch must be at least 1, got 0".to_string());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            problems.push(format!(
+                "lr must be a positive finite number, got {}",
+                self.lr
+            ));
+        }
+        if self.train_limit == Some(0) {
+            problems.push("train-limit must be at least 1, got 0".to_string());
+        }
+        if let Err(e) = self.model.parse::<ModelKind>() {
+            problems.push(e.to_string());
+        }
+        if !problems.is_empty() {
+            bail!("invalid training options: {}", problems.join("; "));
+        }
+        Ok(())
+    }
 }
 
 /// The results of one epoch.
@@ -114,8 +163,16 @@ pub struct RunRecord {
     /// recorded).
     #[serde(default)]
     pub dataset: String,
+    /// SHA-256 of the data as given to [`train`] (before the training-image limit; see
+    /// [`data_digest`]); empty in runs written before it was recorded.
+    #[serde(default)]
+    pub data_sha256: String,
     /// One record per finished epoch.
     pub epochs: Vec<EpochRecord>,
+    /// The SHA-256 of every file the run wrote (empty in runs written before they were
+    /// recorded).
+    #[serde(default)]
+    pub files: Digests,
 }
 
 impl RunRecord {
@@ -402,8 +459,10 @@ pub fn rank_of<T: PartialOrd + Copy>(logits: &[T], target: usize) -> usize {
 }
 
 /// Trains per `options` and `config` on `data`, writing results under `out` (if any) after
-/// every epoch and resuming from `out`'s checkpoint when it holds the same run. `quiet`
-/// hides the progress bar. Returns the per-epoch records.
+/// every epoch and resuming from `out`'s checkpoint when it holds the same run (see the
+/// module docs for what makes a run the same and how its files are checked). Everything is
+/// validated before `out` is created or locked. `quiet` hides the progress bar (notes about
+/// the directory are still printed to standard error). Returns the per-epoch records.
 pub fn train(
     data: &Dataset,
     options: &TrainOptions,
@@ -411,39 +470,79 @@ pub fn train(
     out: Option<&Path>,
     quiet: bool,
 ) -> Result<Vec<EpochRecord>> {
+    options.validate()?;
+    let limited;
+    let train_data = match options.train_limit {
+        Some(n) => {
+            limited = data.subset(n, usize::MAX)?;
+            &limited
+        }
+        None => data,
+    };
     let mut trainer = Trainer::new(options.clone(), config.clone())?;
     let mut record = RunRecord {
         options: options.clone(),
         config: trainer.config.to_toml(),
         data: data.source.clone(),
         dataset: data.name.as_str().to_string(),
+        data_sha256: data_digest(data)?,
         epochs: Vec::new(),
+        files: Digests::new(),
     };
-    if let Some(dir) = out {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
-        if let Some(previous) = resumable(dir, &record)? {
-            trainer.load_checkpoint(read_tensors(&dir.join("checkpoint.safetensors"))?)?;
+    let lock = out.map(RunLock::acquire).transpose()?;
+    if let Some(lock) = &lock {
+        let dir = lock.dir();
+        let removed = remove_leftovers(lock)?;
+        if !removed.is_empty() {
+            note(&format!(
+                "{}: removed what an interrupted write left: {}",
+                dir.display(),
+                removed.join(", ")
+            ));
+        }
+        if let Some((previous, damage)) = resumable(dir, &record)? {
+            let checkpoint = dir.join(CHECKPOINT);
+            let tensors = read_tensors(&checkpoint).with_context(|| {
+                format!(
+                    "cannot resume {}: {} is unreadable; delete the directory to train the run \
+                     again",
+                    dir.display(),
+                    checkpoint.display()
+                )
+            })?;
+            trainer
+                .load_checkpoint(tensors)
+                .with_context(|| format!("cannot resume {} from {CHECKPOINT}", dir.display()))?;
             record.epochs = previous.epochs;
+            record.files = previous.files;
+            if !damage.is_empty() {
+                save_run(dir, &trainer, &mut record)?;
+                let what: Vec<String> = damage.iter().map(|d| d.to_string()).collect();
+                note(&format!(
+                    "{}: {}; rewritten from the checkpoint",
+                    dir.display(),
+                    what.join(", ")
+                ));
+            }
             if !quiet && !record.epochs.is_empty() {
-                eprintln!(
+                note(&format!(
                     "resuming {} after epoch {}",
                     dir.display(),
                     record.epochs.len()
-                );
+                ));
             }
         }
     }
     for epoch in record.epochs.len() + 1..=options.epochs {
         let bar = progress_bar(quiet, epoch, options.epochs);
         let start = Instant::now();
-        let train_loss = trainer.train_epoch(data, epoch, |i, n, loss| {
+        let train_loss = trainer.train_epoch(train_data, epoch, |i, n, loss| {
             bar.set_length(n as u64);
             bar.set_position(i as u64);
             bar.set_message(format!("loss {loss:.4}"));
         })?;
         let seconds = start.elapsed().as_secs_f64();
-        let (test_loss, top1, top5) = trainer.evaluate(data)?;
+        let (test_loss, top1, top5) = trainer.evaluate(train_data)?;
         bar.finish_with_message(format!(
             "loss {train_loss:.4}  test top-1 {top1:.2}%  top-5 {top5:.2}%"
         ));
@@ -455,11 +554,56 @@ pub fn train(
             top5,
             seconds,
         });
-        if let Some(dir) = out {
-            save_run(dir, &trainer, &record)?;
+        if let Some(lock) = &lock {
+            save_run(lock.dir(), &trainer, &mut record)?;
         }
     }
     Ok(record.epochs)
+}
+
+/// A line on standard error that never panics (a closed or full stderr loses the note, not
+/// the run).
+fn note(text: &str) {
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+/// Elements hashed per step by [`data_digest`] (bounds its memory).
+const DIGEST_CHUNK: usize = 1 << 16;
+
+/// SHA-256 of a dataset's contents: the shapes and values of its training and test images
+/// and labels, in that order. Equal for the same data read from any directory, compressed
+/// or not; any changed image or label changes it.
+pub fn data_digest(data: &Dataset) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for tensor in [
+        &data.train_images,
+        &data.train_labels,
+        &data.test_images,
+        &data.test_labels,
+    ] {
+        hasher.update(format!("{:?}{:?};", tensor.dtype(), tensor.dims()).as_bytes());
+        let flat = tensor.flatten_all()?;
+        let n = flat.elem_count();
+        let mut bytes = Vec::with_capacity(DIGEST_CHUNK * 4);
+        for start in (0..n).step_by(DIGEST_CHUNK) {
+            let part = flat.narrow(0, start, DIGEST_CHUNK.min(n - start))?;
+            bytes.clear();
+            match part.dtype() {
+                DType::U32 => {
+                    bytes.extend(part.to_vec1::<u32>()?.iter().flat_map(|x| x.to_le_bytes()))
+                }
+                _ => bytes.extend(
+                    part.to_dtype(DType::F32)?
+                        .to_vec1::<f32>()?
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes()),
+                ),
+            }
+            hasher.update(&bytes);
+        }
+    }
+    Ok(crate::run_dir::hex(&hasher.finalize()))
 }
 
 fn progress_bar(quiet: bool, epoch: usize, epochs: usize) -> indicatif::ProgressBar {
@@ -477,47 +621,150 @@ fn progress_bar(quiet: bool, epoch: usize, epochs: usize) -> indicatif::Progress
     bar
 }
 
-/// The run record (`run.json`) of a run directory.
+/// The run record (`run.json`) of a run directory, as written (its files unchecked).
 pub fn load_run(dir: &Path) -> Result<RunRecord> {
     let path = dir.join("run.json");
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a run record", path.display()))
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a run record (damaged or truncated)",
+            path.display()
+        )
+    })
 }
 
-/// The previous run in `dir` if it is the same run (same options but the epoch count,
-/// same config and data) and has a checkpoint.
-fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<RunRecord>> {
-    let (run, checkpoint) = (dir.join("run.json"), dir.join("checkpoint.safetensors"));
-    if !run.exists() || !checkpoint.exists() {
+/// The run record of a run directory after checking that every file it lists is present
+/// and unchanged, for reporting its results. A damaged file is named, with the way to
+/// rewrite it.
+pub fn load_checked_run(dir: &Path) -> Result<RunRecord> {
+    let record = load_run(dir)?;
+    let damage = check(dir, &record.files);
+    if !damage.is_empty() {
+        let what: Vec<String> = damage.iter().map(|d| d.to_string()).collect();
+        bail!(
+            "{}: {}; running the same `qcandle train` command again rewrites it from the \
+             checkpoint",
+            dir.display(),
+            what.join(", ")
+        );
+    }
+    Ok(record)
+}
+
+/// The checkpoint's file name in a run directory.
+const CHECKPOINT: &str = "checkpoint.safetensors";
+
+/// The files a run writes after every epoch, checked by their digests. `run.json` is
+/// written after them and lists them.
+const RUN_FILES: [&str; 5] = [
+    "model.safetensors",
+    CHECKPOINT,
+    "config.toml",
+    "metrics.csv",
+    "curves.png",
+];
+
+/// Every setting in which `previous` and `current` differ as runs (the epoch count and the
+/// config's label are not settings of the run), described for the user.
+pub fn identity_differences(previous: &RunRecord, current: &RunRecord) -> Vec<String> {
+    let (p, c) = (&previous.options, &current.options);
+    let mut diffs = Vec::new();
+    let mut differ = |name: &str, was: String, now: String| {
+        if was != now {
+            diffs.push(format!("{name}: {was} in the directory, {now} now"));
+        }
+    };
+    differ("model", p.model.clone(), c.model.clone());
+    differ(
+        "optimizer",
+        p.optimizer.to_string(),
+        c.optimizer.to_string(),
+    );
+    // Bits, not values: `{:?}` of an f64 is its shortest round-trip spelling.
+    differ("lr", format!("{:?}", p.lr), format!("{:?}", c.lr));
+    differ("batch", p.batch.to_string(), c.batch.to_string());
+    differ("seed", p.seed.to_string(), c.seed.to_string());
+    let limit = |l: Option<usize>| l.map_or("none (all images)".to_string(), |n| n.to_string());
+    differ("train-limit", limit(p.train_limit), limit(c.train_limit));
+    if !previous.dataset.is_empty() {
+        differ("dataset", previous.dataset.clone(), current.dataset.clone());
+    }
+    if previous.data_sha256.is_empty() {
+        // Written before the data digest was recorded: the source is all there is.
+        differ("data", previous.data.clone(), current.data.clone());
+    }
+    if previous.config != current.config {
+        diffs.push(format!(
+            "config: the contents of `{}` differ from those of `{}` the run used",
+            c.config_name, p.config_name
+        ));
+    }
+    if !previous.data_sha256.is_empty() && previous.data_sha256 != current.data_sha256 {
+        diffs.push(format!(
+            "data: the images or labels in {} differ from those the run used ({})",
+            current.data, previous.data
+        ));
+    }
+    diffs
+}
+
+/// The previous run in `dir` and its damaged files, if `dir` holds a run: an error if it is
+/// another run (naming what differs), asks for fewer epochs than it finished, or cannot be
+/// resumed (a missing or damaged checkpoint, an unreadable run.json).
+fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<(RunRecord, Vec<Damage>)>> {
+    if !dir.join("run.json").exists() {
+        // A fresh directory, or a first epoch killed before run.json: nothing finished.
         return Ok(None);
     }
-    let previous = load_run(dir)?;
-    let same = TrainOptions {
-        epochs: current.options.epochs,
-        ..previous.options.clone()
-    } == current.options
-        && previous.config == current.config
-        && previous.data == current.data;
-    if !same {
+    let previous = load_run(dir).with_context(|| {
+        format!(
+            "cannot resume {}; delete the directory to train the run again",
+            dir.display()
+        )
+    })?;
+    let differences = identity_differences(&previous, current);
+    if !differences.is_empty() {
         bail!(
-            "{} holds a different run; choose another --out or delete it",
+            "{} holds a different run:\n  {}\nchoose another output directory or delete this one",
+            dir.display(),
+            differences.join("\n  ")
+        );
+    }
+    let (done, asked) = (previous.epochs.len(), current.options.epochs);
+    if done > asked {
+        bail!(
+            "{} already holds {done} finished epochs, more than the {asked} asked for: ask for \
+             {done} or more epochs, or choose another output directory",
             dir.display()
         );
     }
-    Ok(Some(previous))
+    let damage = check(dir, &previous.files);
+    let checkpoint_lost = damage.iter().any(|d| d.file() == CHECKPOINT)
+        || (previous.files.is_empty() && !dir.join(CHECKPOINT).exists());
+    if checkpoint_lost {
+        let what = damage
+            .iter()
+            .find(|d| d.file() == CHECKPOINT)
+            .map_or(format!("{CHECKPOINT} is missing"), |d| d.to_string());
+        bail!(
+            "cannot resume {}: {what}; the {done} finished epochs cannot be continued without \
+             it: delete the directory to train the run again",
+            dir.display()
+        );
+    }
+    Ok(Some((previous, damage)))
 }
 
-fn save_run(dir: &Path, trainer: &Trainer, record: &RunRecord) -> Result<()> {
+/// Writes the model, checkpoint, config, metrics and curves of `record`, then `run.json`
+/// listing their digests (last: it marks the epoch as complete).
+fn save_run(dir: &Path, trainer: &Trainer, record: &mut RunRecord) -> Result<()> {
     let model: Vec<(String, Tensor)> = sorted_vars(&trainer.varmap)?
         .into_iter()
         .map(|(n, v)| (n, v.as_tensor().clone()))
         .collect();
     write_tensors(&dir.join("model.safetensors"), &model)?;
-    write_tensors(
-        &dir.join("checkpoint.safetensors"),
-        &trainer.checkpoint_tensors()?,
-    )?;
+    write_tensors(&dir.join(CHECKPOINT), &trainer.checkpoint_tensors()?)?;
     write_text(&dir.join("config.toml"), &record.config)?;
     write_text(&dir.join("metrics.csv"), &metrics_csv(&record.epochs))?;
     let (loss, accuracy) = record.curves(&format!(
@@ -530,7 +777,7 @@ fn save_run(dir: &Path, trainer: &Trainer, record: &RunRecord) -> Result<()> {
         &[accuracy],
         &dir.join("curves.png"),
     )?;
-    // run.json last: it marks the checkpoint as complete.
+    record.files = digests(dir, &RUN_FILES)?;
     write_text(
         &dir.join("run.json"),
         &serde_json::to_string_pretty(record)?,

@@ -42,6 +42,7 @@ fn trained() -> &'static (PathBuf, tempfile::TempDir) {
             lr: 1e-3,
             optimizer: OptimizerKind::Adam,
             seed: 5,
+            train_limit: None,
         };
         let config = QConfig::preset("float32").expect("a preset");
         train(&subset(6000, 1000), &options, &config, Some(&out), true).expect("training");

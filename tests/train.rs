@@ -27,6 +27,7 @@ fn options(config: &str, epochs: usize) -> TrainOptions {
         lr: 1e-3,
         optimizer: OptimizerKind::Adam,
         seed: 3,
+        train_limit: None,
     }
 }
 

@@ -160,20 +160,24 @@ fn peak_rss_kib() -> Option<u64> {
 }
 
 fn run_train(args: TrainArgs) -> Result<()> {
-    let mut data = load_data(&args.data, args.data_dir.as_deref())?;
-    if let Some(n) = args.train_limit {
-        data = data.subset(n, usize::MAX)?;
-    }
-    let config = QConfig::load(&args.config)?;
     let options = TrainOptions {
-        model: args.model.parse::<ModelKind>()?.to_string(),
+        // The model's canonical name when it has one; `validate` names an unknown one.
+        model: args
+            .model
+            .parse::<ModelKind>()
+            .map_or(args.model.clone(), |m| m.to_string()),
         config_name: args.config.clone(),
         epochs: args.epochs,
         batch: args.batch,
         lr: args.lr,
         optimizer: args.optimizer,
         seed: args.seed,
+        train_limit: args.train_limit,
     };
+    // Everything is checked before the data is read and before --out is created.
+    options.validate()?;
+    let config = QConfig::load(&args.config)?;
+    let data = load_data(&args.data, args.data_dir.as_deref())?;
     let out = args
         .out
         .unwrap_or_else(|| qcandle::train::default_out(&options, &args.data));
@@ -201,7 +205,7 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
     );
     println!("|---|---|---|---|---|---|---|---|");
     for dir in runs {
-        let record = qcandle::train::load_run(dir)?;
+        let record = qcandle::train::load_checked_run(dir)?;
         let last = record
             .epochs
             .last()
@@ -343,6 +347,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             lr: 1e-3,
             optimizer: OptimizerKind::Adam,
             seed,
+            train_limit: None,
         };
         let out = runs.join(format!("lenet5-{config_name}-e{epochs}-s{seed}"));
         // The demo's own directory: a fresh run every time, never a stale one resumed.
