@@ -580,7 +580,9 @@ mod tests {
     fn config_with_patterns(patterns: &[&str]) -> QConfig {
         let mut text = String::new();
         for p in patterns {
-            text.push_str(&format!("[[layer]]\npattern = \"{p}\"\nweight = \"none\"\n"));
+            text.push_str(&format!(
+                "[[layer]]\npattern = \"{p}\"\nweight = \"none\"\n"
+            ));
         }
         QConfig::from_toml(&text).expect("the config parses")
     }
