@@ -141,22 +141,34 @@ fn values(t: &Tensor) -> Vec<f64> {
 }
 
 #[test]
-fn thirty_two_bit_models_read_back_to_the_values_they_were_written_with() {
-    // Wider than f32's 24 significant bits: values read back through f32 would move.
+fn thirty_two_bit_patterns_read_back_to_exactly_the_values_they_encode() {
+    // Weights with more significant bits than f32 holds (each trained weight nudged by a
+    // relative 2^-26 in f64), so that their posit<32,2> and fixed<32,30> patterns do too:
+    // values read back through f32 would move.
     let dir = tempfile::tempdir().unwrap();
-    let weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
-    for f in ["posit<32,2>", "fixed<32,28>"] {
+    let mut weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
+    for t in weights.tensors.values_mut() {
+        let wide = t.to_dtype(DType::F64).unwrap();
+        *t = (&wide + (&wide * 2f64.powi(-26)).unwrap()).unwrap();
+    }
+    for f in ["posit<32,2>", "fixed<32,30>"] {
         let format: Format = f.parse().unwrap();
         let path = dir.path().join("wide.safetensors");
         write_quantized(&path, &weights, &format).unwrap();
         let back = read_weights(&path, None).unwrap();
+        let mut beyond_f32 = 0;
         for (name, t) in &weights.tensors {
             let want: Vec<f64> = values(t)
                 .into_iter()
                 .map(|v| format.round(v, Rounding::NearestEven, 0))
                 .collect();
+            beyond_f32 += want.iter().filter(|&&v| v as f32 as f64 != v).count();
             assert_eq!(values(&back.tensors[name]), want, "{f}: {name}");
         }
+        assert!(
+            beyond_f32 > 1000,
+            "{f}: only {beyond_f32} values need more than f32"
+        );
     }
 }
 
