@@ -124,8 +124,10 @@ struct PtqArgs {
     /// The model file: a run's model.safetensors (f32) or a quantized model written by ptq.
     #[arg(long)]
     model: PathBuf,
-    /// Formats to evaluate (repeatable); posits get a naive and a quire row. Default: the
-    /// quantized model's format, else posit<8,0>.
+    /// Formats to evaluate (repeatable): posits (a naive and a quire row), floats and
+    /// clamped fixed point (a naive row); each model is also saved. Block formats and
+    /// `noclamp` fixed point are refused. Default: the quantized model's format, else
+    /// posit<8,0>.
     #[arg(long = "format")]
     formats: Vec<Format>,
     /// The model of the zoo (default: from the run.json beside the model file, or the
@@ -239,7 +241,10 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
 /// one finished epoch.
 fn finished_run(dir: &std::path::Path) -> Result<qcandle::train::RunRecord> {
     if !dir.is_dir() {
-        anyhow::bail!("{}: no such run directory", dir.display());
+        anyhow::bail!(
+            "{}: no such run directory (one holding the run.json that `qcandle train` writes)",
+            dir.display()
+        );
     }
     if !dir.join("run.json").is_file() {
         anyhow::bail!(
