@@ -124,8 +124,10 @@ struct PtqArgs {
     /// The model file: a run's model.safetensors (f32) or a quantized model written by ptq.
     #[arg(long)]
     model: PathBuf,
-    /// Formats to evaluate (repeatable); posits get a naive and a quire row. Default: the
-    /// quantized model's format, else posit<8,0>.
+    /// Formats to evaluate (repeatable): posits (a naive and a quire row), floats and
+    /// clamped fixed point (a naive row); each model is also saved. Block formats and
+    /// `noclamp` fixed point are refused. Default: the quantized model's format, else
+    /// posit<8,0>.
     #[arg(long = "format")]
     formats: Vec<Format>,
     /// The model of the zoo (default: from the run.json beside the model file, or the
@@ -199,17 +201,25 @@ fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) -> Result<()> {
+    // Every run is read and the plot path checked before the first line of the table, so
+    // a bad argument leaves no partial table behind.
+    let records = runs
+        .iter()
+        .map(|dir| finished_run(dir))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(path) = plot {
+        check_plot_path(path)?;
+    }
     let (mut loss, mut accuracy) = (Vec::new(), Vec::new());
     println!(
         "| run | config | epochs | train loss | test top-1 | test top-5 | best top-1 | s/epoch |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for dir in runs {
-        let record = qcandle::train::load_checked_run(dir)?;
+    for (dir, record) in runs.iter().zip(&records) {
         let last = record
             .epochs
             .last()
-            .with_context(|| format!("{} has no finished epoch", dir.display()))?;
+            .expect("finished_run refuses runs without a finished epoch");
         let best = record.epochs.iter().map(|e| e.top1).fold(0.0, f64::max);
         let seconds =
             record.epochs.iter().map(|e| e.seconds).sum::<f64>() / record.epochs.len() as f64;
@@ -229,6 +239,53 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The run record of the run directory `dir`, which must hold a run.json with at least
+/// one finished epoch.
+fn finished_run(dir: &std::path::Path) -> Result<qcandle::train::RunRecord> {
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "{}: no such run directory (one holding the run.json that `qcandle train` writes)",
+            dir.display()
+        );
+    }
+    if !dir.join("run.json").is_file() {
+        anyhow::bail!(
+            "{}: not a run directory: it holds no run.json (the record `qcandle train` writes)",
+            dir.display()
+        );
+    }
+    let record = qcandle::train::load_checked_run(dir)?;
+    if record.epochs.is_empty() {
+        anyhow::bail!("{} has no finished epoch", dir.display());
+    }
+    Ok(record)
+}
+
+/// Checks that `--plot` names a `.png` file that can be written: not a directory, ending
+/// in `.png`, in a directory that can be created and written.
+fn check_plot_path(path: &std::path::Path) -> Result<()> {
+    if path.is_dir() {
+        anyhow::bail!(
+            "--plot {} is a directory; give the path of a .png file to write",
+            path.display()
+        );
+    }
+    let png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !png {
+        anyhow::bail!(
+            "--plot {}: the plot is a PNG image; give a file path ending in .png",
+            path.display()
+        );
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    qcandle::ptq::prepare_out_dir(dir).with_context(|| format!("--plot {}", path.display()))
 }
 
 /// The dataset the run holding `model` was trained on, from its run.json: the embedded
@@ -259,6 +316,7 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
     } else {
         vec![weights.format.unwrap_or("posit<8,0>".parse()?)]
     };
+    qcandle::ptq::check_formats(&formats)?;
     let data = match &args.data {
         Some(name) => load_data(name, args.data_dir.as_deref())?,
         None => dataset_of_run(&args.model)?.with_context(|| {
@@ -282,7 +340,9 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
         data.source
     );
     let f32_bytes = match weights.format {
-        None => std::fs::metadata(&args.model)?.len(),
+        None => std::fs::metadata(&args.model)
+            .with_context(|| format!("cannot read {}", args.model.display()))?
+            .len(),
         Some(_) => {
             4 * weights
                 .tensors
@@ -297,7 +357,9 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
 }
 
 /// Evaluates every method, writes ptq.md, ptq.csv and one quantized model per format
-/// under `out`, and returns the markdown report.
+/// under `out`, and returns the markdown report. Before the first evaluation the formats
+/// are checked, every model is encoded and `out` is created and probed, so a bad format,
+/// a weight a format cannot store or an unwritable `out` costs no evaluation.
 fn ptq_table(
     weights: &qcandle::ptq::Weights,
     data: &Dataset,
@@ -305,6 +367,12 @@ fn ptq_table(
     out: &std::path::Path,
     f32_bytes: u64,
 ) -> Result<String> {
+    qcandle::ptq::check_formats(formats)?;
+    let models = formats
+        .iter()
+        .map(|f| qcandle::ptq::encode(weights, f))
+        .collect::<Result<Vec<_>>>()?;
+    qcandle::ptq::prepare_out_dir(out)?;
     let rows = qcandle::ptq::evaluate_methods(weights, data, formats, |m, s| {
         eprintln!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
     })?;
@@ -312,12 +380,12 @@ fn ptq_table(
     report.push_str(
         "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",
     );
-    for format in formats {
-        let name = format.to_string().replace(['<', '>', ','], "_");
-        let path = out.join(format!("model-{}.safetensors", name.trim_end_matches('_')));
-        let bytes = qcandle::ptq::write_quantized(&path, weights, format)?;
+    for model in &models {
+        let path = out.join(qcandle::ptq::model_file_name(&model.format));
+        let bytes = qcandle::ptq::write_encoded(&path, model)?;
         report.push_str(&format!(
-            "{format} model: {} ({bytes} bytes; the f32 model {f32_bytes} bytes, {:.3}x)\n",
+            "{} model: {} ({bytes} bytes; the f32 model {f32_bytes} bytes, {:.3}x)\n",
+            model.format,
             path.display(),
             bytes as f64 / f32_bytes as f64
         ));

@@ -339,6 +339,20 @@ impl QConfig {
         categories
     }
 
+    /// The `[[layer]]` patterns that match none of `layer_names`, in file order, each
+    /// once. Such a pattern changes nothing, which is usually a typo (`fc_1` for `fc1`)
+    /// or a config written for another model; callers warn about each.
+    pub fn unmatched_patterns(&self, layer_names: &[&str]) -> Vec<String> {
+        let mut unmatched: Vec<String> = Vec::new();
+        for o in &self.layers {
+            let matches_some = layer_names.iter().any(|n| glob_match(&o.pattern, n));
+            if !matches_some && !unmatched.contains(&o.pattern) {
+                unmatched.push(o.pattern.clone());
+            }
+        }
+        unmatched
+    }
+
     /// The quantizer of `category` in layer `layer`, with its own random stream.
     pub fn quant(&self, layer: &str, category: Category) -> Option<Quant> {
         let spec = self.layer(layer).get(category)?;
@@ -557,4 +571,52 @@ fn stream_seed(seed: u64, name: &str, category: Category) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_with_patterns(patterns: &[&str]) -> QConfig {
+        let mut text = String::new();
+        for p in patterns {
+            text.push_str(&format!(
+                "[[layer]]\npattern = \"{p}\"\nweight = \"none\"\n"
+            ));
+        }
+        QConfig::from_toml(&text).expect("the config parses")
+    }
+
+    const LENET5: [&str; 5] = ["conv1", "conv2", "fc1", "fc2", "fc3"];
+
+    #[test]
+    fn patterns_matching_no_layer_are_listed_in_file_order() {
+        let config = config_with_patterns(&["fc*", "fc_1", "conv?", "dense*", "conv10"]);
+        assert_eq!(
+            config.unmatched_patterns(&LENET5),
+            ["fc_1", "dense*", "conv10"]
+        );
+    }
+
+    #[test]
+    fn a_pattern_matching_any_one_layer_is_matched() {
+        let config = config_with_patterns(&["fc3", "*2", "c*1", "*"]);
+        assert!(config.unmatched_patterns(&LENET5).is_empty());
+    }
+
+    #[test]
+    fn a_repeated_unmatched_pattern_is_listed_once() {
+        let config = config_with_patterns(&["fc9", "fc1", "fc9"]);
+        assert_eq!(config.unmatched_patterns(&LENET5), ["fc9"]);
+    }
+
+    #[test]
+    fn without_layers_every_pattern_is_unmatched_and_without_patterns_none_is() {
+        let config = config_with_patterns(&["fc1", "*"]);
+        assert_eq!(config.unmatched_patterns(&[]), ["fc1", "*"]);
+        assert!(QConfig::preset("posit8")
+            .expect("a preset")
+            .unmatched_patterns(&LENET5)
+            .is_empty());
+    }
 }

@@ -12,8 +12,24 @@
 //! often (a few percent of posit8 test images have two classes sharing the top logit), so
 //! the tie rule moves top-1 by more than the gaps between methods; the report gives the
 //! share of images whose top logit is tied.
+//!
+//! What it takes, checked for every requested format before anything is evaluated or
+//! written ([`check_formats`]):
+//!
+//! | format                                      | rows                 | saved model                    |
+//! |---------------------------------------------|----------------------|--------------------------------|
+//! | posit whose maxpos fits the quire (2^448)   | naive, quire         | posit patterns                 |
+//! | float (`float<e,m>`, fp16, bf16, e4m3, ...) | naive                | float patterns                 |
+//! | clamped fixed point (`fixed<wl,fl>`)        | naive                | two's complement integers      |
+//! | fixed point without clamping (`noclamp`)    | refused              | none: values beyond its word   |
+//! | block floating point                        | refused: it rounds whole blocks, not single operations | none |
+//!
+//! A model holding NaN or infinite parameters is refused when it is read (see
+//! [`model_file`]): the scores of a diverged model would be meaningless, and formats
+//! without NaN could not save it.
 
 pub mod arith;
+pub mod checks;
 pub mod model_file;
 
 use std::time::Instant;
@@ -25,7 +41,8 @@ use crate::data::Dataset;
 use crate::format::Format;
 use crate::quire::Accumulation;
 use arith::{run_plan, Arithmetic, Float16, Float32, Int8, PositGemm};
-pub use model_file::{read_weights, write_quantized, Weights};
+pub use checks::{check_formats, model_file_name, prepare_out_dir};
+pub use model_file::{encode, read_weights, write_encoded, write_quantized, Encoded, Weights};
 
 /// Number of training images the int8 activation scales are calibrated on.
 pub const CALIBRATION_IMAGES: usize = 1000;
@@ -160,12 +177,14 @@ pub fn arithmetic(
 }
 
 /// Evaluates every method of [`methods`]`(formats)`, calling `progress` after each.
+/// The formats are checked first ([`check_formats`]): a bad one fails before any row.
 pub fn evaluate_methods(
     weights: &Weights,
     data: &Dataset,
     formats: &[Format],
     mut progress: impl FnMut(Method, &Score),
 ) -> Result<Vec<(Method, Score)>> {
+    check_formats(formats)?;
     let mut rows = Vec::new();
     for method in methods(formats) {
         let arith = arithmetic(method, weights, data).with_context(|| format!("{method}"))?;
