@@ -335,6 +335,17 @@ impl Trainer {
         &self.varmap
     }
 
+    /// The names of the model's layers (its variables' names without the last part:
+    /// `fc1` for `fc1.weight`), sorted, each once; what config `[[layer]]` patterns match.
+    pub fn layer_names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = sorted_vars(&self.varmap)?
+            .into_iter()
+            .map(|(n, _)| n.rsplit_once('.').map_or(n.clone(), |p| p.0.to_string()))
+            .collect();
+        names.dedup();
+        Ok(names)
+    }
+
     /// Trains one epoch (1-based `epoch`), calling `progress` after each batch with the
     /// batch index, the batch count and the running mean loss. Returns the mean loss.
     pub fn train_epoch(
@@ -480,6 +491,16 @@ pub fn train(
         None => data,
     };
     let mut trainer = Trainer::new(options.clone(), config.clone())?;
+    let layers = trainer.layer_names()?;
+    let layer_refs: Vec<&str> = layers.iter().map(String::as_str).collect();
+    for pattern in config.unmatched_patterns(&layer_refs) {
+        note(&format!(
+            "warning: the config's [[layer]] pattern `{pattern}` matches no layer of {} \
+             (its layers: {}); it changes nothing",
+            options.model,
+            layers.join(", ")
+        ));
+    }
     let mut record = RunRecord {
         options: options.clone(),
         config: trainer.config.to_toml(),

@@ -386,3 +386,25 @@ fn run_json_floats_survive_a_resume_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn a_layer_pattern_that_matches_no_layer_is_named_in_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "weight = \"bf16\"\n[[layer]]\npattern = \"fc_1\"\nweight = \"none\"\n\
+         [[layer]]\npattern = \"fc*\"\nactivation = \"bf16\"\n",
+    )
+    .unwrap();
+    let o = qcandle_in(
+        Some(dir.path()),
+        &train_args("run", &["--config", "c.toml", "--epochs", "1"]),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("pattern `fc_1` matches no layer of mlp"),
+        "{err}"
+    );
+    assert!(!err.contains("`fc*`"), "{err}");
+}
