@@ -53,16 +53,14 @@ pub fn element_count(shape: &[usize]) -> Result<usize> {
 /// The size in bytes of an array of `dtype` and `shape`, or an error naming the overflow
 /// (or a size that is not a whole number of bytes, for the sub-byte types).
 pub fn data_size(dtype: Dtype, shape: &[usize]) -> Result<usize> {
-    let bits = element_count(shape)?
-        .checked_mul(dtype.bitsize())
-        .with_context(|| {
-            format!("shape {shape:?} of {dtype} is larger than 2^64 bits (overflow)")
-        })?;
+    let bits = element_count(shape)? as u128 * dtype.bitsize() as u128;
     ensure!(
         bits % 8 == 0,
         "shape {shape:?} of {dtype} is not a whole number of bytes"
     );
-    Ok(bits / 8)
+    usize::try_from(bits / 8).map_err(|_| {
+        anyhow::anyhow!("shape {shape:?} of {dtype} has more bytes than a 64-bit size can hold (overflow)")
+    })
 }
 
 /// Whether `dtype` is one of the float types that can be rounded (F16, BF16, F32, F64).
@@ -191,6 +189,7 @@ mod tests {
         assert!(format!("{err}").contains("overflow"), "{err}");
         let err = data_size(Dtype::F32, &[1 << 62]).unwrap_err();
         assert!(format!("{err}").contains("overflow"), "{err}");
+        assert_eq!(data_size(Dtype::F64, &[1 << 60]).unwrap(), 1 << 63);
     }
 
     #[test]

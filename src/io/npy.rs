@@ -487,6 +487,18 @@ mod tests {
     }
 
     #[test]
+    fn a_header_too_long_for_version_1_is_written_as_version_2() {
+        let array = RawArray {
+            dtype: Dtype::U8,
+            shape: vec![1; 30_000],
+            data: Cow::Owned(vec![42]),
+        };
+        let bytes = encode(&array).unwrap();
+        assert_eq!(bytes[6], 2);
+        assert_eq!(parse(&bytes).unwrap(), array);
+    }
+
+    #[test]
     fn fortran_order_and_big_endian_become_row_major_little_endian() {
         // The 2x3 array [[1, 2, 3], [4, 5, 6]] as >i2, column after column.
         let data: Vec<u8> = [1i16, 4, 2, 5, 3, 6]
