@@ -44,9 +44,7 @@ pub fn element_count(shape: &[usize]) -> Result<usize> {
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .with_context(|| {
-            format!(
-                "shape {shape:?} has more elements than a 64-bit count can hold (overflow)"
-            )
+            format!("shape {shape:?} has more elements than a 64-bit count can hold (overflow)")
         })
 }
 
@@ -55,11 +53,13 @@ pub fn element_count(shape: &[usize]) -> Result<usize> {
 pub fn data_size(dtype: Dtype, shape: &[usize]) -> Result<usize> {
     let bits = element_count(shape)? as u128 * dtype.bitsize() as u128;
     ensure!(
-        bits % 8 == 0,
+        bits.is_multiple_of(8),
         "shape {shape:?} of {dtype} is not a whole number of bytes"
     );
     usize::try_from(bits / 8).map_err(|_| {
-        anyhow::anyhow!("shape {shape:?} of {dtype} has more bytes than a 64-bit size can hold (overflow)")
+        anyhow::anyhow!(
+            "shape {shape:?} of {dtype} has more bytes than a 64-bit size can hold (overflow)"
+        )
     })
 }
 

@@ -60,11 +60,12 @@ pub fn read_tensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
     Ok(read_tensors_with_metadata(path)?.0)
 }
 
+/// Named tensors, sorted by name, and a file's metadata map.
+pub type TensorsAndMetadata = (Vec<(String, Tensor)>, HashMap<String, String>);
+
 /// Like [`read_tensors`], with the file's metadata map (empty for an `.npy` file or a
 /// `.safetensors` file without one).
-pub fn read_tensors_with_metadata(
-    path: &Path,
-) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>)> {
+pub fn read_tensors_with_metadata(path: &Path) -> Result<TensorsAndMetadata> {
     let kind = TensorFile::of(path)?;
     let bytes = read_file(path)?;
     let file = parse_file(kind, &bytes, path)?;
@@ -227,11 +228,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
         "{}: is a directory, not a tensor file",
         path.display()
     );
-    ensure!(
-        metadata.is_file(),
-        "{}: not a regular file",
-        path.display()
-    );
+    ensure!(metadata.is_file(), "{}: not a regular file", path.display());
     std::fs::read(path).map_err(cannot_read)
 }
 

@@ -140,7 +140,12 @@ fn split_header(bytes: &[u8]) -> Result<(&str, &[u8])> {
         .get(6..8)
         .context("truncated: the file ends inside the version")?;
     let (start, len) = match version[0] {
-        1 => (10, bytes.get(8..10).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)),
+        1 => (
+            10,
+            bytes
+                .get(8..10)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize),
+        ),
         2 | 3 => (
             12,
             bytes
@@ -534,17 +539,47 @@ mod tests {
     #[test]
     fn hostile_headers_are_errors_that_name_the_problem() {
         let cases = [
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387905, 4), }", "overflow"),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551617,), }", "overflow"),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (-1, 4), }", "negative"),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000,), }", "declares 400000000000 bytes"),
-            ("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", "unsupported element type '<c8'"),
-            ("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", "structured"),
-            ("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", "duplicate"),
-            ("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }", "fortran_order"),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387905, 4), }",
+                "overflow",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551617,), }",
+                "overflow",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (-1, 4), }",
+                "negative",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000,), }",
+                "declares 400000000000 bytes",
+            ),
+            (
+                "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }",
+                "unsupported element type '<c8'",
+            ),
+            (
+                "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }",
+                "structured",
+            ),
+            (
+                "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
+                "duplicate",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }",
+                "fortran_order",
+            ),
             ("{'descr': '<f4', 'shape': (1,), }", "no 'fortran_order'"),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", "unexpected key"),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (1,) ", "malformed"),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}",
+                "unexpected key",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (1,) ",
+                "malformed",
+            ),
         ];
         for (header, needle) in cases {
             let err = format!("{:#}", parse(&file(header, &[0; 16])).unwrap_err());

@@ -79,12 +79,9 @@ pub fn encode(file: &RawFile<'_>) -> Result<Vec<u8>> {
             names.insert(name.as_str()),
             "duplicate tensor name `{name}`"
         );
-        let view = safetensors::tensor::TensorView::new(
-            array.dtype,
-            array.shape.clone(),
-            &array.data,
-        )
-        .map_err(|e| anyhow::anyhow!("tensor `{name}`: {e}"))?;
+        let view =
+            safetensors::tensor::TensorView::new(array.dtype, array.shape.clone(), &array.data)
+                .map_err(|e| anyhow::anyhow!("tensor `{name}`: {e}"))?;
         views.push((name.as_str(), view));
     }
     safetensors::serialize(views, file.metadata.clone())

@@ -25,15 +25,11 @@ use crate::{assert_clean_failure, largest_allocation, qcandle, stderr, stdout, R
 /// followed by `data`.
 fn npy_bytes(header: &str, data: &[u8]) -> Vec<u8> {
     let mut header = header.to_string();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
-    let mut v = b"\x93NUMPY\x01\x00".to_vec();
-    v.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    v.extend_from_slice(header.as_bytes());
-    v.extend_from_slice(data);
-    v
+    npy_frame(header.as_bytes(), data)
 }
 
 /// The header dict of an array.
@@ -44,10 +40,7 @@ fn npy_header(descr: &str, fortran: bool, shape: &str) -> String {
 
 /// A `.safetensors` file with the JSON `header` followed by `data`.
 fn safetensors_bytes(header: &str, data: &[u8]) -> Vec<u8> {
-    let mut v = (header.len() as u64).to_le_bytes().to_vec();
-    v.extend_from_slice(header.as_bytes());
-    v.extend_from_slice(data);
-    v
+    safetensors_frame(header.as_bytes(), data)
 }
 
 /// Writes `bytes` to `name` in `dir` and returns the path as text.
@@ -103,8 +96,14 @@ fn an_npy_shape_larger_than_its_data_is_rejected_before_allocating() {
     let output = dir.path().join("q.npy");
     let output = output.to_str().unwrap();
     for (shape, words) in [
-        ("(100000000000,)", &["declares 400000000000 bytes", "holds 16"][..]),
-        ("(2305843009213693951,)", &["declares 9223372036854775804 bytes"][..]),
+        (
+            "(100000000000,)",
+            &["declares 400000000000 bytes", "holds 16"][..],
+        ),
+        (
+            "(2305843009213693951,)",
+            &["declares 9223372036854775804 bytes"][..],
+        ),
         ("(4611686018427387904,)", &["overflow"][..]),
         ("(18446744073709551616,)", &["too large"][..]),
     ] {
@@ -185,7 +184,10 @@ fn npy_integer_and_bool_arrays_are_copied_in_their_own_type_and_f16_stays_f16() 
         );
         let written = std::fs::read(&output).unwrap();
         let text = String::from_utf8_lossy(&written[10..written.len() - data.len()]);
-        assert!(text.contains(&format!("'descr': '{descr}'")), "{descr}: {text}");
+        assert!(
+            text.contains(&format!("'descr': '{descr}'")),
+            "{descr}: {text}"
+        );
         assert_eq!(&written[written.len() - data.len()..], &data[..], "{descr}");
     }
     let halves: Vec<u8> = [0.1f32, 1.7, -300.0]
@@ -274,7 +276,11 @@ fn a_repeated_safetensors_name_is_an_error_not_a_dropped_tensor() {
     let o = quantize_file("e4m3", &input, output.to_str().unwrap());
     assert_clean_failure(&o, &["dup.safetensors", "duplicate tensor name `w`"]);
     let header = r#"{"__metadata__":{"a":"1","a":"2"}}"#;
-    let input = put(dir.path(), "meta.safetensors", &safetensors_bytes(header, &[]));
+    let input = put(
+        dir.path(),
+        "meta.safetensors",
+        &safetensors_bytes(header, &[]),
+    );
     let o = quantize_file("e4m3", &input, output.to_str().unwrap());
     assert_clean_failure(&o, &["meta.safetensors", "duplicate", "`a`"]);
 }
@@ -351,6 +357,26 @@ fn quantize_keeps_the_metadata_and_every_tensor_it_does_not_round_byte_for_byte(
     }
 }
 
+#[test]
+fn metadata_an_npy_output_cannot_hold_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let views = [(
+        "w",
+        TensorView::new(Dtype::F32, vec![1], &[0, 0, 128, 63]).unwrap(),
+    )];
+    let metadata = HashMap::from([("source".to_string(), "lab".to_string())]);
+    let bytes = safetensors::serialize(views, Some(metadata)).unwrap();
+    let input = put(dir.path(), "m.safetensors", &bytes);
+    let output = dir.path().join("w.npy");
+    let o = quantize_file("e4m3", &input, output.to_str().unwrap());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 metadata entries") && stderr(&o).contains("w.npy"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// The permission bits of a file.
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -359,7 +385,10 @@ fn mode(path: &Path) -> u32 {
 #[test]
 fn outputs_get_the_permissions_of_any_new_file() {
     let dir = tempfile::tempdir().unwrap();
-    let npy = npy_bytes(&npy_header("<f4", false, "(2,)"), &[0, 0, 128, 63, 0, 0, 0, 64]);
+    let npy = npy_bytes(
+        &npy_header("<f4", false, "(2,)"),
+        &[0, 0, 128, 63, 0, 0, 0, 64],
+    );
     put(dir.path(), "in.npy", &npy);
     for umask in ["022", "002", "077"] {
         for output in ["out.safetensors", "out.npy"] {
@@ -382,7 +411,11 @@ fn outputs_get_the_permissions_of_any_new_file() {
 #[test]
 fn an_output_under_a_regular_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let input = put(dir.path(), "in.npy", &npy_bytes(&npy_header("<f4", false, "(1,)"), &[0; 4]));
+    let input = put(
+        dir.path(),
+        "in.npy",
+        &npy_bytes(&npy_header("<f4", false, "(1,)"), &[0; 4]),
+    );
     put(dir.path(), "plain", b"not a directory");
     for output in ["plain/out.npy", "plain/sub/out.safetensors"] {
         let output = dir.path().join(output);
@@ -398,7 +431,11 @@ fn a_failed_write_names_the_output_and_leaves_nothing_behind() {
     // 16 KiB of data against a 2 KiB file size limit: the write fails with EFBIG, as it
     // would on a full disk.
     let data: Vec<u8> = (0..4096).flat_map(|i| (i as f32).to_le_bytes()).collect();
-    put(dir.path(), "in.npy", &npy_bytes(&npy_header("<f4", false, "(4096,)"), &data));
+    put(
+        dir.path(),
+        "in.npy",
+        &npy_bytes(&npy_header("<f4", false, "(4096,)"), &data),
+    );
     for output in ["out.npy", "out.safetensors"] {
         let o = qcandle_after(
             "trap '' XFSZ; ulimit -f 4",
@@ -413,14 +450,29 @@ fn a_failed_write_names_the_output_and_leaves_nothing_behind() {
 #[test]
 fn an_unreadable_input_is_named() {
     let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("q.npy");
     std::fs::create_dir(dir.path().join("in.npy")).unwrap();
-    let input = dir.path().join("in.npy");
     let o = quantize_file(
         "e4m3",
-        input.to_str().unwrap(),
-        &dir.path().join("q.npy").to_string_lossy(),
+        &dir.path().join("in.npy").to_string_lossy(),
+        output.to_str().unwrap(),
     );
     assert_clean_failure(&o, &["in.npy", "is a directory"]);
+    // A named pipe would block the read until something writes to it: refused up front
+    // (under `timeout`, so a blocked read fails the test instead of hanging it).
+    let fifo = dir.path().join("pipe.npy");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let o = Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_qcandle"))
+        .args(["quantize", "--format", "e4m3"])
+        .arg(&fifo)
+        .arg(&output)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, &["pipe.npy", "not a regular file"]);
 }
 
 /// A file seed for the mutation passes: header text and data, framed into a file by the
@@ -465,7 +517,13 @@ fn npy_seeds() -> Vec<Seed> {
         (">f4", 4),
         (">i2", 2),
     ];
-    let shapes = [("()", 1), ("(3,)", 3), ("(2, 3)", 6), ("(2, 1, 3)", 6), ("(0, 4)", 0)];
+    let shapes = [
+        ("()", 1),
+        ("(3,)", 3),
+        ("(2, 3)", 6),
+        ("(2, 1, 3)", 6),
+        ("(0, 4)", 0),
+    ];
     for (descr, width) in types {
         for (shape, count) in shapes {
             for fortran in [false, true] {
@@ -480,6 +538,10 @@ fn npy_seeds() -> Vec<Seed> {
         "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (6) }",
         "{'descr': [('x', '<f4'), ('y', '<i2')], 'fortran_order': False, 'shape': (1,), }",
         "{'shape': (3,), 'fortran_order': True, 'descr': '>f8'}",
+        // Sizes far beyond the data, which a reader must not allocate.
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000,), }",
+        "{'descr': '<f8', 'fortran_order': True, 'shape': (1000000, 3000000), }",
+        "{'descr': '|u1', 'fortran_order': False, 'shape': (65536, 65536, 4), }",
     ] {
         seeds.push((header.as_bytes().to_vec(), vec![7; 24]));
     }
@@ -508,6 +570,15 @@ fn safetensors_seeds() -> Vec<Seed> {
     seeds.push((
         br#"{"z":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},"s":{"dtype":"U8","shape":[],"data_offsets":[0,1]}}"#.to_vec(),
         vec![9],
+    ));
+    // Sizes far beyond the data, which a reader must not allocate.
+    seeds.push((
+        br#"{"w":{"dtype":"F32","shape":[1000000000],"data_offsets":[0,4000000000]}}"#.to_vec(),
+        vec![1; 16],
+    ));
+    seeds.push((
+        br#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"F64","shape":[70000,70000],"data_offsets":[2,39200000002]}}"#.to_vec(),
+        vec![1; 16],
     ));
     seeds
 }
@@ -573,7 +644,10 @@ fn mutation_pass(
 /// Checks an array a parser accepted: it holds exactly the bytes its type and shape need.
 #[track_caller]
 fn assert_consistent(array: &RawArray<'_>) {
-    assert_eq!(array.data.len(), data_size(array.dtype, &array.shape).unwrap());
+    assert_eq!(
+        array.data.len(),
+        data_size(array.dtype, &array.shape).unwrap()
+    );
 }
 
 /// Prints a pass's counts (shown with `--nocapture`) and checks it reached both outcomes.
