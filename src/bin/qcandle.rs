@@ -6,7 +6,6 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use qcandle::data::Dataset;
-use qcandle::io::{read_tensors, write_tensors};
 use qcandle::nn::{ModelKind, QConfig};
 use qcandle::train::{train, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
@@ -145,6 +144,36 @@ struct PtqArgs {
     /// model file, in ptq/).
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// Rounds every float tensor of `input` to `format` and writes all of its tensors, the
+/// others unchanged, to `output`.
+fn run_quantize(
+    format: Format,
+    rounding: Rounding,
+    seed: u64,
+    input: &std::path::Path,
+    output: &std::path::Path,
+) -> Result<()> {
+    let q = Quant::new(format).with_rounding(rounding).with_seed(seed);
+    let done = qcandle::io::rewrite_float_tensors(input, output, |t| Ok(quantize(t, &q)?))?;
+    if done.metadata_dropped > 0 {
+        eprintln!(
+            "warning: {} has {} metadata entries, which an .npy file cannot hold; they are not in {}",
+            input.display(),
+            done.metadata_dropped,
+            output.display()
+        );
+    }
+    println!(
+        "{}: {} of {} tensors rounded to {format} ({rounding}), {} copied unchanged -> {}",
+        input.display(),
+        done.rounded,
+        done.rounded + done.copied,
+        done.copied,
+        output.display()
+    );
+    Ok(())
 }
 
 fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
@@ -459,28 +488,7 @@ fn main() -> Result<()> {
             seed,
             input,
             output,
-        } => {
-            let q = Quant::new(format).with_rounding(rounding).with_seed(seed);
-            let tensors = read_tensors(&input)?;
-            let mut out = Vec::with_capacity(tensors.len());
-            let mut rounded = 0;
-            for (name, t) in tensors {
-                let t = if t.dtype().is_float() {
-                    rounded += 1;
-                    quantize(&t, &q).with_context(|| format!("tensor {name}"))?
-                } else {
-                    t
-                };
-                out.push((name, t));
-            }
-            write_tensors(&output, &out)?;
-            println!(
-                "{}: {rounded} of {} tensors rounded to {format} ({rounding}) -> {}",
-                input.display(),
-                out.len(),
-                output.display()
-            );
-        }
+        } => run_quantize(format, rounding, seed, &input, &output)?,
         Command::Train(args) => run_train(args)?,
         Command::Ptq(args) => run_ptq(args)?,
         Command::Compare { runs, plot, title } => run_compare(&runs, plot.as_deref(), &title)?,
