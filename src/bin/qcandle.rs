@@ -1,6 +1,14 @@
 //! `qcandle`: the command-line tool. Thin: every subcommand composes library functions.
+//!
+//! Output: results go to standard output, notes and progress to standard error. Writing to
+//! a full or failing standard output is an error (exit status 1) and a reader that closed
+//! the pipe (`qcandle formats | head -3`) ends the tool quietly with status 141, as if
+//! killed by SIGPIPE like other command-line tools; either way every result file already
+//! written stays. A closed or full standard error loses notes, never a run.
 
+use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -9,6 +17,52 @@ use qcandle::data::Dataset;
 use qcandle::nn::{ModelKind, QConfig};
 use qcandle::train::{train, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
+
+/// The reader of standard output closed the pipe.
+#[derive(Debug)]
+struct ClosedPipe;
+
+impl std::fmt::Display for ClosedPipe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl std::error::Error for ClosedPipe {}
+
+/// Exit status for a closed standard output: 128 + SIGPIPE, what a shell reports for a
+/// tool that SIGPIPE ended.
+const CLOSED_PIPE_STATUS: u8 = 141;
+
+/// Writes formatted text to standard output and flushes it: [`ClosedPipe`] when the reader
+/// has gone, an error naming standard output for any other failure (a full disk).
+fn write_stdout(args: std::fmt::Arguments) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => anyhow::Error::new(ClosedPipe),
+            _ => anyhow::Error::new(e).context("cannot write to standard output"),
+        })
+}
+
+/// `print!` that returns the write's error from the enclosing function instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => { write_stdout(format_args!($($arg)*))? };
+}
+
+/// `println!` that returns the write's error from the enclosing function.
+macro_rules! outln {
+    () => { write_stdout(format_args!("\n"))? };
+    ($($arg:tt)*) => { write_stdout(format_args!("{}\n", format_args!($($arg)*)))? };
+}
+
+/// `eprintln!` that never panics: a note lost to a closed or full standard error is not
+/// worth a run.
+macro_rules! note {
+    ($($arg:tt)*) => {{ let _ = writeln!(std::io::stderr(), $($arg)*); }};
+}
 
 #[derive(Parser)]
 #[command(
@@ -158,14 +212,14 @@ fn run_quantize(
     let q = Quant::new(format).with_rounding(rounding).with_seed(seed);
     let done = qcandle::io::rewrite_float_tensors(input, output, |t| Ok(quantize(t, &q)?))?;
     if done.metadata_dropped > 0 {
-        eprintln!(
+        note!(
             "warning: {} has {} metadata entries, which an .npy file cannot hold; they are not in {}",
             input.display(),
             done.metadata_dropped,
             output.display()
         );
     }
-    println!(
+    outln!(
         "{}: {} of {} tensors rounded to {format} ({rounding}), {} copied unchanged -> {}",
         input.display(),
         done.rounded,
@@ -212,7 +266,7 @@ fn run_train(args: TrainArgs) -> Result<()> {
     let out = args
         .out
         .unwrap_or_else(|| qcandle::train::default_out(&options, &args.data));
-    eprintln!(
+    note!(
         "training {} on {} ({}) with config {}, {} epochs -> {}",
         options.model,
         args.data,
@@ -222,9 +276,9 @@ fn run_train(args: TrainArgs) -> Result<()> {
         out.display()
     );
     let records = train(&data, &options, &config, Some(&out), args.quiet)?;
-    print!("{}", qcandle::train::metrics_csv(&records));
+    out!("{}", qcandle::train::metrics_csv(&records));
     if let Some(kib) = peak_rss_kib() {
-        eprintln!("peak resident memory: {:.1} MiB", kib as f64 / 1024.0);
+        note!("peak resident memory: {:.1} MiB", kib as f64 / 1024.0);
     }
     Ok(())
 }
@@ -240,10 +294,10 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
         check_plot_path(path)?;
     }
     let (mut loss, mut accuracy) = (Vec::new(), Vec::new());
-    println!(
+    outln!(
         "| run | config | epochs | train loss | test top-1 | test top-5 | best top-1 | s/epoch |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|---|");
     for (dir, record) in runs.iter().zip(&records) {
         let last = record
             .epochs
@@ -255,9 +309,13 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
         let name = dir
             .file_name()
             .map_or(dir.display().to_string(), |n| n.to_string_lossy().into());
-        println!(
+        outln!(
             "| {name} | {} | {} | {:.4} | {:.2} | {:.2} | {best:.2} | {seconds:.1} |",
-            record.options.config_name, last.epoch, last.train_loss, last.top1, last.top5
+            record.options.config_name,
+            last.epoch,
+            last.train_loss,
+            last.top1,
+            last.top5
         );
         let (l, a) = record.curves(&record.options.config_name);
         loss.push(l);
@@ -265,7 +323,7 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
     }
     if let Some(path) = plot {
         qcandle::plot::training_curves(title, &loss, &accuracy, path)?;
-        eprintln!("wrote {}", path.display());
+        note!("wrote {}", path.display());
     }
     Ok(())
 }
@@ -361,7 +419,7 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
             .unwrap_or(std::path::Path::new("."))
             .join("ptq")
     });
-    eprintln!(
+    note!(
         "post-training quantization of {} ({}) on {} ({})",
         args.model.display(),
         weights.model,
@@ -381,7 +439,7 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
         }
     };
     let table = ptq_table(&weights, &data, &formats, &out, f32_bytes)?;
-    print!("{table}");
+    out!("{table}");
     Ok(())
 }
 
@@ -403,7 +461,7 @@ fn ptq_table(
         .collect::<Result<Vec<_>>>()?;
     qcandle::ptq::prepare_out_dir(out)?;
     let rows = qcandle::ptq::evaluate_methods(weights, data, formats, |m, s| {
-        eprintln!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
+        note!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
     })?;
     let mut report = qcandle::ptq::markdown(&rows);
     report.push_str(
@@ -426,14 +484,14 @@ fn ptq_table(
 }
 
 fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
-    print!("{}", qcandle::report::demo_report(samples, seed)?);
+    out!("{}", qcandle::report::demo_report(samples, seed)?);
     let data = qcandle::data::embedded()?;
-    println!(
+    outln!(
         "\nLeNet-5 on the embedded Fashion-MNIST subset ({}), {epochs} epochs, Adam lr 1e-3, batch 128\n",
         data.source
     );
-    println!("| config | train loss | test top-1 | test top-5 | seconds |");
-    println!("|---|---|---|---|---|");
+    outln!("| config | train loss | test top-1 | test top-5 | seconds |");
+    outln!("|---|---|---|---|---|");
     let runs = std::path::Path::new("runs").join("demo");
     for config_name in ["float32", "posit16"] {
         let options = TrainOptions {
@@ -456,32 +514,45 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
         let records = train(&data, &options, &config, Some(&out), false)?;
         let last = records.last().context("no epochs were run")?;
         let seconds: f64 = records.iter().map(|r| r.seconds).sum();
-        println!(
+        outln!(
             "| {config_name} | {:.4} | {:.2}% | {:.2}% | {seconds:.1} |",
-            last.train_loss, last.top1, last.top5
+            last.train_loss,
+            last.top1,
+            last.top5
         );
     }
     let model = runs.join(format!(
         "lenet5-float32-e{epochs}-s{seed}/model.safetensors"
     ));
-    println!(
+    outln!(
         "\nPost-training quantization of the float32 model ({}) on the same test images\n",
         model.display()
     );
     let weights = qcandle::ptq::read_weights(&model, Some(ModelKind::Lenet5))?;
     let f32_bytes = std::fs::metadata(&model)?.len();
     let out = model.with_file_name("ptq");
-    print!(
+    out!(
         "{}",
         ptq_table(&weights, &data, &["posit<8,0>".parse()?], &out, f32_bytes)?
     );
     Ok(())
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     qcandle::ops::threads::tune_cpu_threads();
-    match Cli::parse().command {
-        Command::Formats => print!("{}", qcandle::report::formats_table()),
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<ClosedPipe>() => ExitCode::from(CLOSED_PIPE_STATUS),
+        Err(e) => {
+            note!("Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Formats => out!("{}", qcandle::report::formats_table()),
         Command::Quantize {
             format,
             rounding,
