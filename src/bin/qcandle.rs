@@ -145,11 +145,9 @@ struct PtqArgs {
     out: Option<PathBuf>,
 }
 
+/// The dataset `--data` names (fashion-mnist, mnist or embedded), read from `dir` if given.
 fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
-    Ok(match name {
-        "embedded" => qcandle::data::embedded()?,
-        _ => qcandle::data::load(name.parse()?, dir)?,
-    })
+    Ok(name.parse::<qcandle::data::DataSource>()?.load(dir)?)
 }
 
 /// The process's peak resident set size (VmHWM), where /proc provides it.

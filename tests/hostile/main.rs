@@ -95,11 +95,19 @@ pub fn stdout(o: &Output) -> String {
 #[track_caller]
 pub fn assert_clean_failure(o: &Output, words: &[&str]) {
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "expected exit 1, got {:?}: {err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "expected exit 1, got {:?}: {err}",
+        o.status
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
     let lower = err.to_lowercase();
     for w in words {
-        assert!(lower.contains(&w.to_lowercase()), "`{w}` missing from: {err}");
+        assert!(
+            lower.contains(&w.to_lowercase()),
+            "`{w}` missing from: {err}"
+        );
     }
 }
 
