@@ -9,7 +9,8 @@
 // qc_encode / qc_decode for pack and unpack. That checks what the kernels add to quant.cuh
 // (the 4-elements-per-thread mapping and its Philox words, vector and scalar paths, tails,
 // unaligned starts, strided gathers and in-place scatters, empty tensors, block grouping and
-// maxima, pack and unpack errors); quant.cuh itself is compared with the Rust kernels by tests/cuda_host.rs.
+// maxima, pack and unpack errors); quant.cuh itself is compared with the Rust kernels by
+// tests/cuda_host.rs.
 // Prints "<checks> checks, <failures> failures" and exits nonzero on any failure.
 #include <stdint.h>
 #include <stdio.h>
