@@ -19,7 +19,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use flate2::read::MultiGzDecoder;
@@ -224,17 +224,24 @@ pub fn read_file(path: &Path, kind: Kind) -> Result<Items, DataError> {
         source,
     };
     let file = File::open(path).map_err(io_error)?;
+    let meta = file.metadata().map_err(io_error)?;
+    if meta.is_dir() {
+        return Err(io_error(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "it is a directory, not a file",
+        )));
+    }
     let origin = path.display().to_string();
     if path.extension().is_some_and(|e| e == "gz") {
         read(
-            MultiGzDecoder::new(BufReader::new(file)),
+            MultiGzDecoder::new(file),
             Encoding::Gzip,
             kind,
             MAX_ITEMS,
             &origin,
         )
     } else {
-        let len = file.metadata().map_err(io_error)?.len();
+        let len = meta.len();
         read(file, Encoding::Raw { len }, kind, MAX_ITEMS, &origin)
     }
 }
@@ -289,6 +296,7 @@ pub fn read(
     let header = &mut header[..header_len];
     let got = read_full(&mut stream, header).map_err(stream_error)?;
     let count = check_header(&header[..got], kind, max_items, origin)?;
+    // At most 2^32 items of 784 bytes: no overflow in u64.
     let body_len = count as u64 * kind.item_bytes();
     let expected = header_len as u64 + body_len;
     if let Encoding::Raw { len } = encoding {

@@ -551,6 +551,25 @@ fn a_data_dir_that_is_a_file_or_missing_says_so() {
 }
 
 #[test]
+fn a_dataset_file_that_is_a_directory_says_so() {
+    // A compressed name, and an uncompressed one standing in for a missing .gz.
+    for (file, directory) in [
+        (FILES[0], FILES[0]),
+        (FILES[1], FILES[1].trim_end_matches(".gz")),
+    ] {
+        let dir = valid_dir();
+        std::fs::remove_file(dir.path().join(file)).unwrap();
+        let path = dir.path().join(directory);
+        std::fs::create_dir(&path).unwrap();
+        let err = data::load(DatasetName::Mnist, Some(dir.path())).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DataError::Io { .. }), "{err:?}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        assert!(msg.contains("is a directory, not a file"), "{msg}");
+    }
+}
+
+#[test]
 fn a_data_dir_given_with_the_embedded_subset_is_refused_not_ignored() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
@@ -560,6 +579,9 @@ fn a_data_dir_given_with_the_embedded_subset_is_refused_not_ignored() {
         "embedded",
         "--data-dir",
         tmp.path().to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--quiet",
         "--out",
         run.to_str().unwrap(),
     ]);
@@ -793,8 +815,7 @@ fn text_bound(input: &[u8]) -> usize {
 fn mutation_pass_over_format_and_rounding_strings() {
     let mut formats: Vec<Vec<u8>> = Format::presets()
         .iter()
-        .map(|(name, _, f)| [name.to_string(), f.to_string()])
-        .flatten()
+        .flat_map(|(name, _, f)| [name.to_string(), f.to_string()])
         .map(String::into_bytes)
         .collect();
     for s in [
