@@ -184,7 +184,7 @@ impl fmt::Display for Corruption {
                 extra,
                 exact: false,
             } => {
-                write!(f, "more than {extra} unexpected bytes after the last item")
+                write!(f, "at least {extra} unexpected bytes after the last item")
             }
             Corruption::BadDims { rows, cols } => {
                 write!(f, "images are {rows}x{cols}, expected {SIDE}x{SIDE}")

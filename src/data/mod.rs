@@ -178,7 +178,7 @@ pub enum DataError {
         input: String,
     },
     /// A string that names no data source: no dataset and not `embedded`.
-    #[error("unknown dataset {input:?} (known: fashion-mnist, mnist, embedded)")]
+    #[error("unknown dataset {input:?} (known: {})", DataSource::NAMES.join(", "))]
     UnknownSource {
         /// The string that was given.
         input: String,

@@ -684,36 +684,35 @@ fn training_cifarnet_on_28x28_data_says_which_shape_it_needs() {
 // Mutation passes
 // ---------------------------------------------------------------------------------------
 
-/// Runs `parse` on `count` mutations of the seeds (round robin), checking that none
-/// panics and that none allocates more than `bound(input)` bytes in one request. Returns
-/// the number of inputs tried.
-fn mutation_pass(
+/// `count` mutations of the seeds (round robin), from the generator seeded with `seed`.
+fn mutations(seed: u64, seeds: &[Vec<u8>], count: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let mut rng = Rng(seed);
+    (0..count).map(move |n| rng.mutate(&seeds[n % seeds.len()]))
+}
+
+/// Runs `parse` on every input, checking that none panics and that none allocates more
+/// than `bound(input)` bytes in one request. Returns the number of inputs tried.
+fn check_inputs(
     name: &str,
-    seed: u64,
-    seeds: &[Vec<u8>],
-    count: usize,
+    inputs: impl Iterator<Item = Vec<u8>>,
     bound: impl Fn(&[u8]) -> usize,
     parse: impl Fn(&[u8]),
 ) -> usize {
-    let mut rng = Rng(seed);
-    let mut worst = (0usize, 0usize);
-    for n in 0..count {
-        let input = rng.mutate(&seeds[n % seeds.len()]);
+    let (mut count, mut worst) = (0, (0usize, 0usize));
+    for input in inputs {
         let (outcome, largest) =
             largest_allocation(|| catch_unwind(AssertUnwindSafe(|| parse(&input))));
-        assert!(
-            outcome.is_ok(),
-            "{name}: input {n} panicked: {:?}",
-            String::from_utf8_lossy(&input)
-        );
+        let shown = String::from_utf8_lossy(&input);
+        assert!(outcome.is_ok(), "{name}: input {count} panicked: {shown:?}");
         let limit = bound(&input);
         assert!(
             largest <= limit,
-            "{name}: input {n} ({} bytes) allocated {largest} bytes at once (bound {limit}): {:?}",
+            "{name}: input {count} ({} bytes) allocated {largest} bytes at once (bound {limit}): \
+             {shown:?}",
             input.len(),
-            String::from_utf8_lossy(&input)
         );
         worst = worst.max((largest, input.len()));
+        count += 1;
     }
     println!(
         "{name}: {count} mutated inputs, no panic, largest allocation {} bytes (input of {} bytes)",
@@ -744,23 +743,17 @@ fn decode_both(input: &[u8], compressed: bool, max_items: u32) {
 
 #[test]
 fn mutation_pass_over_the_idx_reader_gzip() {
-    let seeds: Vec<Vec<u8>> = idx_seeds().into_iter().map(|(_, b)| gz(&b)).collect();
+    let raw: Vec<Vec<u8>> = idx_seeds().into_iter().map(|(_, b)| b).collect();
+    let compressed: Vec<Vec<u8>> = raw.iter().map(|b| gz(b)).collect();
     let allowed = 16 + FUZZ_MAX_ITEMS as usize * 784;
     let bound = |_: &[u8]| 2 * allowed + READER_OVERHEAD;
+    let decode = |b: &[u8]| decode_both(b, true, FUZZ_MAX_ITEMS);
     // Mutated compressed bytes: the gzip layer.
-    let a = mutation_pass(
-        "idx gzip (compressed bytes mutated)",
-        1,
-        &seeds,
-        30_000,
-        bound,
-        |b| decode_both(b, true, FUZZ_MAX_ITEMS),
-    );
+    let inputs = mutations(1, &compressed, 100_000);
+    let a = check_inputs("idx gzip (compressed bytes mutated)", inputs, bound, decode);
     // Mutated IDX bytes, then compressed: the header checks behind the gzip layer.
-    let raw: Vec<Vec<u8>> = idx_seeds().into_iter().map(|(_, b)| b).collect();
-    let b = mutation_pass("idx gzip (content mutated)", 2, &raw, 30_000, bound, |b| {
-        decode_both(&gz(b), true, FUZZ_MAX_ITEMS)
-    });
+    let inputs = mutations(2, &raw, 60_000).map(|b| gz(&b));
+    let b = check_inputs("idx gzip (content mutated)", inputs, bound, decode);
     println!("idx gzip: {} inputs", a + b);
 }
 
@@ -768,11 +761,9 @@ fn mutation_pass_over_the_idx_reader_gzip() {
 fn mutation_pass_over_the_idx_reader_uncompressed() {
     let seeds: Vec<Vec<u8>> = idx_seeds().into_iter().map(|(_, b)| b).collect();
     // Production limits: the length check bounds what the file may make the reader hold.
-    mutation_pass(
+    check_inputs(
         "idx uncompressed",
-        3,
-        &seeds,
-        80_000,
+        mutations(3, &seeds, 150_000),
         |input| 2 * input.len() + READER_OVERHEAD,
         |b| decode_both(b, false, idx::MAX_ITEMS),
     );
@@ -830,7 +821,8 @@ fn mutation_pass_over_format_and_rounding_strings() {
     ] {
         formats.push(s.as_bytes().to_vec());
     }
-    let a = mutation_pass("Format::from_str", 4, &formats, 120_000, text_bound, |b| {
+    let inputs = mutations(4, &formats, 200_000);
+    let a = check_inputs("Format::from_str", inputs, text_bound, |b| {
         let _ = String::from_utf8_lossy(b).parse::<Format>();
     });
     let roundings: Vec<Vec<u8>> = [
@@ -845,11 +837,9 @@ fn mutation_pass_over_format_and_rounding_strings() {
     .iter()
     .map(|s| s.as_bytes().to_vec())
     .collect();
-    let b = mutation_pass(
+    let b = check_inputs(
         "Rounding::from_str",
-        5,
-        &roundings,
-        60_000,
+        mutations(5, &roundings, 80_000),
         text_bound,
         |b| {
             let _ = String::from_utf8_lossy(b).parse::<Rounding>();
@@ -881,21 +871,17 @@ fn config_seeds(json: bool) -> Vec<Vec<u8>> {
 
 #[test]
 fn mutation_pass_over_config_files() {
-    let a = mutation_pass(
+    let a = check_inputs(
         "QConfig::from_toml",
-        6,
-        &config_seeds(false),
-        25_000,
+        mutations(6, &config_seeds(false), 100_000),
         text_bound,
         |b| {
             let _ = QConfig::from_toml(&String::from_utf8_lossy(b));
         },
     );
-    let b = mutation_pass(
+    let b = check_inputs(
         "QConfig::from_json",
-        7,
-        &config_seeds(true),
-        25_000,
+        mutations(7, &config_seeds(true), 100_000),
         text_bound,
         |b| {
             let _ = QConfig::from_json(&String::from_utf8_lossy(b));
