@@ -6,8 +6,8 @@
 //!   scope once divided by the empty dimension.
 //! - IDX files that declare or inflate to gigabytes (a gzip bomb, a header with millions of
 //!   images, a sparse uncompressed file): refused after reading the header and at most the
-//!   declared bytes, checked both by the largest allocation and by running the tool under
-//!   an address-space limit. Bytes after the last gzip member are an error; a file of
+//!   declared bytes, checked both by the largest allocation and by running the tool with a
+//!   limited heap. Bytes after the last gzip member are an error; a file of
 //!   several gzip members is read whole, as `gunzip` reads it.
 //! - `--data` and `--data-dir`: unknown names list every choice (`embedded` included), a
 //!   data directory that is a file or missing says so, and a directory given with the
@@ -287,12 +287,14 @@ fn valid_dir() -> tempfile::TempDir {
     dir
 }
 
-/// Runs the tool under an address-space limit of `mib` MiB (`ulimit -v`): an input that
-/// makes it allocate gigabytes then fails to allocate (an abort) instead of filling memory.
+/// Runs the tool with its data segment limited to `mib` MiB (`ulimit -d`, which covers
+/// every heap allocation but not thread stacks or reserved address space, so the limit does
+/// not depend on the number of cores): an input that makes it allocate gigabytes then fails
+/// to allocate instead of filling the machine's memory.
 fn qcandle_limited(mib: u64, args: &[&str]) -> Output {
     Command::new("sh")
         .arg("-c")
-        .arg(format!("ulimit -v {}; exec \"$0\" \"$@\"", mib * 1024))
+        .arg(format!("ulimit -d {}; exec \"$0\" \"$@\"", mib * 1024))
         .arg(env!("CARGO_BIN_EXE_qcandle"))
         .args(args)
         .stdin(Stdio::null())
@@ -300,7 +302,7 @@ fn qcandle_limited(mib: u64, args: &[&str]) -> Output {
         .expect("sh runs")
 }
 
-/// `qcandle train` on the MNIST files in `dir`, under a 1 GiB address-space limit.
+/// `qcandle train` on the MNIST files in `dir`, with 1 GiB of heap at most.
 fn train_limited(dir: &Path) -> Output {
     let out = dir.join("run");
     qcandle_limited(
