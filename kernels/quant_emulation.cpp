@@ -8,8 +8,9 @@
 // logical element i with random word qc_random(seed, call, i), block maxima by a plain loop,
 // qc_encode / qc_decode for pack and unpack. That checks what the kernels add to quant.cuh
 // (the 4-elements-per-thread mapping and its Philox words, vector and scalar paths, tails,
-// unaligned starts, strided gathers and in-place scatters, block grouping and maxima, pack and
-// unpack errors); quant.cuh itself is compared with the Rust kernels by tests/cuda_host.rs.
+// unaligned starts, strided gathers and in-place scatters, empty tensors, block grouping and
+// maxima, pack and unpack errors); quant.cuh itself is compared with the Rust kernels by
+// tests/cuda_host.rs.
 // Prints "<checks> checks, <failures> failures" and exits nonzero on any failure.
 #include <stdint.h>
 #include <stdio.h>
@@ -71,6 +72,9 @@ static void check(const char* what, QcFormat f, QcRounding r, L l, bool contiguo
     uint64_t seed = 0x1234567890ull, call = 0x100000003ull;
     uint64_t inner = 1, count = 1;
     if (block_dim >= 0) { count = l.dims[block_dim]; inner = 1; for (int d = block_dim + 1; d < 3; ++d) inner *= l.dims[d]; }
+    // As the host passes them (cpu::BlockGrid): at least 1, also for an empty tensor.
+    if (inner == 0) inner = 1;
+    if (count == 0) count = 1;
     // reference maxima
     std::vector<unsigned long long> maxima_ref(count, 0), maxima(count, 0);
     if (f.family == QC_BLOCK) for (uint64_t i = 0; i < n; ++i) { double x = widen_ref(data[off(l, i)]); if (!qc_is_finite(x)) continue; uint64_t b = (i / inner) % count; uint64_t a = qc_abs_bits(x); if (a > maxima_ref[b]) maxima_ref[b] = a; }
@@ -108,11 +112,16 @@ int main() {
         {{4, 4, 8}, {32, 8, 1}, 0},    // contiguous multiple of 4
         {{3, 7, 5}, {35, 1, 7}, 0},    // transposed
         {{2, 3, 9}, {60, 12, 1}, 5},   // sliced
+        {{2, 0, 3}, {0, 3, 1}, 0},     // empty, contiguous
+        {{4, 3, 0}, {0, 0, 1}, 1},     // empty innermost dimension, unaligned start
+        {{3, 0, 5}, {1, 15, 3}, 2},    // empty, strided
     };
+    const bool contiguous_layout[] = {true, true, true, false, false, true, true, false};
+    const int n_layouts = sizeof layouts / sizeof layouts[0];
     int checks = 0;
-    for (auto f : formats) for (auto r : roundings) for (int li = 0; li < 5; ++li) for (int inplace = 0; inplace < 2; ++inplace) {
+    for (auto f : formats) for (auto r : roundings) for (int li = 0; li < n_layouts; ++li) for (int inplace = 0; inplace < 2; ++inplace) {
         L l = layouts[li];
-        bool contiguous = li < 3;
+        bool contiguous = contiguous_layout[li];
         int dims[] = {-1, 0, 1, 2};
         for (int bd : dims) {
             if (f.family != QC_BLOCK && bd >= 0) continue;

@@ -482,6 +482,8 @@ pub fn train(
     quiet: bool,
 ) -> Result<Vec<EpochRecord>> {
     options.validate()?;
+    let kind: ModelKind = options.model.parse()?;
+    kind.check_input(data.train_images.dims())?;
     let limited;
     let train_data = match options.train_limit {
         Some(n) => {

@@ -230,11 +230,9 @@ fn run_quantize(
     Ok(())
 }
 
+/// The dataset `--data` names (fashion-mnist, mnist or embedded), read from `dir` if given.
 fn load_data(name: &str, dir: Option<&std::path::Path>) -> Result<Dataset> {
-    Ok(match name {
-        "embedded" => qcandle::data::embedded()?,
-        _ => qcandle::data::load(name.parse()?, dir)?,
-    })
+    Ok(name.parse::<qcandle::data::DataSource>()?.load(dir)?)
 }
 
 /// The process's peak resident set size (VmHWM), where /proc provides it.
@@ -413,6 +411,7 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
             )
         })?,
     };
+    weights.model.check_input(data.test_images.dims())?;
     let out = args.out.clone().unwrap_or_else(|| {
         args.model
             .parent()

@@ -4,7 +4,12 @@
 //! `train-labels-idx1-ubyte.gz`, `t10k-images-idx3-ubyte.gz`, `t10k-labels-idx1-ubyte.gz`,
 //! or the same names without `.gz`) from a directory; [`embedded`] gives the first 6000
 //! training and 1000 test items of Fashion-MNIST, compiled into the library, so examples
-//! and tests run without any download.
+//! and tests run without any download. [`DataSource`] is the choice between the two as the
+//! command line spells it (`fashion-mnist`, `mnist` or `embedded`).
+//!
+//! A data directory that is missing or is a file, a missing file, and a corrupt file (see
+//! [`idx`] for the checks, made as the file is read, so a file declaring or inflating to
+//! gigabytes is refused without being read whole) are errors naming the path.
 //!
 //! Images come as `(N, 1, 28, 28)` f32 tensors scaled to `[-1, 1]` by `x / 127.5 - 1`
 //! (pixel 0 becomes -1, 255 becomes exactly 1), labels as `(N)` u32 tensors, both on the
@@ -109,12 +114,72 @@ impl FromStr for DatasetName {
     }
 }
 
+/// Where a dataset comes from, as the command line's `--data` names it: a dataset read
+/// from its IDX files, or the embedded Fashion-MNIST subset (`embedded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataSource {
+    /// The files of a dataset, from a data directory (see [`load`]).
+    Files(DatasetName),
+    /// The subset compiled into the library (see [`embedded`]).
+    Embedded,
+}
+
+impl DataSource {
+    /// The name of the embedded subset.
+    pub const EMBEDDED: &'static str = "embedded";
+
+    /// Every source name, in the order they are listed in messages.
+    pub const NAMES: [&'static str; 3] = ["fashion-mnist", "mnist", DataSource::EMBEDDED];
+
+    /// Loads the dataset: [`load`] from `dir` for files, [`embedded`] for the subset (which
+    /// reads no directory, so giving one is an error rather than silently ignored).
+    pub fn load(self, dir: Option<&Path>) -> Result<Dataset, DataError> {
+        match (self, dir) {
+            (DataSource::Files(name), dir) => load(name, dir),
+            (DataSource::Embedded, None) => embedded(),
+            (DataSource::Embedded, Some(dir)) => Err(DataError::DirectoryWithEmbedded {
+                dir: dir.to_path_buf(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for DataSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataSource::Files(name) => name.fmt(f),
+            DataSource::Embedded => f.write_str(DataSource::EMBEDDED),
+        }
+    }
+}
+
+impl FromStr for DataSource {
+    type Err = DataError;
+
+    fn from_str(s: &str) -> Result<Self, DataError> {
+        if s.trim().eq_ignore_ascii_case(DataSource::EMBEDDED) {
+            return Ok(DataSource::Embedded);
+        }
+        s.parse()
+            .map(DataSource::Files)
+            .map_err(|_| DataError::UnknownSource {
+                input: s.to_string(),
+            })
+    }
+}
+
 /// Why a dataset could not be loaded or batched.
 #[derive(Debug, Error)]
 pub enum DataError {
-    /// A string that names no dataset.
+    /// A string that names no dataset read from files.
     #[error("unknown dataset {input:?} (known: fashion-mnist, mnist)")]
     UnknownName {
+        /// The string that was given.
+        input: String,
+    },
+    /// A string that names no data source: no dataset and not `embedded`.
+    #[error("unknown dataset {input:?} (known: {})", DataSource::NAMES.join(", "))]
+    UnknownSource {
         /// The string that was given.
         input: String,
     },
@@ -130,6 +195,20 @@ pub enum DataError {
         /// The dataset.
         dataset: DatasetName,
         /// The directory.
+        dir: PathBuf,
+    },
+    /// The data directory is a file (or something else that is not a directory).
+    #[error("{dataset}: data directory {} is a file, not a directory; {}", dir.display(), dataset.how_to_get())]
+    NotADirectory {
+        /// The dataset.
+        dataset: DatasetName,
+        /// The path given as the directory.
+        dir: PathBuf,
+    },
+    /// A data directory given with the embedded subset, which reads no files.
+    #[error("the embedded subset reads no files; a data directory ({}) cannot be used with it", dir.display())]
+    DirectoryWithEmbedded {
+        /// The directory that was given.
         dir: PathBuf,
     },
     /// A file of the dataset is absent, compressed and uncompressed.
@@ -219,9 +298,7 @@ pub fn resolve_dir(
 /// `.gz` is absent. Errors name the file and say how to obtain the dataset.
 pub fn load(name: DatasetName, dir: Option<&Path>) -> Result<Dataset, DataError> {
     let dir = resolve_dir(name, dir, std::env::var_os(DATA_ENV))?;
-    if !dir.is_dir() {
-        return Err(DataError::MissingDirectory { dataset: name, dir });
-    }
+    check_dir(name, &dir)?;
     let path_of = |file: &str| -> Result<PathBuf, DataError> {
         let gz = dir.join(file);
         if gz.exists() {
@@ -241,12 +318,14 @@ pub fn load(name: DatasetName, dir: Option<&Path>) -> Result<Dataset, DataError>
         .map(|f| path_of(f))
         .collect::<Result<Vec<_>, _>>()?;
     let split = |images: &Path, labels: &Path| -> Result<(Tensor, Tensor), DataError> {
-        let (image_bytes, label_bytes) =
-            rayon::join(|| idx::read_file(images), || idx::read_file(labels));
+        let (image_items, label_items) = rayon::join(
+            || idx::read_file(images, idx::Kind::Images),
+            || idx::read_file(labels, idx::Kind::Labels),
+        );
         decode_split(
-            &image_bytes?,
+            &image_items?,
             &images.display().to_string(),
-            &label_bytes?,
+            &label_items?,
             &labels.display().to_string(),
         )
     };
@@ -263,6 +342,25 @@ pub fn load(name: DatasetName, dir: Option<&Path>) -> Result<Dataset, DataError>
         test_labels,
         source: dir.display().to_string(),
     })
+}
+
+/// Checks that the data directory `dir` of dataset `name` exists and is a directory.
+fn check_dir(name: DatasetName, dir: &Path) -> Result<(), DataError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(DataError::NotADirectory {
+            dataset: name,
+            dir: dir.to_path_buf(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(DataError::MissingDirectory {
+            dataset: name,
+            dir: dir.to_path_buf(),
+        }),
+        Err(source) => Err(DataError::Io {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// The embedded Fashion-MNIST subset, gzip-compressed IDX files made by
@@ -309,10 +407,13 @@ pub fn embedded() -> Result<Dataset, DataError> {
     let split = |i: usize| -> Result<(Tensor, Tensor), DataError> {
         let (images, labels) = (EMBEDDED[i], EMBEDDED[i + 1]);
         let origin = |f: &str| format!("embedded:{f}");
+        let decode = |(name, bytes): (&str, &[u8]), kind| {
+            idx::decode(bytes, true, kind, idx::MAX_ITEMS, &origin(name))
+        };
         decode_split(
-            &idx::gunzip(images.1, &origin(images.0))?,
+            &decode(images, idx::Kind::Images)?,
             &origin(images.0),
-            &idx::gunzip(labels.1, &origin(labels.0))?,
+            &decode(labels, idx::Kind::Labels)?,
             &origin(labels.0),
         )
     };
@@ -328,21 +429,20 @@ pub fn embedded() -> Result<Dataset, DataError> {
     })
 }
 
-/// Decodes one split's decompressed IDX bytes into `(N, 1, 28, 28)` f32 images in `[-1, 1]`
-/// and `(N)` u32 labels.
+/// Turns one split's checked IDX items into `(N, 1, 28, 28)` f32 images in `[-1, 1]` and
+/// `(N)` u32 labels, after checking that the two files hold as many items.
 fn decode_split(
-    image_bytes: &[u8],
+    images: &idx::Items,
     images_origin: &str,
-    label_bytes: &[u8],
+    labels: &idx::Items,
     labels_origin: &str,
 ) -> Result<(Tensor, Tensor), DataError> {
-    let (n, pixels) = idx::parse_images(image_bytes, images_origin)?;
-    let labels = idx::parse_labels(label_bytes, labels_origin)?;
-    idx::check_counts(n, images_origin, labels.len(), labels_origin)?;
+    let n = images.count;
+    idx::check_counts(n, images_origin, labels.count, labels_origin)?;
     let scale: [f32; 256] = std::array::from_fn(|x| x as f32 / 127.5 - 1.0);
-    let pixels: Vec<f32> = pixels.iter().map(|&p| scale[p as usize]).collect();
+    let pixels: Vec<f32> = images.bytes.iter().map(|&p| scale[p as usize]).collect();
     let images = Tensor::from_vec(pixels, (n, 1, idx::SIDE, idx::SIDE), &Device::Cpu)?;
-    let labels: Vec<u32> = labels.iter().map(|&l| l as u32).collect();
+    let labels: Vec<u32> = labels.bytes.iter().map(|&l| l as u32).collect();
     let labels = Tensor::from_vec(labels, n, &Device::Cpu)?;
     Ok((images, labels))
 }

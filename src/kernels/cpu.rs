@@ -338,7 +338,7 @@ where
         let base = chunk * CHUNK;
         let inp = src.map(|s| &s[base..base + out.len()]);
         let mut block = grid.block_of(base);
-        let mut within = base % grid.inner;
+        let mut within = base % grid.inner();
         let mut words = [0u32; 4];
         for j in 0..out.len() {
             let i = base + j;
@@ -353,10 +353,10 @@ where
             };
             out[j] = T::from_f64(f(block, x.to_f64(), words[i % 4]));
             within += 1;
-            if within == grid.inner {
+            if within == grid.inner() {
                 within = 0;
                 block += 1;
-                if block == grid.count {
+                if block == grid.count() {
                     block = 0;
                 }
             }
@@ -365,15 +365,23 @@ where
     for_each_chunk(dst, work);
 }
 
-/// How the elements of a contiguous tensor of shape `dims` are grouped into blocks.
-#[derive(Debug, Clone, Copy)]
-struct BlockGrid {
+/// How the elements of a contiguous tensor of shape `dims` are grouped into blocks: element
+/// `i` (logical row-major index) is in block `(i / inner) % count`.
+///
+/// Both are at least 1. For a tensor with elements that is what the shape gives (every
+/// dimension is at least 1); an empty tensor has no element to place, and clamping keeps
+/// the index arithmetic of every kernel (this one and the CUDA one) free of division by
+/// zero without a special case there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockGrid {
     inner: usize,
     count: usize,
 }
 
 impl BlockGrid {
-    fn new(scope: BlockScope, dims: &[usize]) -> candle_core::Result<Self> {
+    /// The grid of `scope` over a tensor of shape `dims`; an error when a `dim` scope names
+    /// no dimension of the tensor (empty or not).
+    pub(crate) fn new(scope: BlockScope, dims: &[usize]) -> candle_core::Result<Self> {
         match scope {
             BlockScope::Tensor => Ok(BlockGrid { inner: 1, count: 1 }),
             BlockScope::Dim(d) => {
@@ -386,11 +394,22 @@ impl BlockGrid {
                 }
                 let r = resolved as usize;
                 Ok(BlockGrid {
-                    inner: dims[r + 1..].iter().product(),
-                    count: dims[r],
+                    inner: dims[r + 1..].iter().product::<usize>().max(1),
+                    count: dims[r].max(1),
                 })
             }
         }
+    }
+
+    /// Consecutive elements per block slice (the product of the dimensions after the
+    /// block dimension), at least 1.
+    pub(crate) fn inner(&self) -> usize {
+        self.inner
+    }
+
+    /// Number of blocks (the size of the block dimension), at least 1.
+    pub(crate) fn count(&self) -> usize {
+        self.count
     }
 
     #[inline(always)]
@@ -419,7 +438,7 @@ fn max_abs_f32(xs: &[f32]) -> f64 {
 /// Largest finite magnitude of each block.
 fn block_maxima<T: Element>(data: &[T], grid: BlockGrid) -> Vec<f64> {
     let fold = |chunk: usize, xs: &[T]| {
-        let mut m = vec![0f64; grid.count];
+        let mut m = vec![0f64; grid.count()];
         for (j, &x) in xs.iter().enumerate() {
             let v = x.to_f64();
             if v.is_finite() {
@@ -433,7 +452,7 @@ fn block_maxima<T: Element>(data: &[T], grid: BlockGrid) -> Vec<f64> {
         .enumerate()
         .map(|(c, xs)| fold(c, xs))
         .reduce(
-            || vec![0f64; grid.count],
+            || vec![0f64; grid.count()],
             |mut a, b| {
                 for (x, y) in a.iter_mut().zip(b) {
                     *x = x.max(y);
@@ -497,7 +516,7 @@ fn run_rule<T: Element, R: RoundingRule>(
         Format::Block(b) => {
             let grid = BlockGrid::new(b.scope(), dims)?;
             let maxima = block_maxima(src.unwrap_or(dst), grid);
-            if grid.count == 1 {
+            if grid.count() == 1 {
                 let m = maxima[0];
                 map_elements(src, dst, stream, |_, x, r| b.round(x, m, rule, r))
             } else {

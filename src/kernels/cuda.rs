@@ -71,25 +71,11 @@ fn layout_info(dev: &CudaDevice, layout: &Layout) -> Result<Option<CudaSlice<u64
     Ok(Some(dev.clone_htod(&info)?))
 }
 
-/// (inner, count) of the block grid, as `cpu::BlockGrid` computes it.
+/// (inner, count) of the block grid: [`cpu::BlockGrid`]'s, so the kernels group elements as
+/// the CPU does, and both are at least 1 (the kernels divide by them), empty tensors included.
 fn block_grid(scope: BlockScope, dims: &[usize]) -> Result<(u64, u64)> {
-    match scope {
-        BlockScope::Tensor => Ok((1, 1)),
-        BlockScope::Dim(d) => {
-            let rank = dims.len() as i64;
-            let resolved = if d < 0 { d + rank } else { d };
-            if resolved < 0 || resolved >= rank {
-                candle_core::bail!(
-                    "block dim={d} is out of range for a tensor of rank {rank} (shape {dims:?})"
-                );
-            }
-            let r = resolved as usize;
-            Ok((
-                dims[r + 1..].iter().product::<usize>() as u64,
-                dims[r] as u64,
-            ))
-        }
-    }
+    let grid = cpu::BlockGrid::new(scope, dims)?;
+    Ok((grid.inner() as u64, grid.count() as u64))
 }
 
 /// A device element type with quantize kernels.

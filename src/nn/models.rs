@@ -1,7 +1,8 @@
 //! A small model zoo built from the quantized layers: MLP, LeNet-5 and CifarNet.
 //!
-//! Every model takes images (N, C, H, W) scaled to [-1, 1] and returns logits (N, 10). The
-//! input is rounded with the activation format of the pseudo-layer `input` (real hardware
+//! Every model takes images (N, C, H, W) scaled to [-1, 1] and returns logits (N, 10);
+//! images of another shape are refused before the first layer with a message saying what
+//! the model needs and what it was given ([`ModelKind::check_input`]). The input is rounded with the activation format of the pseudo-layer `input` (real hardware
 //! would hold its input in the format too); each linear or convolution layer rounds its
 //! output and error (see [`crate::nn::layers`]).
 //!
@@ -51,6 +52,25 @@ impl ModelKind {
         match self {
             ModelKind::CifarNet => (3, 32, 32),
             _ => (1, 28, 28),
+        }
+    }
+
+    /// Checks that images of shape `dims` suit the model, before any layer sees them.
+    ///
+    /// `dims` is one image `(C, H, W)` or a batch `(N, C, H, W)`; either way `(C, H, W)`
+    /// must be [`input_shape`](Self::input_shape). The error says what the model needs and
+    /// what the data has: "cifarnet needs 3x32x32 images; the data has 1x28x28".
+    pub fn check_input(&self, dims: &[usize]) -> Result<()> {
+        let (c, h, w) = self.input_shape();
+        match dims {
+            [dc, dh, dw] | [_, dc, dh, dw] if (*dc, *dh, *dw) == (c, h, w) => Ok(()),
+            [dc, dh, dw] | [_, dc, dh, dw] => {
+                candle_core::bail!("{self} needs {c}x{h}x{w} images; the data has {dc}x{dh}x{dw}")
+            }
+            _ => candle_core::bail!(
+                "{self} needs images of shape (N, {c}, {h}, {w}) or ({c}, {h}, {w}); the data \
+                 has shape {dims:?}"
+            ),
         }
     }
 
@@ -144,7 +164,10 @@ impl Model {
 }
 
 impl Module for Model {
+    /// Logits `(N, 10)` of images `(N, C, H, W)`; images of another shape are an error
+    /// saying what the model needs ([`ModelKind::check_input`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.kind.check_input(x.dims())?;
         let x = match &self.input {
             Some(q) => quantize_no_grad(x, q)?,
             None => x.clone(),
@@ -224,7 +247,14 @@ impl LeNet5 {
 }
 
 impl Module for LeNet5 {
+    /// Logits of images `(N, 1, 28, 28)` (checked first, see [`ModelKind::check_input`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let kind = if self.padded {
+            ModelKind::Lenet5
+        } else {
+            ModelKind::Lenet5Unpadded
+        };
+        kind.check_input(x.dims())?;
         let x = if self.padded {
             // Pad with the background value -1: shift so it becomes 0, zero-pad, shift back.
             (x + 1.0)?
@@ -270,7 +300,9 @@ impl CifarNet {
 }
 
 impl Module for CifarNet {
+    /// Logits of images `(N, 3, 32, 32)` (checked first, see [`ModelKind::check_input`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        ModelKind::CifarNet.check_input(x.dims())?;
         let x = max_pool(&self.conv1.forward(x)?, 2)?;
         let x = max_pool(&self.conv2.forward(&x)?, 2)?;
         let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;

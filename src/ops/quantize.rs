@@ -218,7 +218,13 @@ pub fn quantize_no_grad(x: &Tensor, q: &Quant) -> Result<Tensor> {
 /// state, and post-training conversion.
 pub fn quantize_(x: &Tensor, q: &Quant) -> Result<()> {
     check_dtype(x, "quantize_")?;
-    x.inplace_op1(&q.op())
+    let op = q.op();
+    if x.elem_count() == 0 {
+        // candle refuses in-place ops on layouts with a zero stride, which an empty tensor
+        // can have; the kernel on no elements still checks the format against the shape.
+        return op.round_f32_in_place(&mut [], x.dims());
+    }
+    x.inplace_op1(&op)
 }
 
 /// A layer that rounds values in forward and their gradients in backward, each with its

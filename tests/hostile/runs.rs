@@ -408,3 +408,15 @@ fn a_layer_pattern_that_matches_no_layer_is_named_in_a_warning() {
     );
     assert!(!err.contains("`fc*`"), "{err}");
 }
+
+#[test]
+fn a_model_the_data_does_not_fit_is_refused_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = run.to_str().unwrap();
+    let o = qcandle(&[
+        "train", "--data", "embedded", "--model", "cifarnet", "--epochs", "1", "--out", out,
+    ]);
+    assert_clean_failure(&o, &["cifarnet needs 3x32x32 images", "1x28x28"]);
+    assert!(!run.exists());
+}
