@@ -95,7 +95,9 @@ pub struct TrainOptions {
     pub lr: f64,
     /// The optimizer.
     pub optimizer: OptimizerKind,
-    /// Seed of initialisation, shuffling and stochastic rounding.
+    /// Seed of initialisation, shuffling and stochastic rounding: the seed the run uses,
+    /// which replaces the config's own `seed` (`qcandle train` sets it from `--seed`, else
+    /// from the config's seed).
     pub seed: u64,
     /// Train on only the first this many training images (all when `None`).
     #[serde(default)]
@@ -826,15 +828,35 @@ fn write_text(path: &Path, text: &str) -> Result<()> {
     })
 }
 
-/// The default output directory of a run: `runs/<model>-<data>-<config>-s<seed>`.
+/// The default output directory of a run: `runs/<model>-<data>-<config>-s<seed>`, the
+/// config named by [`config_label`].
 pub fn default_out(options: &TrainOptions, data: &str) -> PathBuf {
-    let config = Path::new(&options.config_name)
+    PathBuf::from("runs").join(format!(
+        "{}-{}-{}-s{}",
+        options.model,
+        data,
+        config_label(&options.config_name),
+        options.seed
+    ))
+}
+
+/// A config's name as a piece of a directory name: a preset as it is (`posit16`), a format
+/// string in its canonical spelling with `<`, `>` and `,` replaced by `_` (`posit<16,1>`
+/// gives `posit_16_1`), a file by its stem (`configs/mixed.toml` gives `mixed`).
+pub fn config_label(config_name: &str) -> String {
+    if crate::nn::config::presets()
+        .iter()
+        .any(|(name, _)| *name == config_name)
+    {
+        return config_name.to_string();
+    }
+    if let Ok(format) = config_name.parse::<crate::Format>() {
+        let spelling = format.to_string().replace(['<', '>', ','], "_");
+        return spelling.trim_end_matches('_').to_string();
+    }
+    Path::new(config_name)
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("config")
-        .to_string();
-    PathBuf::from("runs").join(format!(
-        "{}-{}-{}-s{}",
-        options.model, data, config, options.seed
-    ))
+        .to_string()
 }

@@ -813,6 +813,7 @@ fn mutation_pass_over_format_and_rounding_strings() {
         .collect();
     for s in [
         "posit<8,0>",
+        "posit<16,1>",
         "float<5,2,nosub,sat>",
         "float<4,3,fn>",
         "float<2,1,fin>",
@@ -860,7 +861,7 @@ fn config_seeds(json: bool) -> Vec<Vec<u8>> {
          [[layer]]\npattern = \"conv?\"\nactivation = { format = \"fixed<8,4>\", rounding = \"toward-zero\" }\n",
     )
     .expect("the seed config parses");
-    let mut configs: Vec<QConfig> = qcandle::nn::config::PRESETS
+    let mut configs: Vec<QConfig> = qcandle::nn::config::presets()
         .iter()
         .map(|(name, _)| QConfig::preset(name).unwrap())
         .collect();

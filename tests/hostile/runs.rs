@@ -80,7 +80,7 @@ fn every_setting_that_differs_is_named() {
     assert_clean_failure(&o, &["lr: 0.001", "0.01 now", "seed: 0", "batch: 128"]);
     let o = qcandle(&train_args(
         run.to_str().unwrap(),
-        &["--epochs", "1", "--config", "posit16"],
+        &["--epochs", "1", "--config", "posit<16,1>"],
     ));
     assert_clean_failure(&o, &["config"]);
     let o = qcandle(&train_args(
