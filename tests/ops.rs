@@ -9,7 +9,10 @@
 //! contiguous copies and one thread with two. Wrong dtypes and arguments must be errors,
 //! never panics. Every test can fail.
 
+mod common;
+
 use candle_core::{DType, Device, Module, Tensor, Var};
+use common::SplitMix;
 use half::{bf16, f16};
 use qcandle::format::BlockScope;
 use qcandle::philox::Stream;
@@ -31,17 +34,11 @@ fn fmt(s: &str) -> Format {
         .unwrap_or_else(|e| panic!("format {s:?} must parse: {e}"))
 }
 
-/// Deterministic test values: SplitMix64 drawn magnitudes 2^-14..2^10, both signs, mixed
+/// Deterministic test values: [`SplitMix`] drawn magnitudes 2^-14..2^10, both signs, mixed
 /// with exact ties and grid points of small formats and short dyadics 2^-40..2^40.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = SplitMix(seed);
+    let mut next = || rng.next_u64();
     const SPECIAL: [f64; 8] = [
         1.0 + 1.0 / 64.0,
         1.0625,

@@ -688,7 +688,7 @@ fn training_cifarnet_on_28x28_data_says_which_shape_it_needs() {
 
 /// `count` mutations of the seeds (round robin), from the generator seeded with `seed`.
 fn mutations(seed: u64, seeds: &[Vec<u8>], count: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     (0..count).map(move |n| rng.mutate(&seeds[n % seeds.len()]))
 }
 

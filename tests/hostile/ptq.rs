@@ -365,7 +365,7 @@ fn missing_and_misshapen_tensors_name_the_tensor_and_both_shapes() {
 fn mutated_quantized_model_files_are_read_or_refused_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
-    let mut rng = Rng(0x9e37_79b9);
+    let mut rng = Rng::new(0x9e37_79b9);
     let (mut read, mut refused, mut tried) = (0, 0, 0);
     for format in ["posit<8,0>", "fixed<6,3,sym>", "posit<16,1>"] {
         let format: Format = format.parse().unwrap();

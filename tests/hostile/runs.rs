@@ -356,7 +356,7 @@ fn run_json_floats_survive_a_resume_bit_for_bit() {
         let back: f64 = serde_json::from_str(&serde_json::to_string(&x).unwrap()).unwrap();
         assert_eq!(back.to_bits(), x.to_bits(), "{x:?}");
     }
-    let mut rng = super::Rng(17);
+    let mut rng = super::Rng::new(17);
     for _ in 0..200_000 {
         let x = f64::from_bits(rng.next_u64());
         if x.is_finite() {
