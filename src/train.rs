@@ -269,7 +269,7 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
 }
 
 impl Trainer {
-    /// A freshly initialised model and optimizer.
+    /// A freshly initialised model and optimizer; `options.seed` replaces `config.seed`.
     pub fn new(options: TrainOptions, config: QConfig) -> Result<Self> {
         crate::ops::threads::tune_cpu_threads();
         let kind: ModelKind = options.model.parse()?;
@@ -475,7 +475,8 @@ pub fn rank_of<T: PartialOrd + Copy>(logits: &[T], target: usize) -> usize {
 /// every epoch and resuming from `out`'s checkpoint when it holds the same run (see the
 /// module docs for what makes a run the same and how its files are checked). Everything is
 /// validated before `out` is created or locked. `quiet` hides the progress bar (notes about
-/// the directory are still printed to standard error). Returns the per-epoch records.
+/// the directory are still printed to standard error). The run's seed is `options.seed`,
+/// which replaces `config.seed` (see [`TrainOptions::seed`]). Returns the per-epoch records.
 pub fn train(
     data: &Dataset,
     options: &TrainOptions,

@@ -216,7 +216,7 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
 }
 
 #[test]
-fn demo_reports_every_preset_two_trained_accuracies_and_the_posit8_ptq_table() {
+fn demo_reports_every_preset_two_trained_accuracies_and_the_posit_8_0_ptq_table() {
     let o = qcandle(&["demo", "--samples", "4096", "--epochs", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
@@ -456,7 +456,7 @@ fn table_rows(out: &str) -> Vec<(String, String)> {
 }
 
 #[test]
-fn ptq_evaluates_a_trained_run_saves_the_posit8_model_and_reads_it_back_to_the_same_scores() {
+fn ptq_evaluates_a_trained_run_saves_the_posit_8_0_model_and_reads_it_back_to_the_same_scores() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let o = qcandle(&[

@@ -13,25 +13,25 @@ use candle_core::{DType, Device, Tensor};
 use qcandle::quire::{conv2d, linear, matmul, naive_matmul, quire_matmul, Accumulation, Quire};
 use qcandle::Format;
 
-fn posit8() -> Format {
+fn posit_8_0() -> Format {
     Format::posit(8, 0).unwrap()
 }
 
 #[test]
 fn matmul_with_mismatched_shapes_is_an_error() {
     for acc in [Accumulation::Quire, Accumulation::Naive] {
-        assert!(matmul(&t2(2, 3), &t2(4, 5), &posit8(), acc).is_err());
+        assert!(matmul(&t2(2, 3), &t2(4, 5), &posit_8_0(), acc).is_err());
         let a = Tensor::ones((3, 2, 4), DType::F32, &Device::Cpu).unwrap();
         let b = Tensor::ones((2, 4, 5), DType::F32, &Device::Cpu).unwrap();
         assert!(
-            matmul(&a, &b, &posit8(), acc).is_err(),
+            matmul(&a, &b, &posit_8_0(), acc).is_err(),
             "batch 3 vs batch 2"
         );
-        assert!(linear(&t2(2, 3), &t2(4, 5), None, &posit8(), acc).is_err());
+        assert!(linear(&t2(2, 3), &t2(4, 5), None, &posit_8_0(), acc).is_err());
         let x = Tensor::ones((1, 3, 5, 5), DType::F32, &Device::Cpu).unwrap();
         let w = Tensor::ones((2, 2, 3, 3), DType::F32, &Device::Cpu).unwrap();
         assert!(
-            conv2d(&x, &w, None, 1, 0, &posit8(), acc).is_err(),
+            conv2d(&x, &w, None, 1, 0, &posit_8_0(), acc).is_err(),
             "channels 3 vs 2"
         );
     }
@@ -41,10 +41,10 @@ fn matmul_with_mismatched_shapes_is_an_error() {
 fn rank_1_inputs_are_an_error() {
     let v = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
     for acc in [Accumulation::Quire, Accumulation::Naive] {
-        assert!(matmul(&v, &t2(4, 2), &posit8(), acc).is_err());
-        assert!(matmul(&t2(2, 4), &v, &posit8(), acc).is_err());
-        assert!(linear(&v, &t2(2, 4), None, &posit8(), acc).is_err());
-        assert!(conv2d(&v, &v, None, 1, 0, &posit8(), acc).is_err());
+        assert!(matmul(&v, &t2(4, 2), &posit_8_0(), acc).is_err());
+        assert!(matmul(&t2(2, 4), &v, &posit_8_0(), acc).is_err());
+        assert!(linear(&v, &t2(2, 4), None, &posit_8_0(), acc).is_err());
+        assert!(conv2d(&v, &v, None, 1, 0, &posit_8_0(), acc).is_err());
     }
 }
 
@@ -54,10 +54,13 @@ fn integer_dtypes_are_an_error() {
         let a = Tensor::ones((2, 3), dt, &Device::Cpu).unwrap();
         let b = Tensor::ones((3, 2), dt, &Device::Cpu).unwrap();
         for acc in [Accumulation::Quire, Accumulation::Naive] {
-            assert!(matmul(&a, &b, &posit8(), acc).is_err(), "{dt:?}");
-            assert!(matmul(&t2(2, 3), &b, &posit8(), acc).is_err(), "{dt:?} b");
+            assert!(matmul(&a, &b, &posit_8_0(), acc).is_err(), "{dt:?}");
             assert!(
-                linear(&a, &t2(2, 3), None, &posit8(), acc).is_err(),
+                matmul(&t2(2, 3), &b, &posit_8_0(), acc).is_err(),
+                "{dt:?} b"
+            );
+            assert!(
+                linear(&a, &t2(2, 3), None, &posit_8_0(), acc).is_err(),
                 "{dt:?}"
             );
         }
@@ -120,15 +123,15 @@ fn conv2d_kernel_larger_than_the_padded_input_is_an_error() {
     let w = Tensor::ones((1, 1, 7, 7), DType::F32, &Device::Cpu).unwrap();
     for acc in [Accumulation::Quire, Accumulation::Naive] {
         assert!(
-            conv2d(&x, &w, None, 1, 1, &posit8(), acc).is_err(),
+            conv2d(&x, &w, None, 1, 1, &posit_8_0(), acc).is_err(),
             "7x7 on 4x4 + 2"
         );
         assert!(
-            conv2d(&x, &w, None, 1, 2, &posit8(), acc).is_ok(),
+            conv2d(&x, &w, None, 1, 2, &posit_8_0(), acc).is_ok(),
             "7x7 on 4x4 + 4 fits"
         );
         assert!(
-            conv2d(&x, &w, None, 0, 2, &posit8(), acc).is_err(),
+            conv2d(&x, &w, None, 0, 2, &posit_8_0(), acc).is_err(),
             "stride 0"
         );
     }
@@ -140,11 +143,11 @@ fn bias_of_the_wrong_length_is_an_error() {
     let b22 = Tensor::ones((2, 2), DType::F32, &Device::Cpu).unwrap();
     for acc in [Accumulation::Quire, Accumulation::Naive] {
         // linear: 4 outputs.
-        assert!(linear(&t2(2, 5), &t2(4, 5), Some(&b3), &posit8(), acc).is_err());
-        assert!(linear(&t2(2, 5), &t2(4, 5), Some(&b22), &posit8(), acc).is_err());
+        assert!(linear(&t2(2, 5), &t2(4, 5), Some(&b3), &posit_8_0(), acc).is_err());
+        assert!(linear(&t2(2, 5), &t2(4, 5), Some(&b22), &posit_8_0(), acc).is_err());
         // conv2d: 2 output channels.
         let x = Tensor::ones((1, 1, 4, 4), DType::F32, &Device::Cpu).unwrap();
         let w = Tensor::ones((2, 1, 3, 3), DType::F32, &Device::Cpu).unwrap();
-        assert!(conv2d(&x, &w, Some(&b3), 1, 0, &posit8(), acc).is_err());
+        assert!(conv2d(&x, &w, Some(&b3), 1, 0, &posit_8_0(), acc).is_err());
     }
 }

@@ -272,10 +272,10 @@ fn write_with_metadata(path: &Path, tensors: &[(String, Tensor)], metadata: &[(&
 #[test]
 fn format_metadata_must_parse_and_match_the_dtype_of_the_patterns() {
     let dir = tempfile::tempdir().unwrap();
-    let posit8 = dir.path().join("posit8.safetensors");
+    let posit_8_0 = dir.path().join("posit_8_0.safetensors");
     let weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
-    write_quantized(&posit8, &weights, &"posit<8,0>".parse().unwrap()).unwrap();
-    let patterns = read_tensors(&posit8).unwrap();
+    write_quantized(&posit_8_0, &weights, &"posit<8,0>".parse().unwrap()).unwrap();
+    let patterns = read_tensors(&posit_8_0).unwrap();
     let floats = read_tensors(&mlp_model()).unwrap();
     type Case<'a> = (&'a str, &'a [(String, Tensor)], &'a [&'a str]);
     let cases: [Case; 5] = [
