@@ -93,7 +93,7 @@ fn build_ptx() {
         let status = cmd.status().unwrap_or_else(|e| {
             panic!(
                 "the `cuda` feature needs nvcc to compile {}: could not run {} ({e}); \
-                 set NVCC or CUDA_ROOT, or run `eval \"$(../shared/tools/cuda-toolchain.sh)\"`",
+                 set NVCC or CUDA_ROOT, or run `eval \"$(scripts/cuda-toolchain.sh)\"`",
                 src.display(),
                 nvcc.display()
             )

@@ -4,9 +4,9 @@
 //! (the baseline) is the figure of merit: both see the same machine at the same moments, so
 //! the ratio holds still where separate runs drift by ±20% on a shared machine.
 //!
-//! Run: `cargo bench --bench epoch_ratio` (float32 against posit16 on `lenet5-unpadded`,
+//! Run: `cargo bench --bench epoch_ratio` (float32 against posit<16,1> on `lenet5-unpadded`,
 //! batch 128, Adam lr 1e-3: the recipe of `qcandle train --epochs 1`), or name the model
-//! and configs: `cargo bench --bench epoch_ratio -- lenet5 float32 posit16 bf16`. Needs the
+//! and configs: `cargo bench --bench epoch_ratio -- lenet5 float32 'posit<16,1>' bf16`. Needs the
 //! full Fashion-MNIST (`apt-get install dataset-fashion-mnist`).
 
 use std::process::ExitCode;
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
     let model = args.first().cloned().unwrap_or("lenet5-unpadded".into());
     let mut configs: Vec<String> = args.iter().skip(1).cloned().collect();
     if configs.is_empty() {
-        configs = vec!["float32".into(), "posit16".into()];
+        configs = vec!["float32".into(), "posit<16,1>".into()];
     }
     match run(&model, &configs) {
         Ok(()) => ExitCode::SUCCESS,
@@ -54,7 +54,7 @@ fn run(model: &str, configs: &[String]) -> anyhow::Result<()> {
                 seed: 0,
                 train_limit: None,
             };
-            Trainer::new(options, QConfig::preset(name)?)
+            Trainer::new(options, QConfig::load(name)?)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut times = vec![Duration::ZERO; trainers.len()];

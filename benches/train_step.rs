@@ -27,11 +27,11 @@ fn bench_train_step(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(8));
     for (model, preset) in [
         ("lenet5", "float32"),
-        ("lenet5", "posit16"),
+        ("lenet5", "posit<16,1>"),
         ("lenet5", "bf16"),
-        ("lenet5", "posit8"),
+        ("lenet5", "posit<8,0>"),
         ("lenet5-unpadded", "float32"),
-        ("lenet5-unpadded", "posit16"),
+        ("lenet5-unpadded", "posit<16,1>"),
     ] {
         let options = TrainOptions {
             model: model.into(),
@@ -43,10 +43,11 @@ fn bench_train_step(c: &mut Criterion) {
             seed: 0,
             train_limit: None,
         };
-        let config = QConfig::preset(preset).expect("a preset");
+        let config = QConfig::load(preset).expect("a preset or a format");
         let mut trainer = Trainer::new(options, config).expect("a trainer");
         let mut next = batches.iter().cycle();
-        group.bench_function(format!("{model}/{preset}"), |b| {
+        let label = qcandle::train::config_label(preset);
+        group.bench_function(format!("{model}/{label}"), |b| {
             b.iter(|| {
                 let (images, labels) = next.next().expect("a batch");
                 trainer.step(images, labels).expect("a step")

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs="${1:-10}"
 mnist="${2:-../shared/data/mnist}"
-configs="float32 bf16 posit32 posit16 posit8"
+configs=(float32 bf16 posit32 "posit<16,1>" "posit<8,0>")
 # QCANDLE_BIN: a prebuilt binary (default: build this checkout).
 bin="${QCANDLE_BIN:-}"
 if [ -z "$bin" ]; then
@@ -19,8 +19,10 @@ for data in fashion-mnist mnist; do
     dir_arg=()
     [ "$data" = mnist ] && dir_arg=(--data-dir "$mnist")
     runs=()
-    for config in $configs; do
-        out="runs/lenet5-$data-$config"
+    for config in "${configs[@]}"; do
+        # The run's directory: the config with <, > and , made underscores (posit_16_1).
+        label=$(printf '%s' "$config" | tr '<>,' '___' | sed 's/_*$//')
+        out="runs/lenet5-$data-$label"
         "$bin" train --model lenet5 --data "$data" "${dir_arg[@]}" --config "$config" \
             --epochs "$epochs" --batch 128 --lr 1e-3 --optimizer adam --seed 0 --out "$out" --quiet \
             > /dev/null || echo "$out failed (its finished epochs are kept)" >&2

@@ -18,60 +18,51 @@ pub struct FormatRow {
     pub format: Format,
 }
 
-/// The table of every preset: name, canonical string, bits, range and epsilon.
+/// Formats that are not presets but worth a row: the posits used before the 2022 Posit
+/// Standard fixed es = 2, and one example of each other family.
+const OTHER_FORMATS: [(&str, &str); 4] = [
+    (
+        "posit<8,0>",
+        "8-bit posit with es = 0 (before the 2022 standard)",
+    ),
+    (
+        "posit<16,1>",
+        "16-bit posit with es = 1 (before the 2022 standard)",
+    ),
+    ("fixed<8,4>", "example of the family"),
+    ("block<8>", "example of the family"),
+];
+
+/// The table of every preset and of [`OTHER_FORMATS`]: name, the format as it displays
+/// (and parses back), bits, range and epsilon.
 pub fn formats_table() -> String {
     let mut out = format!(
         "{:<12} {:<20} {:>4} {:>12} {:>12} {:>10}  {}\n",
         "name", "format", "bits", "max", "min>0", "eps(1)", "description"
     );
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4e}"));
-    for (name, description, format) in Format::presets() {
-        out.push_str(&format!(
-            "{:<12} {:<20} {:>4} {:>12} {:>12} {:>10.3e}  {}\n",
-            name,
-            canonical(&format),
-            format.bits(),
-            opt(format.max_finite()),
-            opt(format.min_positive()),
-            format.epsilon(),
-            description
-        ));
-    }
-    for extra in ["fixed<8,4>", "block<8>"] {
-        let format: Format = extra.parse().expect("valid");
-        out.push_str(&format!(
-            "{:<12} {:<20} {:>4} {:>12} {:>12} {:>10.3e}  {}\n",
-            "-",
-            extra,
-            format.bits(),
-            opt(format.max_finite()),
-            opt(format.min_positive()),
-            format.epsilon(),
-            "example of the family"
-        ));
+    let others = OTHER_FORMATS.map(|(spelling, description)| {
+        let format: Format = spelling.parse().expect("the other formats parse");
+        ("-", description, format)
+    });
+    for (name, description, format) in Format::presets().into_iter().chain(others) {
+        out.push_str(&format_row(name, &format, description));
     }
     out
 }
 
-/// The generic `family<...>` spelling of a format, even for presets.
-fn canonical(format: &Format) -> String {
-    match format {
-        Format::Float(f) => {
-            let mut s = format!("float<{},{}", f.exp(), f.man());
-            match f.specials() {
-                crate::format::Specials::Ieee => {}
-                crate::format::Specials::FiniteNan => s.push_str(",fn"),
-                crate::format::Specials::Finite => s.push_str(",fin"),
-            }
-            if f.overflow() == crate::format::Overflow::Saturate
-                && f.specials() != crate::format::Specials::Finite
-            {
-                s.push_str(",sat");
-            }
-            s + ">"
-        }
-        other => other.to_string(),
-    }
+/// One row of [`formats_table`].
+fn format_row(name: &str, format: &Format, description: &str) -> String {
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4e}"));
+    format!(
+        "{:<12} {:<20} {:>4} {:>12} {:>12} {:>10.3e}  {}\n",
+        name,
+        format.to_string(),
+        format.bits(),
+        opt(format.max_finite()),
+        opt(format.min_positive()),
+        format.epsilon(),
+        description
+    )
 }
 
 /// Rounding error of `y = q(x)` against `x`, over the finite elements of `x`.
@@ -132,13 +123,14 @@ pub fn normal_samples(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The `demo` report: a normal sample (mean 0, std 1) rounded to every preset and a few
-/// other formats with nearest-even and stochastic rounding.
+/// The `demo` report: a normal sample (mean 0, std 1) rounded to every preset, to
+/// [`OTHER_FORMATS`] and to `block<4>` with nearest-even and stochastic rounding.
 pub fn demo_report(n: usize, seed: u64) -> Result<String> {
     let x = normal_samples(n, seed);
     let t = Tensor::from_slice(&x, n, &Device::Cpu)?;
     let mut names: Vec<String> = Format::presets().iter().map(|p| p.0.to_string()).collect();
-    names.extend(["fixed<8,4>", "block<8>", "block<4>"].map(String::from));
+    names.extend(OTHER_FORMATS.map(|(spelling, _)| spelling.to_string()));
+    names.push("block<4>".to_string());
     let mut out = format!(
         "{n} samples of N(0, 1), seed {seed}: relative error of each format\n\n\
          | format | rounding | rel. error (2-norm) | bias | exact | lost (0/Inf/NaN) |\n\

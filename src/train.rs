@@ -95,7 +95,9 @@ pub struct TrainOptions {
     pub lr: f64,
     /// The optimizer.
     pub optimizer: OptimizerKind,
-    /// Seed of initialisation, shuffling and stochastic rounding.
+    /// Seed of initialisation, shuffling and stochastic rounding: the seed the run uses,
+    /// which replaces the config's own `seed` (`qcandle train` sets it from `--seed`, else
+    /// from the config's seed).
     pub seed: u64,
     /// Train on only the first this many training images (all when `None`).
     #[serde(default)]
@@ -267,7 +269,7 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
 }
 
 impl Trainer {
-    /// A freshly initialised model and optimizer.
+    /// A freshly initialised model and optimizer; `options.seed` replaces `config.seed`.
     pub fn new(options: TrainOptions, config: QConfig) -> Result<Self> {
         crate::ops::threads::tune_cpu_threads();
         let kind: ModelKind = options.model.parse()?;
@@ -473,7 +475,8 @@ pub fn rank_of<T: PartialOrd + Copy>(logits: &[T], target: usize) -> usize {
 /// every epoch and resuming from `out`'s checkpoint when it holds the same run (see the
 /// module docs for what makes a run the same and how its files are checked). Everything is
 /// validated before `out` is created or locked. `quiet` hides the progress bar (notes about
-/// the directory are still printed to standard error). Returns the per-epoch records.
+/// the directory are still printed to standard error). The run's seed is `options.seed`,
+/// which replaces `config.seed` (see [`TrainOptions::seed`]). Returns the per-epoch records.
 pub fn train(
     data: &Dataset,
     options: &TrainOptions,
@@ -826,15 +829,35 @@ fn write_text(path: &Path, text: &str) -> Result<()> {
     })
 }
 
-/// The default output directory of a run: `runs/<model>-<data>-<config>-s<seed>`.
+/// The default output directory of a run: `runs/<model>-<data>-<config>-s<seed>`, the
+/// config named by [`config_label`].
 pub fn default_out(options: &TrainOptions, data: &str) -> PathBuf {
-    let config = Path::new(&options.config_name)
+    PathBuf::from("runs").join(format!(
+        "{}-{}-{}-s{}",
+        options.model,
+        data,
+        config_label(&options.config_name),
+        options.seed
+    ))
+}
+
+/// A config's name as a piece of a directory name: a preset as it is (`posit16`), a format
+/// string in its canonical spelling with `<`, `>` and `,` replaced by `_` (`posit<16,1>`
+/// gives `posit_16_1`), a file by its stem (`configs/mixed.toml` gives `mixed`).
+pub fn config_label(config_name: &str) -> String {
+    if crate::nn::config::presets()
+        .iter()
+        .any(|(name, _)| *name == config_name)
+    {
+        return config_name.to_string();
+    }
+    if let Ok(format) = config_name.parse::<crate::Format>() {
+        let spelling = format.to_string().replace(['<', '>', ','], "_");
+        return spelling.trim_end_matches('_').to_string();
+    }
+    Path::new(config_name)
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("config")
-        .to_string();
-    PathBuf::from("runs").join(format!(
-        "{}-{}-{}-s{}",
-        options.model, data, config, options.seed
-    ))
+        .to_string()
 }

@@ -42,6 +42,34 @@ fn formats_lists_every_preset_with_its_range() {
 }
 
 #[test]
+fn formats_spells_every_format_as_it_displays_and_parses_back() {
+    let o = qcandle(&["formats"]);
+    assert!(o.status.success());
+    let out = String::from_utf8(o.stdout).unwrap();
+    let mut rows = 0;
+    for line in out.lines().skip(1) {
+        let spelling = line.split_whitespace().nth(1).expect("a format column");
+        let format: qcandle::Format = spelling
+            .parse()
+            .unwrap_or_else(|e| panic!("{spelling}: {e}"));
+        assert_eq!(format.to_string(), spelling, "{line}");
+        rows += 1;
+    }
+    for (name, _, format) in qcandle::Format::presets() {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} missing from\n{out}"));
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some(format.to_string().as_str()),
+            "{line}"
+        );
+    }
+    assert!(rows > qcandle::Format::presets().len(), "{out}");
+}
+
+#[test]
 fn quantize_npy_equals_the_library_op() {
     let dir = tempfile::tempdir().unwrap();
     let (input, output) = (dir.path().join("w.npy"), dir.path().join("q.npy"));
@@ -188,7 +216,7 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
 }
 
 #[test]
-fn demo_reports_every_preset_two_trained_accuracies_and_the_posit8_ptq_table() {
+fn demo_reports_every_preset_two_trained_accuracies_and_the_posit_8_0_ptq_table() {
     let o = qcandle(&["demo", "--samples", "4096", "--epochs", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
@@ -199,7 +227,7 @@ fn demo_reports_every_preset_two_trained_accuracies_and_the_posit8_ptq_table() {
         );
         assert!(out.contains(&format!("| {name} | stochastic |")), "{name}");
     }
-    for config in ["float32", "posit16"] {
+    for config in ["float32", "posit<16,1>"] {
         let training = out
             .split("| config | train loss")
             .nth(1)
@@ -247,7 +275,7 @@ fn train_writes_a_run_that_compare_reads_and_a_second_call_resumes() {
         "--train-limit",
         "512",
         "--config",
-        "posit16",
+        "posit<16,1>",
         "--epochs",
         "1",
         "--batch",
@@ -292,10 +320,91 @@ fn train_writes_a_run_that_compare_reads_and_a_second_call_resumes() {
     assert!(
         table
             .lines()
-            .any(|l| l.starts_with("| run | posit16 | 2 |")),
+            .any(|l| l.starts_with("| run | posit<16,1> | 2 |")),
         "{table}"
     );
     assert!(png.is_file());
+}
+
+/// Runs `qcandle train` of a small MLP in `dir` (default `--out`) with `extra` arguments;
+/// returns the metrics CSV without the seconds column.
+fn train_in(dir: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        "embedded",
+        "--train-limit",
+        "256",
+        "--epochs",
+        "1",
+        "--batch",
+        "64",
+        "--quiet",
+    ];
+    args.extend(extra);
+    let o = Command::new(env!("CARGO_BIN_EXE_qcandle"))
+        .args(&args)
+        .current_dir(dir)
+        .output()
+        .expect("the binary runs");
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    let csv = String::from_utf8(o.stdout).unwrap();
+    let without_seconds = csv.lines().map(|l| l.rsplit_once(',').unwrap().0);
+    without_seconds.collect::<Vec<_>>().join("\n")
+}
+
+/// The seed that the run.json in `run` records.
+fn recorded_seed(run: &Path) -> u64 {
+    let text = std::fs::read_to_string(run.join("run.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    record["options"]["seed"].as_u64().expect("a seed")
+}
+
+#[test]
+fn train_takes_the_config_seed_unless_the_seed_flag_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_seed = dir.path().join("seeded.toml");
+    let without_seed = dir.path().join("plain.toml");
+    let body = "gradient = { format = \"posit<16,1>\", rounding = \"stochastic\" }\n";
+    std::fs::write(&with_seed, format!("seed = 7\n{body}")).unwrap();
+    std::fs::write(&without_seed, body).unwrap();
+    let (seeded, plain) = (with_seed.to_str().unwrap(), without_seed.to_str().unwrap());
+
+    let from_config = train_in(dir.path(), &["--config", seeded]);
+    let from_flag = train_in(dir.path(), &["--config", plain, "--seed", "7"]);
+    assert_eq!(from_config, from_flag, "config seed 7 trains like --seed 7");
+    let runs = dir.path().join("runs");
+    assert_eq!(recorded_seed(&runs.join("mlp-embedded-seeded-s7")), 7);
+    assert_eq!(recorded_seed(&runs.join("mlp-embedded-plain-s7")), 7);
+
+    let overridden = train_in(dir.path(), &["--config", seeded, "--seed", "3"]);
+    let flag_only = train_in(dir.path(), &["--config", plain, "--seed", "3"]);
+    assert_eq!(overridden, flag_only, "--seed 3 replaces the config's seed");
+    assert_ne!(overridden, from_config, "seeds 3 and 7 train differently");
+    assert_eq!(recorded_seed(&runs.join("mlp-embedded-seeded-s3")), 3);
+
+    let neither = train_in(dir.path(), &["--config", plain]);
+    let zero = train_in(dir.path(), &["--config", plain, "--seed", "0"]);
+    assert_eq!(
+        neither, zero,
+        "without a flag or a config seed the seed is 0"
+    );
+    assert!(runs
+        .join("mlp-embedded-plain-s0")
+        .join("run.json")
+        .is_file());
+}
+
+#[test]
+fn a_format_string_config_names_its_default_run_directory_without_brackets() {
+    let dir = tempfile::tempdir().unwrap();
+    train_in(dir.path(), &["--config", "posit<16,1>"]);
+    train_in(dir.path(), &["--config", "posit16"]);
+    let runs = dir.path().join("runs");
+    assert!(runs.join("mlp-embedded-posit_16_1-s0/run.json").is_file());
+    assert!(runs.join("mlp-embedded-posit16-s0/run.json").is_file());
 }
 
 #[test]
@@ -347,7 +456,7 @@ fn table_rows(out: &str) -> Vec<(String, String)> {
 }
 
 #[test]
-fn ptq_evaluates_a_trained_run_saves_the_posit8_model_and_reads_it_back_to_the_same_scores() {
+fn ptq_evaluates_a_trained_run_saves_the_posit_8_0_model_and_reads_it_back_to_the_same_scores() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let o = qcandle(&[

@@ -8,6 +8,7 @@
 //! (parsing, Display round trips, error messages) are tested at the end of this file.
 
 mod common;
+use common::reference::{float_value, two_pow};
 use common::{Mismatches, SplitMix};
 
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
@@ -91,62 +92,9 @@ fn label(f: &Float) -> String {
     Format::Float(*f).to_string()
 }
 
-/// 2^k by repeated exact doubling/halving (no shared code with the crate's `pow2`).
-fn two_pow(k: i32) -> f64 {
-    let mut v = 1.0f64;
-    if k >= 0 {
-        for _ in 0..k {
-            v *= 2.0;
-        }
-    } else {
-        for _ in 0..-k {
-            v *= 0.5;
-        }
-    }
-    v
-}
-
 // ---------------------------------------------------------------------------------------
 // The slow reference: enumerate, sort, search
 // ---------------------------------------------------------------------------------------
-
-/// What a bit pattern stands for, from the definition of the format.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum PatternValue {
-    Finite(f64),
-    Inf,
-    Nan,
-}
-
-/// Value of the non-negative pattern (exponent `field`, mantissa `m`), straight from the
-/// definition: bias `2^(exp-1) - 1`, subnormals `m 2^(1-bias-man)`, normals
-/// `(2^man + m) 2^(field-bias-man)`, specials in the all-ones exponent as the option says.
-fn pattern_value(exp: u32, man: u32, specials: Specials, field: u32, m: u32) -> PatternValue {
-    let bias = (1i32 << (exp - 1)) - 1;
-    let all_ones = (1u32 << exp) - 1;
-    let m_all_ones = (1u32 << man) - 1;
-    if field == all_ones {
-        match specials {
-            Specials::Ieee => {
-                return if m == 0 {
-                    PatternValue::Inf
-                } else {
-                    PatternValue::Nan
-                }
-            }
-            Specials::FiniteNan if m == m_all_ones => return PatternValue::Nan,
-            _ => {}
-        }
-    }
-    let man_i = man as i32;
-    if field == 0 {
-        PatternValue::Finite(m as f64 * two_pow(1 - bias - man_i))
-    } else {
-        PatternValue::Finite(
-            ((1u64 << man) + m as u64) as f64 * two_pow(field as i32 - bias - man_i),
-        )
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -195,7 +143,8 @@ impl Reference {
                 if field == 0 && m != 0 && !sub {
                     continue;
                 }
-                if let PatternValue::Finite(v) = pattern_value(exp, man, specials, field, m) {
+                let v = float_value(exp, man, specials, u64::from((field << man) | m));
+                if v.is_finite() {
                     values.push(v);
                 }
             }
@@ -723,19 +672,13 @@ fn decode_matches_the_definition_and_encode_inverts_it_for_every_pattern() {
         let canonical = f.encode(f64::NAN).ok();
         for p in 0u32..1 << f.bits() {
             n += 1;
-            let negative = p >> (exp + man) & 1 == 1;
             let field = (p >> man) & ((1 << exp) - 1);
             let m = p & ((1 << man) - 1);
             if field == 0 && m != 0 && !f.subnormals() {
                 // Not a value of a nosub format; decode of such patterns is unspecified.
                 continue;
             }
-            let want = match pattern_value(exp, man, f.specials(), field, m) {
-                PatternValue::Finite(v) => v,
-                PatternValue::Inf => f64::INFINITY,
-                PatternValue::Nan => f64::NAN,
-            };
-            let want = if negative { -want } else { want };
+            let want = float_value(exp, man, f.specials(), u64::from(p));
             let got = f.decode(p);
             if !same(got, want) {
                 mm.record(|| format!("{}: decode({p:#x}) = {got:e}, want {want:e}", label(&f)));

@@ -2,6 +2,9 @@
 //! at a time: `c = round(c + round(a_t · b_t))` from zero, `k` ascending, bias last, each
 //! operation computed in f64 rounded to odd and rounded once to the format.
 
+mod common;
+
+use common::SplitMix;
 use qcandle::format::Rounding;
 use qcandle::quire::kernels::{naive_gemm, Bias};
 use qcandle::quire::naive_f32::NaiveF32;
@@ -12,14 +15,10 @@ use qcandle::Format;
 fn values(format: &Format, count: usize, seed: u64) -> Vec<f64> {
     let max = format.max_finite().unwrap().min(1e30);
     let min = format.min_positive().unwrap();
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut rng = SplitMix(seed);
     (0..count)
         .map(|i| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            let state = rng.next_u64();
             let u = (state >> 11) as f64 / (1u64 << 53) as f64;
             let v = match i % 7 {
                 0 => max * u,

@@ -242,7 +242,7 @@ fn round_vars_in_place_puts_every_variable_on_its_layers_weight_grid() -> R {
 
 #[test]
 fn presets_round_trip_through_toml_and_json() -> R {
-    for (name, _) in qcandle::nn::config::PRESETS {
+    for (name, _) in qcandle::nn::config::presets() {
         let config = QConfig::preset(name)?.with_seed(42);
         assert_eq!(
             QConfig::from_toml(&config.to_toml())?,
@@ -258,12 +258,53 @@ fn presets_round_trip_through_toml_and_json() -> R {
     }
     assert_eq!(
         QConfig::preset("posit16")?.base.momentum,
-        Some(spec("posit<16,1>"))
+        Some(spec("posit<16,2>"))
     );
     assert_eq!(QConfig::preset("float32")?.base.weight, None);
     let fp8 = QConfig::preset("fp8")?;
     assert_eq!(fp8.base.activation, Some(spec("e4m3")));
     assert_eq!(fp8.base.error, Some(spec("e5m2")));
+    Ok(())
+}
+
+#[test]
+fn a_preset_name_means_the_same_format_as_a_config_and_as_a_format() -> R {
+    for (name, _, format) in qcandle::Format::presets() {
+        let config = QConfig::preset(name)?;
+        let uniform = QConfig::uniform(QuantSpec::nearest(format));
+        assert_eq!(config, uniform, "{name}");
+        assert_eq!(QConfig::load(name)?, uniform, "{name}");
+        assert_eq!(config.base.accumulator, None, "{name}");
+    }
+    for (name, format) in [
+        ("posit8", "posit<8,2>"),
+        ("posit16", "posit<16,2>"),
+        ("posit32", "posit<32,2>"),
+    ] {
+        assert_eq!(QConfig::preset(name)?.base.weight, Some(spec(format)));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_format_string_config_is_that_format_in_every_category_but_the_accumulator() -> R {
+    for spelling in [
+        "posit<16,1>",
+        "posit<8,0>",
+        "float<5,2,nosub>",
+        "bf16",
+        "fixed<8,4>",
+    ] {
+        let config = QConfig::load(spelling)?;
+        for category in Category::ALL {
+            let want = (category != Category::Accumulator).then(|| spec(spelling));
+            assert_eq!(config.base.get(category), want, "{spelling} {category}");
+        }
+        assert_eq!(config.seed, 0);
+    }
+    let e = QConfig::load("posit<8,9>").unwrap_err();
+    assert_eq!(e.field, "file");
+    assert!(e.message.contains("es"), "{e}");
     Ok(())
 }
 

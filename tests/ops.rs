@@ -9,7 +9,10 @@
 //! contiguous copies and one thread with two. Wrong dtypes and arguments must be errors,
 //! never panics. Every test can fail.
 
+mod common;
+
 use candle_core::{DType, Device, Module, Tensor, Var};
+use common::SplitMix;
 use half::{bf16, f16};
 use qcandle::format::BlockScope;
 use qcandle::philox::Stream;
@@ -31,17 +34,11 @@ fn fmt(s: &str) -> Format {
         .unwrap_or_else(|e| panic!("format {s:?} must parse: {e}"))
 }
 
-/// Deterministic test values: SplitMix64 drawn magnitudes 2^-14..2^10, both signs, mixed
+/// Deterministic test values: [`SplitMix`] drawn magnitudes 2^-14..2^10, both signs, mixed
 /// with exact ties and grid points of small formats and short dyadics 2^-40..2^40.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = SplitMix(seed);
+    let mut next = || rng.next_u64();
     const SPECIAL: [f64; 8] = [
         1.0 + 1.0 / 64.0,
         1.0625,
@@ -714,7 +711,15 @@ fn specials_and_subnormals_follow_the_scalar_policy_for_every_preset() -> Result
     .collect();
     let mut f64_inputs = f32_inputs.clone();
     f64_inputs.extend([1e-310, -5e-324, f64::MAX]);
-    for (name, _, f) in Format::presets() {
+    let mut formats: Vec<(String, Format)> = Format::presets()
+        .into_iter()
+        .map(|(name, _, f)| (name.to_string(), f))
+        .collect();
+    // The posits with es below the standard's 2.
+    for spelling in ["posit<8,0>", "posit<16,1>"] {
+        formats.push((spelling.to_string(), spelling.parse()?));
+    }
+    for (name, f) in formats {
         for (dtype, inputs) in [(DType::F32, &f32_inputs), (DType::F64, &f64_inputs)] {
             let x = Tensor::from_vec(inputs.clone(), inputs.len(), &CPU)?.to_dtype(dtype)?;
             for mode in [NE, TZ, SR] {

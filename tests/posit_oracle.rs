@@ -1,13 +1,14 @@
 //! Testing policy: posit rounding is proved bit for bit against two independent oracles.
 //!
-//! * softposit 0.4.0, only through the conversions that /work/shared/ORACLES.md lists as
+//! * softposit 0.4.0, only through the conversions that docs/ORACLES.md lists as
 //!   exact (`P8E0`, `P32E2::from_f32`, `PxE1<N>`, `PxE2<N>`; never `P16E1` or
 //!   `P32E2::from_f64`): 1e6 seeded random f32 per format (random bit patterns, values near 1,
 //!   near minpos/maxpos and on the exact rounding boundaries) plus every special f32, and,
 //!   behind `--ignored`, every one of the 2^32 f32 bit patterns for posit<8,0> and
 //!   posit<16,1>. Both the pattern (`encode`) and the value (`round`, nearest-even) must match.
-//! * A slow reference written from the standard's definition (the bit string is parsed into
-//!   sign, regime run, possibly cut exponent bits and fraction), sharing no code with src/.
+//! * The slow reference decoder of tests/common/reference.rs, written from the standard's
+//!   definition (the bit string is parsed into sign, regime run, possibly cut exponent bits
+//!   and fraction), sharing no code with src/.
 //!   The boundary between neighbouring patterns p and p+1 is the value of the (n+1)-bit
 //!   pattern "p then 1"; every pair of neighbours of every posit<n, es> with 3 <= n <= 16 and
 //!   es <= 3 is checked at, just below and just above that boundary, in every rounding mode,
@@ -15,12 +16,13 @@
 //!
 //! Decoding is checked exhaustively (n <= 16) and on random patterns (n > 16) against the
 //! reference and for round trips; clamping (never 0, never NaR) and specials (NaN, ±Inf, -0)
-//! for every es at n in {2, 3, 5, 8, 16, 32}. The named facts of ORACLES.md (geometric
+//! for every es at n in {2, 3, 5, 8, 16, 32}. The named facts of docs/ORACLES.md (geometric
 //! boundaries in the cut-exponent zones) have their own tests. Mismatches are collected and
 //! reported (count and first few) rather than stopping at the first one.
 
 mod common;
-use common::Mismatches;
+use common::reference::{posit_value, two_pow};
+use common::{Mismatches, SplitMix};
 
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use qcandle::format::Posit;
@@ -31,73 +33,6 @@ use softposit::{PxE1, PxE2, P32E2, P8E0};
 // ---------------------------------------------------------------------------------------
 // Independent helpers (no code from src/).
 // ---------------------------------------------------------------------------------------
-
-/// SplitMix64: a tiny fixed-seed generator, so every run sees the same inputs.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-/// `2^s` built from its bits (exact; `s` must be a normal f64 exponent).
-fn two_pow(s: i32) -> f64 {
-    assert!((-1022..=1023).contains(&s), "2^{s} is not a normal f64");
-    f64::from_bits(((s + 1023) as u64) << 52)
-}
-
-/// Value of the `n`-bit posit pattern `bits` (2 <= n <= 33) read from its bit string by the
-/// standard's definition: sign (two's complement), regime run and its terminator, `es`
-/// exponent bits (those past the end are 0), then the fraction. NaR gives NaN.
-fn ref_decode(bits: u64, n: u32, es: u32) -> f64 {
-    assert!((2..=33).contains(&n));
-    let mask = (1u64 << n) - 1;
-    let p = bits & mask;
-    let sign_bit = 1u64 << (n - 1);
-    if p == 0 {
-        return 0.0;
-    }
-    if p == sign_bit {
-        return f64::NAN;
-    }
-    let negative = p & sign_bit != 0;
-    let mag = if negative { p.wrapping_neg() & mask } else { p };
-    // The n - 1 bits after the sign, most significant first.
-    let body: Vec<u8> = (0..n - 1).rev().map(|i| ((mag >> i) & 1) as u8).collect();
-    let first = body[0];
-    let run = body.iter().take_while(|&&b| b == first).count();
-    let k = if first == 1 {
-        run as i32 - 1
-    } else {
-        -(run as i32)
-    };
-    let mut i = run + 1; // skip the regime terminator (possibly past the end)
-    let mut e = 0i32;
-    for _ in 0..es {
-        e = 2 * e + if i < body.len() { body[i] as i32 } else { 0 };
-        i += 1;
-    }
-    let mut frac = 1.0f64;
-    let mut weight = 0.5f64;
-    while i < body.len() {
-        if body[i] == 1 {
-            frac += weight;
-        }
-        weight *= 0.5;
-        i += 1;
-    }
-    let v = frac * two_pow(k * (1 << es) + e);
-    if negative {
-        -v
-    } else {
-        v
-    }
-}
 
 /// Largest positive pattern (maxpos) of an n-bit posit.
 fn maxpos_pattern(n: u32) -> u64 {
@@ -241,13 +176,13 @@ fn special_f32(n: u32, es: u32) -> Vec<f32> {
 /// and the exact nearest-even boundaries (the (n+1)-bit "p then 1" values) or their f32
 /// neighbours. Signs are random.
 fn sample_f32(n: u32, es: u32, count: usize, seed: u64) -> Vec<f32> {
-    let mut rng = SplitMix64(seed ^ ((n as u64) << 40) ^ ((es as u64) << 48));
+    let mut rng = SplitMix(seed ^ ((n as u64) << 40) ^ ((es as u64) << 48));
     let s = max_scale(n, es);
     let maxpat = maxpos_pattern(n);
     (0..count)
         .map(|i| {
-            let r = rng.next();
-            let r2 = rng.next();
+            let r = rng.next_u64();
+            let r2 = rng.next_u64();
             let sign = ((r >> 63) as u32) << 31;
             let mant = (r as u32) & 0x007f_ffff;
             let random_bits = (r2 >> 32) as u32;
@@ -275,7 +210,7 @@ fn sample_f32(n: u32, es: u32, count: usize, seed: u64) -> Vec<f32> {
                 }
                 _ => {
                     let p = 1 + (r2 % (maxpat - 1));
-                    let b = ref_decode((p << 1) | 1, n + 1, es);
+                    let b = posit_value((p << 1) | 1, n + 1, es);
                     let b32 = b as f32;
                     if b32 as f64 == b {
                         let ulp_step = (r >> 40) % 3;
@@ -346,7 +281,7 @@ fn posit_n_es1_encode_and_round_match_softposit_pxe1_for_every_n_3_to_32() {
         25 26 27 28 29 30 31 32);
     let mut all = Mismatches::default();
     for (n, oracle) in table {
-        // ORACLES.md: PxE1<32> trips softposit's own overflow checks outside release builds.
+        // docs/ORACLES.md: PxE1<32> trips softposit's own overflow checks outside release builds.
         if n == 32 && cfg!(debug_assertions) {
             continue;
         }
@@ -438,9 +373,9 @@ fn for_each_pair(mut f: impl FnMut(&Posit, &Pair)) {
         for es in 0..=3u32 {
             let posit = posit(n, es);
             for p in 1..maxpos_pattern(n) {
-                let lo = ref_decode(p, n, es);
-                let hi = ref_decode(p + 1, n, es);
-                let b = ref_decode((p << 1) | 1, n + 1, es);
+                let lo = posit_value(p, n, es);
+                let hi = posit_value(p + 1, n, es);
+                let b = posit_value((p << 1) | 1, n + 1, es);
                 assert!(
                     0.0 < lo && lo < b && b < hi,
                     "reference: posit<{n},{es}> p = {p:#x} gives {lo:e} < {b:e} < {hi:e}?"
@@ -633,7 +568,7 @@ fn posit_stochastic_rounds_up_iff_random_is_below_the_truncated_value_fraction_o
     f.assert_none("stochastic up-probability");
 }
 
-/// Named fact (ORACLES.md): posit<16,1> between 2^26 and maxpos 2^28 switches at 2^27, not
+/// Named fact (docs/ORACLES.md): posit<16,1> between 2^26 and maxpos 2^28 switches at 2^27, not
 /// at the arithmetic midpoint 1.68e8; softposit's `PxE1<16>` agrees.
 #[test]
 fn posit16_es1_rounds_above_2p27_up_to_maxpos_2p28_and_below_2p27_down_to_2p26() {
@@ -718,7 +653,7 @@ fn posit8_es2_rounds_144179_2_to_262144_not_to_the_nearer_65536() {
 fn check_pattern(posit: &Posit, q: u32, f: &mut Mismatches) {
     let (n, es) = (posit.n(), posit.es());
     let v = posit.decode(q);
-    let r = ref_decode(q as u64, n, es);
+    let r = posit_value(q as u64, n, es);
     f.check(same(v, r), || {
         format!("posit<{n},{es}> decode({q:#x}) = {v:e}, reference {r:e}")
     });
@@ -760,8 +695,8 @@ fn posit_encode_inverts_decode_on_every_pattern_for_n_2_to_16_and_es_0_to_5() {
 #[test]
 fn posit32_es2_encode_inverts_decode_on_1e6_random_patterns_and_extremes() {
     let posit = posit(32, 2);
-    let mut rng = SplitMix64(0x32e2);
-    let mut patterns: Vec<u32> = (0..SAMPLES).map(|_| rng.next() as u32).collect();
+    let mut rng = SplitMix(0x32e2);
+    let mut patterns: Vec<u32> = (0..SAMPLES).map(|_| rng.next_u64() as u32).collect();
     patterns.extend([
         0,
         1,
@@ -788,7 +723,7 @@ fn posit32_es2_encode_inverts_decode_on_1e6_random_patterns_and_extremes() {
 #[test]
 fn posit_encode_inverts_decode_on_random_patterns_for_n_17_to_32_and_es_0_to_5() {
     let mut f = Mismatches::default();
-    let mut rng = SplitMix64(0x1732);
+    let mut rng = SplitMix(0x1732);
     for n in 17..=32u32 {
         for es in 0..=5u32 {
             let posit = posit(n, es);
@@ -797,7 +732,7 @@ fn posit_encode_inverts_decode_on_random_patterns_for_n_17_to_32_and_es_0_to_5()
                 check_pattern(&posit, q, &mut f);
             }
             for _ in 0..20_000 {
-                check_pattern(&posit, rng.next() as u32 & mask, &mut f);
+                check_pattern(&posit, rng.next_u64() as u32 & mask, &mut f);
             }
         }
     }

@@ -268,7 +268,7 @@ fn int8_layers_compute_integer_dot_products_with_calibrated_symmetric_scales() -
 }
 
 #[test]
-fn every_method_keeps_a_learned_model_within_six_points_of_float32_and_posit8_logits_tie() -> R {
+fn every_method_keeps_a_learned_model_within_six_points_of_float32_and_posit_8_0_logits_tie() -> R {
     // One epoch on 6000 images reaches about 70% top-1 in float32; rounding the weights and
     // activations to 8-bit formats must keep it within a few points.
     let weights = trained_weights();
@@ -295,7 +295,7 @@ fn every_method_keeps_a_learned_model_within_six_points_of_float32_and_posit8_lo
     assert_eq!(scores["float32"].tied, 0.0);
     assert!(
         scores["posit<8,0> quire"].tied > 0.0,
-        "posit8 logits tie on some images"
+        "posit<8,0> logits tie on some images"
     );
     Ok(())
 }

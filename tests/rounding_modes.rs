@@ -3,11 +3,13 @@
 //!
 //! Testing policy: expected values never come from the code under test. They are
 //! hand-derived tables (each with its bit patterns in a comment), Random123's published
-//! known answers, decoders written here from the format definitions (and checked against
-//! SoftPosit), exact integer arithmetic for stochastic thresholds, and statistical bounds
+//! known answers, the decoders of tests/common/reference.rs written from the format
+//! definitions (and checked here against SoftPosit), exact integer arithmetic for stochastic thresholds, and statistical bounds
 //! at 4 sigma over fixed-seed random words, so every run is deterministic. The literal
 //! stochastic results pin the random stream: changing them breaks reproducibility of
 //! every recorded run, so only change them on purpose. Every test can fail.
+
+mod common;
 
 use std::sync::OnceLock;
 
@@ -16,8 +18,11 @@ use qcandle::philox::{philox4x32_10, Stream};
 use qcandle::{Format, Rounding};
 use rayon::prelude::*;
 
+use common::reference::{float_value, posit_value, two_pow};
+
 // ---------------------------------------------------------------------------------------
-// Independent reference: decoders and neighbours written from the format definitions.
+// Independent reference: the decoders of tests/common, and neighbours written from the
+// format definitions.
 // ---------------------------------------------------------------------------------------
 
 fn fmt(s: &str) -> Format {
@@ -25,89 +30,10 @@ fn fmt(s: &str) -> Format {
         .unwrap_or_else(|e| panic!("format {s:?} must parse: {e}"))
 }
 
-/// `2^q` for any q where it is a normal or subnormal f64.
-fn pow2(q: i32) -> f64 {
-    if q >= -1022 {
-        f64::from_bits(((q + 1023) as u64) << 52)
-    } else {
-        f64::from_bits(1u64 << (q + 1074))
-    }
-}
-
 const NE: Rounding = Rounding::NearestEven;
 const NA: Rounding = Rounding::NearestAway;
 const TZ: Rounding = Rounding::TowardZero;
 const SR: Rounding = Rounding::Stochastic { bits: 23 };
-
-/// Value of an n-bit posit pattern: sign, regime run, terminator, `es` exponent bits
-/// (missing ones read as 0), fraction; negative patterns are two's complements.
-fn posit_value(n: u32, es: u32, pattern: u64) -> f64 {
-    let mask = (1u64 << n) - 1;
-    let p = pattern & mask;
-    let sign = 1u64 << (n - 1);
-    if p == 0 {
-        return 0.0;
-    }
-    if p == sign {
-        return f64::NAN;
-    }
-    let negative = p & sign != 0;
-    let mag = if negative { p.wrapping_neg() & mask } else { p };
-    let mut i = n as i64 - 2; // index of the first regime bit
-    let first = (mag >> i) & 1;
-    let mut run = 0i64;
-    while i >= 0 && (mag >> i) & 1 == first {
-        run += 1;
-        i -= 1;
-    }
-    let k = if first == 1 { run - 1 } else { -run };
-    i -= 1; // the terminator
-    let mut e = 0i64;
-    for _ in 0..es {
-        e <<= 1;
-        if i >= 0 {
-            e |= ((mag >> i) & 1) as i64;
-        }
-        i -= 1;
-    }
-    let fb = (i + 1).max(0);
-    let f = mag & ((1u64 << fb) - 1);
-    let scale = k * (1i64 << es) + e;
-    let v = ((1u64 << fb) + f) as f64 * pow2((scale - fb) as i32);
-    if negative {
-        -v
-    } else {
-        v
-    }
-}
-
-/// Value of a float pattern: `(-1)^s 2^(E-bias) (1 + M/2^man)`, subnormals at E = 0, and
-/// the specials of `specials`.
-fn float_value(exp: u32, man: u32, specials: Specials, pattern: u64) -> f64 {
-    let bias = (1i32 << (exp - 1)) - 1;
-    let m = pattern & ((1u64 << man) - 1);
-    let e = ((pattern >> man) & ((1u64 << exp) - 1)) as i32;
-    let negative = (pattern >> (exp + man)) & 1 == 1;
-    let all_ones = (1i32 << exp) - 1;
-    let v = if e == all_ones && specials == Specials::Ieee {
-        if m == 0 {
-            f64::INFINITY
-        } else {
-            f64::NAN
-        }
-    } else if e == all_ones && specials == Specials::FiniteNan && m == (1u64 << man) - 1 {
-        f64::NAN
-    } else if e == 0 {
-        m as f64 * pow2(1 - bias - man as i32)
-    } else {
-        ((1u64 << man) + m) as f64 * pow2(e - bias - man as i32)
-    };
-    if negative {
-        -v
-    } else {
-        v
-    }
-}
 
 /// The nonnegative values of a posit or float format, as an increasing function of the
 /// pattern `0..=max_pattern`.
@@ -145,7 +71,7 @@ impl Grid {
 
     fn value(&self, p: u64) -> f64 {
         match *self {
-            Grid::Posit { n, es } => posit_value(n, es, p),
+            Grid::Posit { n, es } => posit_value(p, n, es),
             Grid::Float { exp, man, specials } => float_value(exp, man, specials, p),
         }
     }
@@ -185,14 +111,14 @@ fn neighbours(f: &Format, a: f64) -> (f64, f64) {
     assert!(a > 0.0);
     match f {
         Format::Fixed(x) => {
-            let q = pow2(-x.fl());
+            let q = two_pow(-x.fl());
             let lo = (a / q).floor() * q;
             (lo, lo + q)
         }
         Format::Block(b) => {
             // A single value is its own block: binade E, quantum 2^(E - (wl - 2)).
             let e = a.log2().floor() as i32;
-            let q = pow2(e - (b.wl() as i32 - 2));
+            let q = two_pow(e - (b.wl() as i32 - 2));
             let lo = (a / q).floor() * q;
             (lo, lo + q)
         }
@@ -220,7 +146,7 @@ fn split(x: f64) -> (u128, i32) {
 
 /// `floor((a - lo) / (hi - lo) * 2^k)`, exactly (0 <= lo <= a < hi).
 fn threshold(a: f64, lo: f64, hi: f64, k: u32) -> u128 {
-    if lo == 0.0 && a < hi * pow2(-(k as i32) - 2) {
+    if lo == 0.0 && a < hi * two_pow(-(k as i32) - 2) {
         return 0; // far below one 2^-k step (keeps the integers small)
     }
     let parts = [split(a), split(lo), split(hi)];
@@ -247,7 +173,7 @@ fn threshold(a: f64, lo: f64, hi: f64, k: u32) -> u128 {
 
 /// The exact distance `(a - lo) / (hi - lo)` as an f64 (for statistics).
 fn distance(a: f64, lo: f64, hi: f64) -> f64 {
-    threshold(a, lo, hi, 60) as f64 / pow2(60)
+    threshold(a, lo, hi, 60) as f64 / two_pow(60)
 }
 
 /// Equality that treats NaN as equal to NaN and tells -0.0 from +0.0.
@@ -259,7 +185,7 @@ fn same(a: f64, b: f64) -> bool {
 fn reference_posit_decoder_agrees_with_softposit() {
     for b in 0..=u8::MAX {
         let want = softposit::P8E0::from_bits(b).to_f64();
-        let got = posit_value(8, 0, b as u64);
+        let got = posit_value(b as u64, 8, 0);
         assert!(
             same(want, got),
             "posit<8,0> {b:#04x}: {got} vs softposit {want}"
@@ -267,7 +193,7 @@ fn reference_posit_decoder_agrees_with_softposit() {
     }
     for b in 0..=u16::MAX {
         let want = softposit::P16E1::from_bits(b).to_f64();
-        let got = posit_value(16, 1, b as u64);
+        let got = posit_value(b as u64, 16, 1);
         assert!(
             same(want, got),
             "posit<16,1> {b:#06x}: {got} vs softposit {want}"
@@ -621,11 +547,11 @@ fn posit_rounding_matches_the_pattern_reference_between_all_neighbours() {
     for (n, es) in [(8, 0), (8, 1), (8, 2), (10, 3), (16, 1), (16, 2)] {
         let f = Format::posit(n, es).unwrap();
         let max_pattern = (1u64 << (n - 1)) - 1;
-        let values: Vec<f64> = (0..=max_pattern).map(|p| posit_value(n, es, p)).collect();
+        let values: Vec<f64> = (0..=max_pattern).map(|p| posit_value(p, n, es)).collect();
         for p in 1..max_pattern {
             let (lo, hi) = (values[p as usize], values[p as usize + 1]);
             // The (n+1)-bit pattern between p and p+1 is where rounding the pattern switches.
-            let boundary = posit_value(n + 1, es, 2 * p + 1);
+            let boundary = posit_value(2 * p + 1, n + 1, es);
             failures.extend(compare_pair(&f, lo, hi, boundary, p % 2 == 0, None));
         }
         // Outside [minpos, maxpos] every mode saturates, never to 0 or NaR.
@@ -690,7 +616,7 @@ fn float_rounding_matches_the_ieee_reference_between_all_neighbours() {
             f64::NAN
         };
         // The gap in max's binade (the value below max may lie in the binade below).
-        let top_gap = pow2(max.log2().floor() as i32 - man as i32);
+        let top_gap = two_pow(max.log2().floor() as i32 - man as i32);
         for p in 0..=max_pattern {
             let lo = values[p as usize];
             let (hi, over) = if p < max_pattern {
@@ -749,7 +675,7 @@ fn fixed_rounding_matches_the_reference_and_clamps() {
     let mut failures = Vec::new();
     for (wl, fl) in [(8, 4), (6, -2), (12, 10)] {
         let f = Format::fixed(wl, fl).unwrap();
-        let q = pow2(-fl);
+        let q = two_pow(-fl);
         let top = (1i64 << (wl - 1)) as f64;
         for k in 0..(1i64 << (wl - 1)) - 1 {
             let lo = k as f64 * q;

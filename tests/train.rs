@@ -63,13 +63,13 @@ fn top_k_ranks_follow_a_stable_sort_where_the_lower_class_wins_a_tie() {
 }
 
 #[test]
-fn lenet5_learns_fashion_mnist_in_float32_and_posit16() -> R {
+fn lenet5_learns_fashion_mnist_in_float32_and_posit_16_1() -> R {
     let data = subset(3000, 1000);
-    for config in ["float32", "posit16"] {
+    for config in ["float32", "posit<16,1>"] {
         let records = train(
             &data,
             &options(config, 1),
-            &QConfig::preset(config)?,
+            &QConfig::load(config)?,
             None,
             true,
         )?;
@@ -85,7 +85,7 @@ fn lenet5_learns_fashion_mnist_in_float32_and_posit16() -> R {
 #[test]
 fn the_same_seed_reproduces_the_same_numbers_and_another_seed_does_not() -> R {
     let data = subset(640, 200);
-    let mut config = QConfig::preset("posit16")?;
+    let mut config = QConfig::load("posit<16,1>")?;
     config.base.gradient = Some(qcandle::nn::QuantSpec {
         format: "posit<16,1>".parse()?,
         rounding: Rounding::stochastic(16)?,
@@ -105,7 +105,7 @@ fn the_same_seed_reproduces_the_same_numbers_and_another_seed_does_not() -> R {
 #[test]
 fn an_interrupted_run_resumes_to_the_same_results_and_files() -> R {
     let data = subset(640, 200);
-    let mut config = QConfig::preset("posit16")?;
+    let mut config = QConfig::load("posit<16,1>")?;
     config.base.activation = Some(qcandle::nn::QuantSpec {
         format: "posit<16,1>".parse()?,
         rounding: Rounding::stochastic(12)?,

@@ -114,7 +114,7 @@ enum Command {
     /// each format with naive and quire arithmetic; save the quantized model.
     Ptq(PtqArgs),
     /// Round a normal sample to every preset, then train LeNet-5 on the embedded
-    /// Fashion-MNIST subset in float32 and posit16 and print both accuracies, then evaluate
+    /// Fashion-MNIST subset in float32 and posit<16,1> and print both accuracies, then evaluate
     /// the float32 model in posit<8,0> (post-training quantization).
     Demo {
         /// Number of samples of the rounding table.
@@ -141,8 +141,9 @@ struct TrainArgs {
     /// standard location).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Quantization config: a preset (float32, bf16, posit16, posit32, posit8, fp8) or a
-    /// .toml/.json file.
+    /// Quantization config: a preset (float32, fp8, or a format preset such as bf16 or
+    /// posit16 = posit<16,2>, meaning that format in every category), any format
+    /// (posit<16,1>, float<5,2>) meaning the same, or a .toml/.json file.
     #[arg(long, default_value = "float32")]
     config: String,
     /// Number of epochs.
@@ -157,9 +158,10 @@ struct TrainArgs {
     /// Optimizer: adam, adamw, sgd (momentum 0.9).
     #[arg(long, default_value = "adam")]
     optimizer: OptimizerKind,
-    /// Seed of the initial weights, the batch order and stochastic rounding.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the initial weights, the batch order and stochastic rounding (default: the
+    /// config file's `seed`, else 0). Given, it replaces the config's seed.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Use only the first N training images.
     #[arg(long)]
     train_limit: Option<usize>,
@@ -243,6 +245,7 @@ fn peak_rss_kib() -> Option<u64> {
 }
 
 fn run_train(args: TrainArgs) -> Result<()> {
+    let config = QConfig::load(&args.config)?;
     let options = TrainOptions {
         // The model's canonical name when it has one; `validate` names an unknown one.
         model: args
@@ -254,22 +257,23 @@ fn run_train(args: TrainArgs) -> Result<()> {
         batch: args.batch,
         lr: args.lr,
         optimizer: args.optimizer,
-        seed: args.seed,
+        // The flag wins when given, then the config's seed (0 unless the file sets one).
+        seed: args.seed.unwrap_or(config.seed),
         train_limit: args.train_limit,
     };
     // Everything is checked before the data is read and before --out is created.
     options.validate()?;
-    let config = QConfig::load(&args.config)?;
     let data = load_data(&args.data, args.data_dir.as_deref())?;
     let out = args
         .out
         .unwrap_or_else(|| qcandle::train::default_out(&options, &args.data));
     note!(
-        "training {} on {} ({}) with config {}, {} epochs -> {}",
+        "training {} on {} ({}) with config {}, seed {}, {} epochs -> {}",
         options.model,
         args.data,
         data.source,
         options.config_name,
+        options.seed,
         options.epochs,
         out.display()
     );
@@ -492,7 +496,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
     outln!("| config | train loss | test top-1 | test top-5 | seconds |");
     outln!("|---|---|---|---|---|");
     let runs = std::path::Path::new("runs").join("demo");
-    for config_name in ["float32", "posit16"] {
+    for config_name in ["float32", "posit<16,1>"] {
         let options = TrainOptions {
             model: "lenet5".into(),
             config_name: config_name.into(),
@@ -503,13 +507,14 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             seed,
             train_limit: None,
         };
-        let out = runs.join(format!("lenet5-{config_name}-e{epochs}-s{seed}"));
+        let label = qcandle::train::config_label(config_name);
+        let out = runs.join(format!("lenet5-{label}-e{epochs}-s{seed}"));
         // The demo's own directory: a fresh run every time, never a stale one resumed.
         if out.exists() {
             std::fs::remove_dir_all(&out)
                 .with_context(|| format!("cannot clear {}", out.display()))?;
         }
-        let config = QConfig::preset(config_name)?;
+        let config = QConfig::load(config_name)?;
         let records = train(&data, &options, &config, Some(&out), false)?;
         let last = records.last().context("no epochs were run")?;
         let seconds: f64 = records.iter().map(|r| r.seconds).sum();

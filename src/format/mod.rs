@@ -8,7 +8,10 @@
 //! A [`Format`] is validated when it is built and prints as a string that parses back to
 //! the same format: `posit<8,0>`, `float<5,2>`, `float<4,3,fn,sat>`, `fixed<8,4>`,
 //! `block<8>`, `block<8,dim=0>`, or a preset name (`fp16`, `bf16`, `tf32`, `e5m2`, `e4m3`,
-//! `e3m2`, `e2m3`, `e2m1`, `posit8`, `posit16`, `posit32`).
+//! `e3m2`, `e2m3`, `e2m1`, `posit8`, `posit16`, `posit32`). Float presets display as their
+//! names. The posit presets follow the 2022 Posit Standard (es = 2 at every width:
+//! `posit8` is `posit<8,2>`); other posits, such as the older `posit<8,0>` and
+//! `posit<16,1>`, are spelled out.
 
 pub mod block;
 pub mod f32_plan;
@@ -43,44 +46,83 @@ pub enum Format {
     Block(Block),
 }
 
-/// Named formats: (name, description).
-const PRESET_NAMES: &[(&str, &str)] = &[
-    ("fp16", "IEEE binary16"),
-    ("bf16", "bfloat16"),
-    ("tf32", "NVIDIA TensorFloat-32"),
-    ("e5m2", "OCP FP8 E5M2 (IEEE specials)"),
-    ("e4m3", "OCP FP8 E4M3 (no Inf, NaN at S.1111.111)"),
-    ("e3m2", "OCP MX FP6 E3M2 (no Inf/NaN, saturating)"),
-    ("e2m3", "OCP MX FP6 E2M3 (no Inf/NaN, saturating)"),
-    ("e2m1", "OCP MX FP4 E2M1 (no Inf/NaN, saturating)"),
-    ("posit8", "posit standard 2022, posit<8,2>"),
-    ("posit16", "posit standard 2022, posit<16,2>"),
-    ("posit32", "posit standard 2022, posit<32,2>"),
-    ("posit<8,0>", "legacy 8-bit posit"),
-    ("posit<16,1>", "legacy 16-bit posit"),
-    ("posit<32,2>", "legacy 32-bit posit"),
-];
+/// How a named format is defined: a float's (exp, man, overflow, specials) with
+/// subnormals, or a posit's (n, es).
+#[derive(Debug, Clone, Copy)]
+enum Definition {
+    Float(u32, u32, Overflow, Specials),
+    Posit(u32, u32),
+}
 
-fn float_preset(name: &str) -> Option<Float> {
-    use Overflow::*;
-    use Specials::*;
-    let f = |e, m, o, s| Float::with_options(e, m, true, o, s).ok();
-    match name {
-        "fp16" => f(5, 10, Infinity, Ieee),
-        "bf16" => f(8, 7, Infinity, Ieee),
-        "tf32" => f(8, 10, Infinity, Ieee),
-        "e5m2" => f(5, 2, Infinity, Ieee),
-        "e4m3" => f(4, 3, Infinity, FiniteNan),
-        "e3m2" => f(3, 2, Saturate, Finite),
-        "e2m3" => f(2, 3, Saturate, Finite),
-        "e2m1" => f(2, 1, Saturate, Finite),
-        _ => None,
+impl Definition {
+    fn format(self) -> Format {
+        let format = match self {
+            Definition::Float(e, m, o, s) => {
+                Float::with_options(e, m, true, o, s).map(Format::Float)
+            }
+            Definition::Posit(n, es) => Format::posit(n, es),
+        };
+        format.expect("preset definitions are valid formats")
     }
 }
 
-const FLOAT_PRESETS: &[&str] = &[
-    "fp16", "bf16", "tf32", "e5m2", "e4m3", "e3m2", "e2m3", "e2m1",
-];
+/// The named formats, in display order: (name, description, definition). The only list of
+/// preset names: parsing, display and `qcandle formats` all read it.
+const PRESETS: &[(&str, &str, Definition)] = {
+    use Definition::{Float as F, Posit as P};
+    use Overflow::*;
+    use Specials::*;
+    &[
+        ("fp16", "IEEE binary16", F(5, 10, Infinity, Ieee)),
+        ("bf16", "bfloat16", F(8, 7, Infinity, Ieee)),
+        ("tf32", "NVIDIA TensorFloat-32", F(8, 10, Infinity, Ieee)),
+        (
+            "e5m2",
+            "OCP FP8 E5M2 (IEEE specials)",
+            F(5, 2, Infinity, Ieee),
+        ),
+        (
+            "e4m3",
+            "OCP FP8 E4M3 (no Inf, NaN at S.1111.111)",
+            F(4, 3, Infinity, FiniteNan),
+        ),
+        (
+            "e3m2",
+            "OCP MX FP6 E3M2 (no Inf/NaN, saturating)",
+            F(3, 2, Saturate, Finite),
+        ),
+        (
+            "e2m3",
+            "OCP MX FP6 E2M3 (no Inf/NaN, saturating)",
+            F(2, 3, Saturate, Finite),
+        ),
+        (
+            "e2m1",
+            "OCP MX FP4 E2M1 (no Inf/NaN, saturating)",
+            F(2, 1, Saturate, Finite),
+        ),
+        ("posit8", "posit standard 2022, posit<8,2>", P(8, 2)),
+        ("posit16", "posit standard 2022, posit<16,2>", P(16, 2)),
+        ("posit32", "posit standard 2022, posit<32,2>", P(32, 2)),
+    ]
+};
+
+/// The format a preset name stands for.
+fn preset(name: &str) -> Option<Format> {
+    PRESETS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, _, d)| d.format())
+}
+
+/// The preset name a float displays as, if it is a float preset. Posits always display as
+/// `posit<n,es>`.
+fn float_preset_name(float: &Float) -> Option<&'static str> {
+    PRESETS
+        .iter()
+        .find(|(_, _, d)| matches!(d, Definition::Float(..)) && d.format() == Format::Float(*float))
+        .map(|(name, _, _)| *name)
+}
 
 impl Format {
     /// posit(n, es); see [`Posit::new`].
@@ -102,9 +144,9 @@ impl Format {
 
     /// Every named format with a one-line description, in display order.
     pub fn presets() -> Vec<(&'static str, &'static str, Format)> {
-        PRESET_NAMES
+        PRESETS
             .iter()
-            .map(|(name, desc)| (*name, *desc, name.parse().expect("preset names parse")))
+            .map(|(name, desc, definition)| (*name, *desc, definition.format()))
             .collect()
     }
 
@@ -178,10 +220,7 @@ impl fmt::Display for Format {
         match self {
             Format::Posit(p) => write!(f, "posit<{},{}>", p.n(), p.es()),
             Format::Float(fl) => {
-                if let Some(name) = FLOAT_PRESETS
-                    .iter()
-                    .find(|n| float_preset(n).as_ref() == Some(fl))
-                {
+                if let Some(name) = float_preset_name(fl) {
                     return write!(f, "{name}");
                 }
                 write!(f, "float<{},{}", fl.exp(), fl.man())?;
@@ -226,14 +265,8 @@ impl FromStr for Format {
             input: s.to_string(),
             reason,
         };
-        if let Some(f) = float_preset(&input) {
-            return Ok(Format::Float(f));
-        }
-        match input.as_str() {
-            "posit8" => return Format::posit(8, 2),
-            "posit16" => return Format::posit(16, 2),
-            "posit32" => return Format::posit(32, 2),
-            _ => {}
+        if let Some(format) = preset(&input) {
+            return Ok(format);
         }
         let (family, args) = input
             .strip_suffix('>')

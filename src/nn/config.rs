@@ -20,7 +20,10 @@
 //! off for those layers. A parameter belongs to the layer named by its variable name up to
 //! the last dot (`conv1.weight` → `conv1`).
 //!
-//! Config files are TOML or JSON with the same fields:
+//! A config is a preset (`float32`: nothing rounded; `fp8`; or a format preset such as
+//! `bf16` or `posit16`, meaning that format in every category but the accumulator), any
+//! format string with the same meaning (`posit<16,1>`), or a TOML or JSON file with these
+//! fields:
 //!
 //! ```toml
 //! seed = 7
@@ -30,6 +33,10 @@
 //! pattern = "fc3"
 //! weight = "none"
 //! ```
+//!
+//! `seed` is the run's seed when `qcandle train` is given no `--seed` (the flag wins when
+//! given; without either the seed is 0). It seeds the initial weights, the batch order and
+//! the stochastic-rounding streams.
 //!
 //! Stochastic rounding needs independent random streams: every (layer, category) pair gets
 //! its own seed, a hash of the config seed, the layer name and the category, so runs are
@@ -221,18 +228,27 @@ impl From<ConfigError> for candle_core::Error {
     }
 }
 
-/// The named presets: (name, description).
-pub const PRESETS: [(&str, &str); 6] = [
+/// The presets that are not a format in every category: (name, description).
+pub const CONFIG_ONLY_PRESETS: [(&str, &str); 2] = [
     ("float32", "nothing rounded"),
-    ("bf16", "bf16 in every category"),
-    ("posit16", "posit<16,1> in every category"),
-    ("posit32", "posit<32,2> in every category"),
-    ("posit8", "posit<8,0> in every category"),
     (
         "fp8",
         "e4m3 weights and activations, e5m2 gradients and errors, f32 optimizer state and weight copy",
     ),
 ];
+
+/// Every config preset, (name, description): [`CONFIG_ONLY_PRESETS`], then each format
+/// preset of [`Format::presets`] (`bf16`, `posit16`, ...) meaning that format in every
+/// category.
+pub fn presets() -> Vec<(&'static str, String)> {
+    let config_only = CONFIG_ONLY_PRESETS
+        .iter()
+        .map(|&(name, description)| (name, description.to_string()));
+    let formats = Format::presets()
+        .into_iter()
+        .map(|(name, _, format)| (name, format!("{format} in every category")));
+    config_only.chain(formats).collect()
+}
 
 impl QConfig {
     /// Nothing rounded.
@@ -249,16 +265,29 @@ impl QConfig {
         }
     }
 
-    /// A named preset (see [`PRESETS`]).
+    /// A named preset (see [`presets`]): `float32`, `fp8`, or a format preset name, which
+    /// means that format in every category but the accumulator.
     pub fn preset(name: &str) -> Result<Self, ConfigError> {
+        if let Some(config) = QConfig::config_only_preset(name) {
+            return Ok(config);
+        }
+        match Format::presets().into_iter().find(|p| p.0 == name) {
+            Some((_, _, format)) => Ok(QConfig::uniform(QuantSpec::nearest(format))),
+            None => {
+                let names: Vec<&str> = presets().iter().map(|p| p.0).collect();
+                Err(ConfigError::new(
+                    "preset",
+                    format!("unknown preset `{name}`; presets: {}", names.join(", ")),
+                ))
+            }
+        }
+    }
+
+    fn config_only_preset(name: &str) -> Option<Self> {
         let format = |s: &str| QuantSpec::nearest(s.parse().expect("preset formats parse"));
-        Ok(match name {
-            "float32" => QConfig::float32(),
-            "bf16" => QConfig::uniform(format("bf16")),
-            "posit16" => QConfig::uniform(format("posit<16,1>")),
-            "posit32" => QConfig::uniform(format("posit<32,2>")),
-            "posit8" => QConfig::uniform(format("posit<8,0>")),
-            "fp8" => QConfig {
+        match name {
+            "float32" => Some(QConfig::float32()),
+            "fp8" => Some(QConfig {
                 seed: 0,
                 base: Categories {
                     weight: Some(format("e4m3")),
@@ -269,15 +298,9 @@ impl QConfig {
                     accumulator: Some(format("float<8,23>")),
                 },
                 layers: Vec::new(),
-            },
-            _ => {
-                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
-                return Err(ConfigError::new(
-                    "preset",
-                    format!("unknown preset `{name}`; presets: {}", names.join(", ")),
-                ));
-            }
-        })
+            }),
+            _ => None,
+        }
     }
 
     /// The same config with another seed.
@@ -286,16 +309,30 @@ impl QConfig {
         self
     }
 
-    /// A preset name, or a path to a `.toml` or `.json` file.
+    /// A config preset (see [`presets`]), a format string meaning that format in every
+    /// category but the accumulator (`posit<16,1>`, `float<5,2>`), or a path to a `.toml`
+    /// or `.json` file.
     pub fn load(name_or_path: &str) -> Result<Self, ConfigError> {
-        if PRESETS.iter().any(|p| p.0 == name_or_path) {
-            return QConfig::preset(name_or_path);
+        if let Some(config) = QConfig::config_only_preset(name_or_path) {
+            return Ok(config);
         }
+        let format_error = match Format::from_str(name_or_path) {
+            Ok(format) => return Ok(QConfig::uniform(QuantSpec::nearest(format))),
+            Err(e) => e,
+        };
         let path = Path::new(name_or_path);
         let text = std::fs::read_to_string(path).map_err(|e| {
+            // A string written like a format (`posit<8,9>`) is told why it is not one.
+            let why_not_format = if name_or_path.contains('<') {
+                format!(" ({format_error})")
+            } else {
+                String::new()
+            };
             ConfigError::new(
                 "file",
-                format!("`{name_or_path}` is neither a preset nor a readable file: {e}"),
+                format!(
+                    "`{name_or_path}` is neither a preset, a format{why_not_format} nor a readable file: {e}"
+                ),
             )
         })?;
         match path.extension().and_then(|e| e.to_str()) {

@@ -9,7 +9,7 @@
 //!
 //! Ranking: top-1 and top-5 come from a stable sort of the logits, so among equal logits
 //! the lower class index ranks first ([`crate::train::rank_of`]). Low-precision logits tie
-//! often (a few percent of posit8 test images have two classes sharing the top logit), so
+//! often (a few percent of posit<8,0> test images have two classes sharing the top logit), so
 //! the tie rule moves top-1 by more than the gaps between methods; the report gives the
 //! share of images whose top logit is tied.
 //!

@@ -1,6 +1,9 @@
-//! Shared by the oracle test files: a mismatch collector that counts every failure, keeps
-//! the first few descriptions, and merges across parallel workers; and a small seeded
-//! generator.
+//! Shared by the test files: a mismatch collector that counts every failure, keeps the
+//! first few descriptions, and merges across parallel workers; the one seeded generator
+//! ([`SplitMix`]), so every run sees the same inputs and failures reproduce; and the
+//! reference decoders of [`reference`].
+
+pub mod reference;
 
 /// Counts mismatches and keeps the first [`Mismatches::KEEP`] descriptions.
 #[derive(Default)]
@@ -76,6 +79,16 @@ impl SplitMix {
     /// A number in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
+    }
+    /// A fair coin.
+    pub fn coin(&mut self) -> bool {
+        self.next_u64() & 1 == 1
+    }
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i as u64 + 1) as usize);
+        }
     }
     /// A float with a random sign, a log-uniform magnitude over 2^lo..2^hi and random bits.
     pub fn float_between(&mut self, lo: i32, hi: i32) -> f64 {

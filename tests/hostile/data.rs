@@ -688,7 +688,7 @@ fn training_cifarnet_on_28x28_data_says_which_shape_it_needs() {
 
 /// `count` mutations of the seeds (round robin), from the generator seeded with `seed`.
 fn mutations(seed: u64, seeds: &[Vec<u8>], count: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     (0..count).map(move |n| rng.mutate(&seeds[n % seeds.len()]))
 }
 
@@ -813,6 +813,7 @@ fn mutation_pass_over_format_and_rounding_strings() {
         .collect();
     for s in [
         "posit<8,0>",
+        "posit<16,1>",
         "float<5,2,nosub,sat>",
         "float<4,3,fn>",
         "float<2,1,fin>",
@@ -860,7 +861,7 @@ fn config_seeds(json: bool) -> Vec<Vec<u8>> {
          [[layer]]\npattern = \"conv?\"\nactivation = { format = \"fixed<8,4>\", rounding = \"toward-zero\" }\n",
     )
     .expect("the seed config parses");
-    let mut configs: Vec<QConfig> = qcandle::nn::config::PRESETS
+    let mut configs: Vec<QConfig> = qcandle::nn::config::presets()
         .iter()
         .map(|(name, _)| QConfig::preset(name).unwrap())
         .collect();

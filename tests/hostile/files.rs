@@ -606,7 +606,7 @@ fn mutation_pass(
     seed: u64,
     check: impl Fn(&[u8]) -> bool,
 ) -> Tally {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     for _ in 0..count {
         let (header, data) = &seeds[rng.below(seeds.len())];

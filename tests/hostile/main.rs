@@ -7,6 +7,8 @@
 //! files), [`runs`] (run identity, locks, resume and damaged runs, option checks), [`output`]
 //! (closed and full stdout).
 
+#[path = "../common/mod.rs"]
+mod common;
 mod data;
 mod files;
 mod output;
@@ -17,6 +19,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+
+use common::SplitMix;
 
 /// The system allocator, recording the largest single request made by each thread, so the
 /// mutation passes can check that no parser allocates beyond what its input justifies.
@@ -111,17 +115,19 @@ pub fn assert_clean_failure(o: &Output, words: &[&str]) {
     }
 }
 
-/// A small seeded generator (SplitMix64) for the mutation passes.
-pub struct Rng(pub u64);
+/// The seeded generator of the mutation passes: the tests' common [`SplitMix`] with the
+/// mutations on top.
+pub struct Rng(SplitMix);
 
 impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(SplitMix(seed))
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A uniform integer below `n` (n > 0).

@@ -272,10 +272,10 @@ fn write_with_metadata(path: &Path, tensors: &[(String, Tensor)], metadata: &[(&
 #[test]
 fn format_metadata_must_parse_and_match_the_dtype_of_the_patterns() {
     let dir = tempfile::tempdir().unwrap();
-    let posit8 = dir.path().join("posit8.safetensors");
+    let posit_8_0 = dir.path().join("posit_8_0.safetensors");
     let weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
-    write_quantized(&posit8, &weights, &"posit<8,0>".parse().unwrap()).unwrap();
-    let patterns = read_tensors(&posit8).unwrap();
+    write_quantized(&posit_8_0, &weights, &"posit<8,0>".parse().unwrap()).unwrap();
+    let patterns = read_tensors(&posit_8_0).unwrap();
     let floats = read_tensors(&mlp_model()).unwrap();
     type Case<'a> = (&'a str, &'a [(String, Tensor)], &'a [&'a str]);
     let cases: [Case; 5] = [
@@ -365,7 +365,7 @@ fn missing_and_misshapen_tensors_name_the_tensor_and_both_shapes() {
 fn mutated_quantized_model_files_are_read_or_refused_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
-    let mut rng = Rng(0x9e37_79b9);
+    let mut rng = Rng::new(0x9e37_79b9);
     let (mut read, mut refused, mut tried) = (0, 0, 0);
     for format in ["posit<8,0>", "fixed<6,3,sym>", "posit<16,1>"] {
         let format: Format = format.parse().unwrap();

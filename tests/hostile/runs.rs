@@ -80,7 +80,7 @@ fn every_setting_that_differs_is_named() {
     assert_clean_failure(&o, &["lr: 0.001", "0.01 now", "seed: 0", "batch: 128"]);
     let o = qcandle(&train_args(
         run.to_str().unwrap(),
-        &["--epochs", "1", "--config", "posit16"],
+        &["--epochs", "1", "--config", "posit<16,1>"],
     ));
     assert_clean_failure(&o, &["config"]);
     let o = qcandle(&train_args(
@@ -356,7 +356,7 @@ fn run_json_floats_survive_a_resume_bit_for_bit() {
         let back: f64 = serde_json::from_str(&serde_json::to_string(&x).unwrap()).unwrap();
         assert_eq!(back.to_bits(), x.to_bits(), "{x:?}");
     }
-    let mut rng = super::Rng(17);
+    let mut rng = super::Rng::new(17);
     for _ in 0..200_000 {
         let x = f64::from_bits(rng.next_u64());
         if x.is_finite() {
