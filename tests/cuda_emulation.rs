@@ -23,7 +23,7 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::SplitMix;
-use qcandle::quire::kernels::OpTables;
+use qcandle::quire::gemm_cpu::OpTables;
 use qcandle::quire::{linear, naive_matmul, quire_matmul, Accumulation};
 use qcandle::Format;
 

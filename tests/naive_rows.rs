@@ -3,7 +3,7 @@
 //! operation computed in f64 rounded to odd and rounded once to the format.
 
 use qcandle::format::Rounding;
-use qcandle::quire::kernels::{naive_gemm, Bias};
+use qcandle::quire::gemm_cpu::{naive_gemm, Bias};
 use qcandle::quire::naive_f32::NaiveF32;
 use qcandle::quire::round_odd::{add_odd, mul_odd};
 use qcandle::Format;

@@ -40,7 +40,7 @@ use half::f16;
 use num_bigint::BigInt;
 use num_traits::{One, Signed, ToPrimitive, Zero};
 use qcandle::format::Posit;
-use qcandle::quire::kernels::{
+use qcandle::quire::gemm_cpu::{
     accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, OpTables,
 };
 use qcandle::quire::round_odd::{add_odd, i128_to_f64_odd, mul_odd, u128_to_f64_odd};

@@ -1,7 +1,7 @@
 //! Launches of the posit GEMM kernels in `kernels/gemm.cu` (exact quire GEMM and naive GEMM)
 //! for f32 tensors on a CUDA device, called by [`crate::quire::ops`] (`matmul`, `linear`).
 //!
-//! The kernels give the bits of the CPU kernels in [`crate::quire::kernels`]:
+//! The kernels give the bits of the CPU kernels in [`crate::quire::gemm_cpu`]:
 //!
 //! 1. `qc_gemm_encode` turns each f32 operand into its posit pattern (the value the CPU
 //!    rounds it to) and flags the rows of `A` and the columns of `B` that hold a NaR.
@@ -28,10 +28,10 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfi
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use super::cuda::{launch_config, ptx};
+use super::gemm_cpu::OpTables;
+use super::ops::Accumulation;
 use crate::format::{Format, Posit};
-use crate::quire::kernels::OpTables;
-use crate::quire::ops::Accumulation;
+use crate::kernels::cuda::{launch_config, ptx};
 
 /// The module name the GEMM kernels are loaded under (one per device).
 const MODULE: &str = "qcandle_gemm";
