@@ -11,7 +11,6 @@
 //! `e3m2`, `e2m3`, `e2m1`, `posit8`, `posit16`, `posit32`).
 
 pub mod block;
-pub mod f32_plan;
 pub mod fixed;
 pub mod float;
 pub mod grid;

@@ -11,7 +11,7 @@ use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::format::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
+use super::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
 use crate::philox::Stream;
