@@ -483,7 +483,7 @@ test_device!(posit_gemm_f64_inputs_stay_on_the_host_path, |gpu| {
 #[cfg(feature = "cuda")]
 #[test]
 fn gemm_kernel_parameters_match_the_launcher() {
-    let ptx = qcandle::kernels::cuda::ptx::GEMM;
+    let ptx = qcandle::backend::cuda::ptx::GEMM;
     let widths = |name: &str| -> Vec<u32> {
         let start = ptx
             .find(&format!(".entry {name}("))

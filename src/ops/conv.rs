@@ -4,7 +4,7 @@
 //!
 //! For a batch of `N` images `x` of shape `(N, C, H, W)`, a weight `w` of shape
 //! `(OC, C, KH, KW)` and an optional bias `b` of shape `(OC)`, let `cols[n]` be the
-//! `K x P` column matrix of image `n` ([`crate::kernels::im2col`]: `K = C*KH*KW` rows,
+//! `K x P` column matrix of image `n` ([`crate::backend::im2col`]: `K = C*KH*KW` rows,
 //! `P = OH*OW` columns) and read `w` as the row-major `OC x K` matrix `W`. Then, per image:
 //!
 //! * forward: `Y[n] (OC x P) = W (OC x K) * cols[n] (K x P) + b` (one GEMM of `m = OC`,
@@ -46,8 +46,8 @@ use candle_core::{
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use crate::backend::im2col::{col2im, im2col, ConvGeom};
 use crate::format::Format;
-use crate::kernels::im2col::{col2im, im2col, ConvGeom};
 use crate::ops::quantize::{Quant, QuantizeOp, Quantizer};
 use crate::ops::threads::tune_cpu_threads;
 
@@ -233,7 +233,7 @@ fn f32s<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
 fn contiguous<'a>(v: &'a [f32], l: &Layout) -> Cow<'a, [f32]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Cow::Borrowed(&v[a..b]),
-        None => Cow::Owned(crate::kernels::cpu::gather(v, l)),
+        None => Cow::Owned(crate::backend::cpu::gather(v, l)),
     }
 }
 

@@ -125,7 +125,7 @@ fn misfit(format: &Format, pattern: u32) -> candle_core::Error {
     .bt()
 }
 
-/// pack and unpack of CUDA tensors, through the kernels of `kernels/quant.cu`.
+/// pack and unpack of CUDA tensors, through the kernels of `cuda/quant.cu`.
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::Tensor;
@@ -185,7 +185,7 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-            match crate::kernels::cuda::pack(storage, layout, &self.format, self.pattern)? {
+            match crate::backend::cuda::pack(storage, layout, &self.format, self.pattern)? {
                 Some(out) => Ok((out, layout.shape().clone())),
                 // The only value without a pattern is NaN in a `fin` format: the CPU's error.
                 None => encode(&self.format, f64::NAN)
@@ -209,7 +209,7 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-            match crate::kernels::cuda::unpack(storage, layout, &self.format, self.dtype)? {
+            match crate::backend::cuda::unpack(storage, layout, &self.format, self.dtype)? {
                 Ok(out) => Ok((out, layout.shape().clone())),
                 Err(pattern) => Err(misfit(&self.format, pattern)),
             }

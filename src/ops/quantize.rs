@@ -16,8 +16,8 @@ use std::sync::Arc;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, InplaceOp1, Layout, Module, Result, Shape, Tensor};
 
+use crate::backend::cpu;
 use crate::format::{Format, Rounding};
-use crate::kernels::cpu;
 use crate::philox::Stream;
 
 /// A format, a rounding mode and a random stream: everything one quantization needs.
@@ -152,7 +152,7 @@ impl CustomOp1 for QuantizeOp {
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (f, r, s) = (&self.format, self.rounding, self.stream);
-        let out = crate::kernels::cuda::quantize(storage, layout, f, r, s)?;
+        let out = crate::backend::cuda::quantize(storage, layout, f, r, s)?;
         Ok((out, layout.shape().clone()))
     }
 
@@ -181,7 +181,7 @@ impl InplaceOp1 for QuantizeOp {
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &mut candle_core::CudaStorage, layout: &Layout) -> Result<()> {
         let (f, r, s) = (&self.format, self.rounding, self.stream);
-        crate::kernels::cuda::quantize_in_place(storage, layout, f, r, s)
+        crate::backend::cuda::quantize_in_place(storage, layout, f, r, s)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Launches of the posit GEMM kernels in `kernels/gemm.cu` (exact quire GEMM and naive GEMM)
+//! Launches of the posit GEMM kernels in `cuda/gemm.cu` (exact quire GEMM and naive GEMM)
 //! for f32 tensors on a CUDA device, called by [`crate::quire::ops`] (`matmul`, `linear`).
 //!
 //! The kernels give the bits of the CPU kernels in [`crate::quire::gemm_cpu`]:
@@ -17,7 +17,7 @@
 //! Launch (chosen for H100): 64 x 64 output tiles per block of 256 threads, each thread a
 //! 4 x 4 micro-tile held in registers, k-tiles of 32 staged in shared memory as decoded
 //! integers (quire) or patterns (naive); the grid is `(n/64, m/64, batch)`. See the header
-//! of `kernels/gemm.cu`.
+//! of `cuda/gemm.cu`.
 //!
 //! Formats other than posits of at most 8 bits with `maxpos <= 2^24`, other dtypes, and
 //! sizes beyond the grid limits stay on the host path.
@@ -30,8 +30,8 @@ use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result,
 
 use super::gemm_cpu::OpTables;
 use super::ops::Accumulation;
+use crate::backend::cuda::{launch_config, ptx};
 use crate::format::{Format, Posit};
-use crate::kernels::cuda::{launch_config, ptx};
 
 /// The module name the GEMM kernels are loaded under (one per device).
 const MODULE: &str = "qcandle_gemm";
@@ -214,7 +214,7 @@ impl GemmOp {
             None => b.arg(&null),
         };
         b.arg(&group).arg(&inner);
-        // SAFETY: the signature of qc_gemm_encode in kernels/gemm.cu.
+        // SAFETY: the signature of qc_gemm_encode in cuda/gemm.cu.
         unsafe { b.launch(launch_config(dev, count64)) }.w()?;
         Ok(out)
     }
@@ -301,7 +301,7 @@ impl GemmOp {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the signatures of qc_quire_gemm_* and qc_naive_gemm in
-            // kernels/gemm.cu; every pointer covers the extent the kernel reads or writes.
+            // cuda/gemm.cu; every pointer covers the extent the kernel reads or writes.
             unsafe { lb.launch(cfg) }.w()?;
         }
         Ok((

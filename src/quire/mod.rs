@@ -7,7 +7,7 @@
 //! * [`ops`]: the same on candle tensors: [`quire_matmul`], [`naive_matmul`], [`linear`]
 //!   and [`conv2d`] (through im2col).
 //! * `gemm_cuda` (feature `cuda`): the launches of the same GEMMs on a CUDA device
-//!   (`kernels/gemm.cu`), with the CPU GEMMs' bits.
+//!   (`cuda/gemm.cu`), with the CPU GEMMs' bits.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 

@@ -6,8 +6,8 @@
 //! returned in the first input's dtype and device. With the `cuda` feature, matmuls and
 //! linear layers of f32 tensors on a CUDA device in posits of at most 8 bits (maxpos <=
 //! 2^24: posit<8,0>, <8,1>, <8,2>) run on the device instead, with the same bits
-//! ([`super::gemm_cuda`], `kernels/gemm.cu`). Convolutions go through the shared
-//! im2col layout ([`crate::kernels::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
+//! ([`super::gemm_cuda`], `cuda/gemm.cu`). Convolutions go through the shared
+//! im2col layout ([`crate::backend::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
 //! No backward pass: these ops evaluate trained models.
 
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -15,8 +15,8 @@ use rayon::prelude::*;
 
 use super::accumulator::quire_support;
 use super::gemm_cpu::{naive_gemm, quire_gemm, Bias, Dims};
+use crate::backend::im2col::{im2col, ConvGeom};
 use crate::format::Format;
-use crate::kernels::im2col::{im2col, ConvGeom};
 use crate::ops::{quantize_no_grad, Quant};
 
 /// How a dot product is accumulated.
@@ -98,7 +98,7 @@ fn rounded(x: &Tensor, format: &Format, what: &str) -> Result<Vec<f64>> {
     let widen = |v: &[f32]| v.par_iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
     Ok(match layout.contiguous_offsets() {
         Some((start, end)) => widen(&data[start..end]),
-        None => widen(&crate::kernels::cpu::gather(data, layout)),
+        None => widen(&crate::backend::cpu::gather(data, layout)),
     })
 }
 
