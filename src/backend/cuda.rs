@@ -16,6 +16,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapE
 use candle_core::{DType, Layout, Result};
 
 use crate::backend::cpu;
+use crate::format::block::BlockGrid;
 use crate::format::{BlockScope, Format, Rounding};
 use crate::philox::Stream;
 
@@ -71,10 +72,10 @@ fn layout_info(dev: &CudaDevice, layout: &Layout) -> Result<Option<CudaSlice<u64
     Ok(Some(dev.clone_htod(&info)?))
 }
 
-/// (inner, count) of the block grid: [`cpu::BlockGrid`]'s, so the kernels group elements as
+/// (inner, count) of the block grid: [`BlockGrid`]'s, so the kernels group elements as
 /// the CPU does, and both are at least 1 (the kernels divide by them), empty tensors included.
 fn block_grid(scope: BlockScope, dims: &[usize]) -> Result<(u64, u64)> {
-    let grid = cpu::BlockGrid::new(scope, dims)?;
+    let grid = BlockGrid::new(scope, dims)?;
     Ok((grid.inner() as u64, grid.count() as u64))
 }
 

@@ -14,6 +14,7 @@ pub mod block;
 pub mod fixed;
 pub mod float;
 pub mod grid;
+mod pattern;
 pub mod posit;
 pub mod rounding;
 

@@ -26,20 +26,16 @@ pub fn pattern_dtype(format: &Format) -> Result<DType> {
     })
 }
 
+/// [`Format::encode`] as a candle result.
 fn encode(format: &Format, x: f64) -> Result<u32> {
-    match format {
-        Format::Posit(p) => Ok(p.encode(x)),
-        Format::Float(f) => Ok(f.encode(x)?),
-        _ => unreachable!("pattern_dtype refuses the other families"),
-    }
+    Ok(format.encode(x)?)
 }
 
+/// [`Format::decode`] of a format that [`pattern_dtype`] accepted (so it has patterns).
 fn decode(format: &Format, p: u32) -> f64 {
-    match format {
-        Format::Posit(posit) => posit.decode(p),
-        Format::Float(f) => f.decode(p),
-        _ => unreachable!("pattern_dtype refuses the other families"),
-    }
+    format
+        .decode(p)
+        .expect("pattern_dtype refuses the formats without patterns")
 }
 
 /// Rounds `x` to `format` (nearest-even) and returns the bit patterns.

@@ -94,12 +94,12 @@ fn conv2d_act(
     cfg: &candle_nn::Conv2dConfig,
     relu: bool,
 ) -> Result<Tensor> {
-    conv2d_quantized(x, w, bias, cfg, relu, None, None)
+    conv2d_quantized(x, w, bias, cfg, relu, None)
 }
 
-/// [`conv2d`] or [`conv2d_relu`] (`relu`) followed by a quantizer, in one op: the output
-/// is rounded with `output` in place, and in backward the incoming gradient is rounded with
-/// `error` before the convolution's gradients are formed. Equal to the separate
+/// [`conv2d`] or [`conv2d_relu`] (`relu`) followed by `quantizer`, in one op: the output
+/// is rounded with its forward quantization in place, and in backward the incoming gradient
+/// is rounded with its backward quantization before the convolution's gradients are formed. Equal to the separate
 /// [`crate::Quantizer`] after the convolution (same streams, same calls), without the
 /// quantizer's allocations and graph node. (With a ReLU and an output format that can round
 /// a positive value to zero, i.e. any but a posit, the quantizer is that separate layer: the
@@ -110,9 +110,10 @@ pub fn conv2d_quantized(
     bias: Option<&Tensor>,
     cfg: &candle_nn::Conv2dConfig,
     relu: bool,
-    output: Option<&Quant>,
-    error: Option<&Quant>,
+    quantizer: Option<&Quantizer>,
 ) -> Result<Tensor> {
+    let output = quantizer.and_then(Quantizer::forward_quant);
+    let error = quantizer.and_then(Quantizer::backward_quant);
     let (n, c, h, wd) = x.dims4()?;
     let (oc, wc, kh, kw) = w.dims4()?;
     if cfg.groups == 0 || cfg.stride == 0 || cfg.dilation == 0 {
@@ -169,10 +170,9 @@ pub fn conv2d_quantized(
             None => y,
         };
         let y = if relu { y.relu()? } else { y };
-        return if output.is_some() || error.is_some() {
-            candle_core::Module::forward(&Quantizer::new(output.cloned(), error.cloned()), &y)
-        } else {
-            Ok(y)
+        return match quantizer {
+            Some(q) if output.is_some() || error.is_some() => candle_core::Module::forward(q, &y),
+            _ => Ok(y),
         };
     }
     tune_cpu_threads();
@@ -195,10 +195,9 @@ pub fn conv2d_quantized(
         Some(b) => x.apply_op3(w, b, op),
         None => x.apply_op2(w, op),
     }?;
-    if separate {
-        candle_core::Module::forward(&Quantizer::new(output.cloned(), error.cloned()), &y)
-    } else {
-        Ok(y)
+    match quantizer {
+        Some(q) if separate => candle_core::Module::forward(q, &y),
+        _ => Ok(y),
     }
 }
 
