@@ -14,7 +14,7 @@
 //! each entry's elem/s to `f32-matmul`'s is the figure of merit.
 //!
 //! Exact accumulators (asserted below): posit<8,0> sums in an f64 GEMM (every partial sum
-//! fits 53 bits), posit<16,1> in i128 (see `qcandle::quire::kernels`).
+//! fits 53 bits), posit<16,1> in i128 (see `qcandle::quire::gemm_cpu`).
 //!
 //! Naive posit<16,1> at 1024x1024x1024 is skipped: it would take about 19 s per call on the
 //! 2-core development machine (110 ms at 128x400x120, 18 ns per multiply-add, a cost that
@@ -30,7 +30,7 @@ use criterion::{
 };
 use qcandle::format::Format;
 use qcandle::ops::threads::tune_cpu_threads;
-use qcandle::quire::kernels::{accumulator_for, Accumulator};
+use qcandle::quire::gemm_cpu::{accumulator_for, Accumulator};
 use qcandle::quire::{naive_matmul, quire_matmul};
 
 const SHAPES: &[(usize, usize, usize)] = &[(128, 400, 120), (1024, 1024, 1024)];

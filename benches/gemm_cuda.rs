@@ -1,4 +1,4 @@
-//! The CUDA posit GEMMs (`kernels/gemm.cu`) against candle's f32 matmul (cuBLAS) on the same
+//! The CUDA posit GEMMs (`cuda/gemm.cu`) against candle's f32 matmul (cuBLAS) on the same
 //! device, at 1024 x 1024 x 1024 (and a linear layer's shape).
 //!
 //! `cargo bench --features cuda --bench gemm_cuda` on a machine with a GPU; without one it

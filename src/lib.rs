@@ -20,15 +20,15 @@
 //! ```
 //!
 //! Layers: [`format`] (scalar rounding math, one file per family), [`philox`] (the
-//! counter-based random stream), [`kernels`] (loops over storage), [`ops`] (candle ops),
+//! counter-based random stream), [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops),
 //! [`io`] (tensor files), [`plot`] (training-curve PNGs), and the `qcandle` command-line tool.
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod data;
 pub mod error;
 pub mod format;
 pub mod io;
-pub mod kernels;
 pub mod nn;
 pub mod ops;
 pub mod optim;

@@ -788,8 +788,9 @@ fn fused_equals_separate(
         let r = rand(y.dims(), i as u64 + 300)?;
         for relu in [false, true] {
             let (o1, e1) = quants()?;
+            let q1 = Quantizer::new(Some(o1), Some(e1));
             let fused = |x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &Conv2dConfig| {
-                Ok(conv2d_quantized(x, w, b, c, relu, Some(&o1), Some(&e1))?)
+                Ok(conv2d_quantized(x, w, b, c, relu, Some(&q1))?)
             };
             let (o2, e2) = quants()?;
             let q = Quantizer::new(Some(o2), Some(e2));

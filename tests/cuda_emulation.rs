@@ -1,6 +1,6 @@
-//! The CUDA kernels of `kernels/quant.cu` run on the host: `kernels/quant_emulation.cpp`
+//! The CUDA kernels of `cuda/quant.cu` run on the host: `cuda/quant_emulation.cpp`
 //! defines the CUDA built-ins for one sequential thread, runs every kernel over a small grid
-//! and compares it with a per-element reference from `kernels/quant.cuh` (see that file). Runs
+//! and compares it with a per-element reference from `cuda/quant.cuh` (see that file). Runs
 //! on any machine with a C++ compiler (`$CXX`, else `c++`), GPU or not; without one it prints
 //! "skipped: no C++ compiler".
 
@@ -23,11 +23,11 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::SplitMix;
-use qcandle::quire::kernels::OpTables;
+use qcandle::quire::gemm_cpu::OpTables;
 use qcandle::quire::{linear, naive_matmul, quire_matmul, Accumulation};
 use qcandle::Format;
 
-/// One GEMM for `kernels/gemm_emulation.cpp`: `A (batch, m, k) · B (batch or 1, k, n)
+/// One GEMM for `cuda/gemm_emulation.cpp`: `A (batch, m, k) · B (batch or 1, k, n)
 /// [+ bias (n)]`, as a matmul or (with a bias) a linear layer whose weight is `B^T`.
 struct GemmCase {
     format: &'static str,
@@ -98,7 +98,7 @@ impl GemmCase {
         }
     }
 
-    /// The case in the emulator's input layout (see `kernels/gemm_emulation.cpp`).
+    /// The case in the emulator's input layout (see `cuda/gemm_emulation.cpp`).
     fn write(&self, out: &mut Vec<u8>) {
         let Format::Posit(p) = self.format.parse::<Format>().unwrap() else {
             unreachable!()
@@ -168,14 +168,14 @@ impl GemmCase {
     }
 }
 
-/// Compiles `kernels/<name>.cpp` as C++20 (std::barrier); None (skip) without a compiler.
+/// Compiles `cuda/<name>.cpp` as C++20 (std::barrier); None (skip) without a compiler.
 fn compile(name: &str, dir: &std::path::Path) -> Option<std::path::PathBuf> {
     let exe = dir.join(name);
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let kernels = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+    let cuda = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
     let compiled = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-w", "-pthread", "-I", kernels])
-        .arg(format!("{kernels}/{name}.cpp"))
+        .args(["-std=c++20", "-O1", "-w", "-pthread", "-I", cuda])
+        .arg(format!("{cuda}/{name}.cpp"))
         .arg("-o")
         .arg(&exe)
         .status();

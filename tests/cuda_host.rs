@@ -1,7 +1,7 @@
 //! The CUDA per-element math, compiled for the host, against the Rust code bit for bit.
 //!
-//! `kernels/quant.cuh` holds the rounding math the CUDA kernels run, as `__host__ __device__`
-//! functions; `build.rs` compiles `kernels/host_shim.cpp` (extern "C" wrappers over it) with
+//! `cuda/quant.cuh` holds the rounding math the CUDA kernels run, as `__host__ __device__`
+//! functions; `build.rs` compiles `cuda/host_shim.cpp` (extern "C" wrappers over it) with
 //! the host C++ compiler into a static library, so this file can call it without a GPU.
 //! Every result is compared with qcandle's Rust code ([`Format::round`], [`Block::round`],
 //! `Posit`/`Float` `encode`/`decode`, [`Stream`]) on the f64 bit pattern: the sign of zero
@@ -19,14 +19,14 @@
 mod common;
 use common::{Mismatches, SplitMix};
 
+use qcandle::backend::qc::{QcFormat, QcRounding};
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use qcandle::format::{Block, BlockScope, Float, Format, Overflow, Specials};
-use qcandle::kernels::qc::{QcFormat, QcRounding};
 use qcandle::philox::{philox4x32_10, Stream};
 use qcandle::Rounding;
 
 // ---------------------------------------------------------------------------------------
-// The shim (kernels/host_shim.cpp)
+// The shim (cuda/host_shim.cpp)
 // ---------------------------------------------------------------------------------------
 
 extern "C" {

@@ -477,13 +477,13 @@ test_device!(posit_gemm_f64_inputs_stay_on_the_host_path, |gpu| {
     assert_same(&c, &g.to_device(&Device::Cpu)?, "f64 posit<8,0>")
 });
 
-/// The GEMM kernels' parameter widths in the PTX are the ones `src/kernels/cuda_gemm.rs`
+/// The GEMM kernels' parameter widths in the PTX are the ones `src/quire/gemm_cuda.rs`
 /// pushes (device pointers and u64: 64 bits, u32 and i32: 32 bits), so a launcher that
 /// drifts from a kernel signature fails here, GPU or not.
 #[cfg(feature = "cuda")]
 #[test]
 fn gemm_kernel_parameters_match_the_launcher() {
-    let ptx = qcandle::kernels::cuda::ptx::GEMM;
+    let ptx = qcandle::backend::cuda::ptx::GEMM;
     let widths = |name: &str| -> Vec<u32> {
         let start = ptx
             .find(&format!(".entry {name}("))

@@ -8,7 +8,7 @@
 //! (exact, round, tiny, posit clamps, slow), from a separate input and in place. The exhaustive comparison over all 2^32 inputs
 //! is `#[ignore]`d and run by `.ci/run`.
 
-use qcandle::format::f32_plan::{F32Plan, RunRounder};
+use qcandle::backend::f32_plan::{F32Plan, RunRounder};
 use qcandle::format::rounding::{NearestAway, NearestEven, RoundingRule, Stochastic, TowardZero};
 use qcandle::philox::Stream;
 use qcandle::Format;
@@ -195,7 +195,7 @@ fn fast_path_equals_general_path_on_every_f32_stochastic() {
 /// class (normal, near the top of f32, tiny), on the structured inputs, every mode.
 #[test]
 fn block_fast_path_equals_general_path() {
-    use qcandle::format::f32_plan::BlockF32Plan;
+    use qcandle::backend::f32_plan::BlockF32Plan;
     use qcandle::format::{Block, BlockScope};
     fn check<R: RoundingRule>(rule: R, inputs: &[u32]) -> usize {
         let stream = Stream::new(5, 1);

@@ -6,7 +6,7 @@ mod common;
 
 use common::SplitMix;
 use qcandle::format::Rounding;
-use qcandle::quire::kernels::{naive_gemm, Bias};
+use qcandle::quire::gemm_cpu::{naive_gemm, Bias};
 use qcandle::quire::naive_f32::NaiveF32;
 use qcandle::quire::round_odd::{add_odd, mul_odd};
 use qcandle::Format;

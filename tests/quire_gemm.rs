@@ -16,7 +16,7 @@ use exact::{compare, p, same, t2, tensor, values, Draw, Gemm, Ref, Term};
 use candle_core::{DType, Device, Tensor};
 use num_bigint::BigInt;
 use num_traits::Zero;
-use qcandle::quire::kernels::{accumulator_for, quire_gemm, Accumulator, Bias};
+use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
 use qcandle::quire::{conv2d, linear, matmul, quire_matmul, Accumulation};
 use qcandle::Format;
 

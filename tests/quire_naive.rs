@@ -17,7 +17,7 @@ use candle_core::{Device, Tensor};
 use half::f16;
 use num_bigint::BigInt;
 use num_traits::{Signed, ToPrimitive, Zero};
-use qcandle::quire::kernels::{naive_gemm, Bias, OpTables};
+use qcandle::quire::gemm_cpu::{naive_gemm, Bias, OpTables};
 use qcandle::quire::{conv2d, linear, naive_matmul, Accumulation};
 use qcandle::Format;
 use softposit::{PxE1, P16E1, P8E0};

@@ -11,6 +11,9 @@
 //! ([`BlockScope::Dim`], QPyTorch's `dim` argument). NaN and ±Inf elements pass through
 //! unchanged and do not take part in choosing the exponent; a block with no finite nonzero
 //! element is returned as it is (zeros become +0).
+//!
+//! [`BlockGrid`] places the elements of a tensor of a given shape into the blocks of a
+//! scope; the CPU and the CUDA kernels both group elements by it.
 
 use super::fixed::round_fixed;
 use super::grid::parts;
@@ -86,4 +89,65 @@ pub fn block_max<I: IntoIterator<Item = f64>>(values: I) -> f64 {
         .into_iter()
         .filter(|v| v.is_finite())
         .fold(0.0, |m, v| m.max(v.abs()))
+}
+
+/// How the elements of a contiguous tensor of shape `dims` are grouped into blocks: element
+/// `i` (logical row-major index) is in block `(i / inner) % count`.
+///
+/// Both are at least 1. For a tensor with elements that is what the shape gives (every
+/// dimension is at least 1); an empty tensor has no element to place, and clamping keeps
+/// the index arithmetic of every kernel (the CPU's and the CUDA one) free of division by
+/// zero without a special case there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockGrid {
+    inner: usize,
+    count: usize,
+}
+
+impl BlockGrid {
+    /// The grid of `scope` over a tensor of shape `dims`; an error when a `dim` scope names
+    /// no dimension of the tensor (empty or not).
+    pub(crate) fn new(scope: BlockScope, dims: &[usize]) -> Result<Self, FormatError> {
+        match scope {
+            BlockScope::Tensor => Ok(BlockGrid { inner: 1, count: 1 }),
+            BlockScope::Dim(d) => {
+                let rank = dims.len() as i64;
+                let resolved = if d < 0 { d + rank } else { d };
+                if resolved < 0 || resolved >= rank {
+                    return Err(FormatError::Inconsistent {
+                        format: "block",
+                        reason: format!(
+                            "dim={d} is out of range for a tensor of rank {rank} (shape {dims:?})"
+                        ),
+                    });
+                }
+                let r = resolved as usize;
+                Ok(BlockGrid {
+                    inner: dims[r + 1..].iter().product::<usize>().max(1),
+                    count: dims[r].max(1),
+                })
+            }
+        }
+    }
+
+    /// Consecutive elements per block slice (the product of the dimensions after the
+    /// block dimension), at least 1.
+    pub(crate) fn inner(&self) -> usize {
+        self.inner
+    }
+
+    /// Number of blocks (the size of the block dimension), at least 1.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The block of element `i` (logical row-major index).
+    #[inline(always)]
+    pub(crate) fn block_of(&self, i: usize) -> usize {
+        if self.count == 1 {
+            0
+        } else {
+            (i / self.inner) % self.count
+        }
+    }
 }

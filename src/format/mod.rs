@@ -3,7 +3,7 @@
 //! Each family lives in its own file with pure scalar functions ([`Posit`], [`Float`],
 //! [`Fixed`], [`Block`]); they share the integer rounding step in [`grid`] and the rounding
 //! modes in [`rounding`]. No tensors here: the CPU kernels, the CUDA header
-//! `kernels/quant.cuh` and the tests all call or mirror these functions.
+//! `cuda/quant.cuh` and the tests all call or mirror these functions.
 //!
 //! A [`Format`] is validated when it is built and prints as a string that parses back to
 //! the same format: `posit<8,0>`, `float<5,2>`, `float<4,3,fn,sat>`, `fixed<8,4>`,
@@ -14,10 +14,10 @@
 //! `posit<16,1>`, are spelled out.
 
 pub mod block;
-pub mod f32_plan;
 pub mod fixed;
 pub mod float;
 pub mod grid;
+mod pattern;
 pub mod posit;
 pub mod rounding;
 

@@ -182,11 +182,8 @@ impl Module for QConv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (w, b) = self.params.rounded()?;
         // The output quantizer runs inside the convolution op (same streams and calls).
-        let (output, error) = match &self.params.output {
-            Some(q) => (q.forward_quant(), q.backward_quant()),
-            None => (None, None),
-        };
-        crate::ops::conv2d_quantized(x, &w, b.as_ref(), &self.config, self.relu, output, error)
+        let quantizer = self.params.output.as_ref();
+        crate::ops::conv2d_quantized(x, &w, b.as_ref(), &self.config, self.relu, quantizer)
     }
 }
 

@@ -4,9 +4,12 @@
 
 pub mod conv;
 pub mod pack;
+pub mod pool;
 pub mod quantize;
+mod slices;
 pub mod threads;
 
-pub use conv::{conv2d, conv2d_quantized, conv2d_relu, max_pool2d, max_pool2d_by_gather};
+pub use conv::{conv2d, conv2d_quantized, conv2d_relu};
 pub use pack::{pack, unpack};
+pub use pool::{max_pool2d, max_pool2d_by_gather};
 pub use quantize::{quantize, quantize_, quantize_no_grad, Quant, Quantizer};

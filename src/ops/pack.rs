@@ -26,20 +26,16 @@ pub fn pattern_dtype(format: &Format) -> Result<DType> {
     })
 }
 
+/// [`Format::encode`] as a candle result.
 fn encode(format: &Format, x: f64) -> Result<u32> {
-    match format {
-        Format::Posit(p) => Ok(p.encode(x)),
-        Format::Float(f) => Ok(f.encode(x)?),
-        _ => unreachable!("pattern_dtype refuses the other families"),
-    }
+    Ok(format.encode(x)?)
 }
 
+/// [`Format::decode`] of a format that [`pattern_dtype`] accepted (so it has patterns).
 fn decode(format: &Format, p: u32) -> f64 {
-    match format {
-        Format::Posit(posit) => posit.decode(p),
-        Format::Float(f) => f.decode(p),
-        _ => unreachable!("pattern_dtype refuses the other families"),
-    }
+    format
+        .decode(p)
+        .expect("pattern_dtype refuses the formats without patterns")
 }
 
 /// Rounds `x` to `format` (nearest-even) and returns the bit patterns.
@@ -125,7 +121,7 @@ fn misfit(format: &Format, pattern: u32) -> candle_core::Error {
     .bt()
 }
 
-/// pack and unpack of CUDA tensors, through the kernels of `kernels/quant.cu`.
+/// pack and unpack of CUDA tensors, through the kernels of `cuda/quant.cu`.
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::Tensor;
@@ -185,7 +181,7 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-            match crate::kernels::cuda::pack(storage, layout, &self.format, self.pattern)? {
+            match crate::backend::cuda::pack(storage, layout, &self.format, self.pattern)? {
                 Some(out) => Ok((out, layout.shape().clone())),
                 // The only value without a pattern is NaN in a `fin` format: the CPU's error.
                 None => encode(&self.format, f64::NAN)
@@ -209,7 +205,7 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-            match crate::kernels::cuda::unpack(storage, layout, &self.format, self.dtype)? {
+            match crate::backend::cuda::unpack(storage, layout, &self.format, self.dtype)? {
                 Ok(out) => Ok((out, layout.shape().clone())),
                 Err(pattern) => Err(misfit(&self.format, pattern)),
             }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, InplaceOp1, Layout, Module, Result, Shape, Tensor};
 
+use crate::backend::cpu;
 use crate::format::{Format, Rounding};
-use crate::kernels::cpu;
 use crate::philox::Stream;
 
 /// A format, a rounding mode and a random stream: everything one quantization needs.
@@ -128,20 +128,75 @@ fn unsupported(op: &str, dtype: candle_core::DType) -> candle_core::Error {
     ))
 }
 
+/// A map of CPU storage written once for every float element type: the one place that
+/// dispatches on the storage's dtype (candle's `Map1` pattern). Other dtypes are an error
+/// naming `op`.
+trait MapFloats {
+    /// The new elements of the tensor `v` laid out as `layout`, in logical row-major order.
+    fn apply<T: cpu::Element>(&self, v: &[T], layout: &Layout) -> Result<Vec<T>>;
+
+    /// [`MapFloats::apply`] on the storage's elements, as storage of the same dtype.
+    fn map_storage(&self, op: &str, storage: &CpuStorage, layout: &Layout) -> Result<CpuStorage> {
+        Ok(match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(self.apply(v, layout)?),
+            CpuStorage::F64(v) => CpuStorage::F64(self.apply(v, layout)?),
+            CpuStorage::F16(v) => CpuStorage::F16(self.apply(v, layout)?),
+            CpuStorage::BF16(v) => CpuStorage::BF16(self.apply(v, layout)?),
+            other => return Err(unsupported(op, other.dtype())),
+        })
+    }
+}
+
+/// [`MapFloats`] in place.
+trait MapFloatsInPlace {
+    /// Rewrites the elements of the tensor `v` laid out as `layout`.
+    fn apply_in_place<T: cpu::Element>(&self, v: &mut [T], layout: &Layout) -> Result<()>;
+
+    /// [`MapFloatsInPlace::apply_in_place`] on the storage's elements.
+    fn map_storage_in_place(
+        &self,
+        op: &str,
+        storage: &mut CpuStorage,
+        layout: &Layout,
+    ) -> Result<()> {
+        match storage {
+            CpuStorage::F32(v) => self.apply_in_place(v, layout),
+            CpuStorage::F64(v) => self.apply_in_place(v, layout),
+            CpuStorage::F16(v) => self.apply_in_place(v, layout),
+            CpuStorage::BF16(v) => self.apply_in_place(v, layout),
+            other => Err(unsupported(op, other.dtype())),
+        }
+    }
+}
+
+impl MapFloats for QuantizeOp {
+    fn apply<T: cpu::Element>(&self, v: &[T], layout: &Layout) -> Result<Vec<T>> {
+        cpu::quantize_to_vec(v, layout, &self.format, self.rounding, self.stream)
+    }
+}
+
+impl MapFloatsInPlace for QuantizeOp {
+    fn apply_in_place<T: cpu::Element>(&self, v: &mut [T], layout: &Layout) -> Result<()> {
+        cpu::quantize_in_place(v, layout, &self.format, self.rounding, self.stream)
+    }
+}
+
+/// A contiguous copy in logical order (a quantizer without forward rounding).
+struct Gather;
+
+impl MapFloats for Gather {
+    fn apply<T: cpu::Element>(&self, v: &[T], layout: &Layout) -> Result<Vec<T>> {
+        Ok(cpu::gather(v, layout))
+    }
+}
+
 impl CustomOp1 for QuantizeOp {
     fn name(&self) -> &'static str {
         "qcandle-quantize"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (f, r, s) = (&self.format, self.rounding, self.stream);
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(cpu::quantize_to_vec(v, layout, f, r, s)?),
-            CpuStorage::F64(v) => CpuStorage::F64(cpu::quantize_to_vec(v, layout, f, r, s)?),
-            CpuStorage::F16(v) => CpuStorage::F16(cpu::quantize_to_vec(v, layout, f, r, s)?),
-            CpuStorage::BF16(v) => CpuStorage::BF16(cpu::quantize_to_vec(v, layout, f, r, s)?),
-            other => return Err(unsupported("quantize", other.dtype())),
-        };
+        let out = self.map_storage("quantize", storage, layout)?;
         Ok((out, layout.shape().clone()))
     }
 
@@ -152,7 +207,7 @@ impl CustomOp1 for QuantizeOp {
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (f, r, s) = (&self.format, self.rounding, self.stream);
-        let out = crate::kernels::cuda::quantize(storage, layout, f, r, s)?;
+        let out = crate::backend::cuda::quantize(storage, layout, f, r, s)?;
         Ok((out, layout.shape().clone()))
     }
 
@@ -168,20 +223,13 @@ impl InplaceOp1 for QuantizeOp {
     }
 
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
-        let (f, r, s) = (&self.format, self.rounding, self.stream);
-        match storage {
-            CpuStorage::F32(v) => cpu::quantize_in_place(v, layout, f, r, s),
-            CpuStorage::F64(v) => cpu::quantize_in_place(v, layout, f, r, s),
-            CpuStorage::F16(v) => cpu::quantize_in_place(v, layout, f, r, s),
-            CpuStorage::BF16(v) => cpu::quantize_in_place(v, layout, f, r, s),
-            other => Err(unsupported("quantize_", other.dtype())),
-        }
+        self.map_storage_in_place("quantize_", storage, layout)
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &mut candle_core::CudaStorage, layout: &Layout) -> Result<()> {
         let (f, r, s) = (&self.format, self.rounding, self.stream);
-        crate::kernels::cuda::quantize_in_place(storage, layout, f, r, s)
+        crate::backend::cuda::quantize_in_place(storage, layout, f, r, s)
     }
 }
 
@@ -267,13 +315,7 @@ impl CustomOp1 for QuantizerOp {
         if let Some(op) = &self.forward {
             return CustomOp1::cpu_fwd(op, storage, layout);
         }
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(cpu::gather(v, layout)),
-            CpuStorage::F64(v) => CpuStorage::F64(cpu::gather(v, layout)),
-            CpuStorage::F16(v) => CpuStorage::F16(cpu::gather(v, layout)),
-            CpuStorage::BF16(v) => CpuStorage::BF16(cpu::gather(v, layout)),
-            other => return Err(unsupported("quantizer", other.dtype())),
-        };
+        let out = Gather.map_storage("quantizer", storage, layout)?;
         Ok((out, layout.shape().clone()))
     }
 

@@ -13,7 +13,7 @@
 //! so that no product or sum leaves f32's normal range.
 
 use super::round_odd::add_odd;
-use crate::format::f32_plan::{F32Plan, RunRounder};
+use crate::backend::f32_plan::{F32Plan, RunRounder};
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::Format;
 

@@ -6,17 +6,17 @@
 //! returned in the first input's dtype and device. With the `cuda` feature, matmuls and
 //! linear layers of f32 tensors on a CUDA device in posits of at most 8 bits (maxpos <=
 //! 2^24: posit<8,0>, <8,1>, <8,2>) run on the device instead, with the same bits
-//! ([`crate::kernels::cuda_gemm`], `kernels/gemm.cu`). Convolutions go through the shared
-//! im2col layout ([`crate::kernels::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
+//! ([`super::gemm_cuda`], `cuda/gemm.cu`). Convolutions go through the shared
+//! im2col layout ([`crate::backend::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
 //! No backward pass: these ops evaluate trained models.
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
 use super::accumulator::quire_support;
-use super::kernels::{naive_gemm, quire_gemm, Bias, Dims};
+use super::gemm_cpu::{naive_gemm, quire_gemm, Bias, Dims};
+use crate::backend::im2col::{im2col, ConvGeom};
 use crate::format::Format;
-use crate::kernels::im2col::{im2col, ConvGeom};
 use crate::ops::{quantize_no_grad, Quant};
 
 /// How a dot product is accumulated.
@@ -98,7 +98,7 @@ fn rounded(x: &Tensor, format: &Format, what: &str) -> Result<Vec<f64>> {
     let widen = |v: &[f32]| v.par_iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
     Ok(match layout.contiguous_offsets() {
         Some((start, end)) => widen(&data[start..end]),
-        None => widen(&crate::kernels::cpu::gather(data, layout)),
+        None => widen(&crate::backend::cpu::gather(data, layout)),
     })
 }
 
@@ -137,7 +137,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, format: &Format, acc: Accumulation) -> Res
         bail!("matmul: shapes {ad:?} and {bd:?} do not match (a: (..., m, k), b: (..., k, n) or (k, n))");
     }
     #[cfg(feature = "cuda")]
-    if let Some(out) = crate::kernels::cuda_gemm::matmul(a, b, format, acc)? {
+    if let Some(out) = super::gemm_cuda::matmul(a, b, format, acc)? {
         return Ok(out);
     }
     let batch: usize = batch_dims.iter().product();
@@ -188,7 +188,7 @@ pub fn linear(
     // A bias of the wrong shape falls through to the host path's error.
     #[cfg(feature = "cuda")]
     if bias.is_none_or(|b| b.dims() == [out_f]) {
-        if let Some(out) = crate::kernels::cuda_gemm::linear(x, w, bias, format, acc)? {
+        if let Some(out) = super::gemm_cuda::linear(x, w, bias, format, acc)? {
             return Ok(out);
         }
     }

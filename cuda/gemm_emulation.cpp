@@ -7,7 +7,7 @@
 // threads of the block; blocks run one after the other), and __syncthreads() is a
 // std::barrier over the block's threads. So a missing or misplaced __syncthreads, a wrong
 // tile index or a race on shared memory shows up here as it would on the device (up to
-// scheduling luck). The launch sequence is the one of src/kernels/cuda_gemm.rs: encode A
+// scheduling luck). The launch sequence is the one of src/quire/gemm_cuda.rs: encode A
 // (row NaR flags), B (column NaR flags) and the bias, then the quire kernel of the format's
 // mode or the naive kernel, over a (ceil(n/64), ceil(m/64), batch) grid of 256 threads.
 //

@@ -2,7 +2,7 @@
 //! indexed by the input's exponent byte.
 //!
 //! For every format of this crate, the grid an f32 value is rounded to depends only on its
-//! binade `e` (see [`grid`](super::grid)): a multiple of `2^q(e)`. On the f32 pattern that is
+//! binade `e` (see [`grid`](crate::format::grid)): a multiple of `2^q(e)`. On the f32 pattern that is
 //! rounding the magnitude bits at bit `s = q - (e - 23)`: keep the bits above `s`, let the
 //! rounding rule decide from the discarded `rem` whether to add `1 << s` (a carry runs into
 //! the exponent field exactly as the value's binade changes). One table entry per exponent
@@ -29,9 +29,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::grid::pow2;
-use super::rounding::{RoundingRule, RuleKind};
-use super::{Fixed, Float, Format, Overflow, Posit, Specials};
+use crate::format::grid::{parts, pow2};
+use crate::format::rounding::{RoundingRule, RuleKind};
+use crate::format::{Block, Fixed, Float, Format, Overflow, Posit, Specials};
 
 const SIGN: u32 = 0x8000_0000;
 
@@ -734,7 +734,7 @@ pub struct BlockF32Plan {
 
 impl BlockF32Plan {
     /// The plan for a block of `block` whose largest finite magnitude is `block_max`.
-    pub fn new(block: &super::Block, block_max: f64) -> Self {
+    pub fn new(block: &Block, block_max: f64) -> Self {
         if block_max == 0.0 {
             return BlockF32Plan {
                 q150: 0,
@@ -744,7 +744,7 @@ impl BlockF32Plan {
                 fast: false,
             };
         }
-        let e = super::grid::parts(block_max).e;
+        let e = parts(block_max).e;
         let q = e - (block.wl() as i32 - 2);
         let top = (1u64 << (block.wl() - 1)) as f64 * pow2(q);
         BlockF32Plan {

@@ -1,7 +1,7 @@
-// CUDA kernels of the posit GEMMs (src/kernels/cuda_gemm.rs launches them):
+// CUDA kernels of the posit GEMMs (src/quire/gemm_cuda.rs launches them):
 // `C (m x n) = A (m x k) · B (k x n) [+ bias (n)]`, batched over blockIdx.z, for posit<n,es>
 // with n <= 8 and maxpos = 2^s, s = (n-2) 2^es <= 24 (posit<8,0>, <8,1>, <8,2> and the
-// narrower ones). The results are the bits of the CPU kernels in src/quire/kernels.rs.
+// narrower ones). The results are the bits of the CPU kernels in src/quire/gemm_cpu.rs.
 //
 // Three kernels, launched in this order:
 //
@@ -29,7 +29,7 @@
 //
 // 3. qc_naive_gemm: every multiply and every add rounded, k ascending from the pattern of 0,
 //    `c = add[c][mul[a_t][b_t]]`, then `c = add[c][bias]`: the CPU's 256 x 256 operation
-//    tables (src/quire/kernels.rs OpTables, built on the host and uploaded), read through the
+//    tables (src/quire/gemm_cpu.rs OpTables, built on the host and uploaded), read through the
 //    read-only cache (128 KiB: they stay in L1/L2). Padding a k-tile with zero patterns would
 //    be harmless (c + 0·x = c, NaR stays NaR) but the loop stops at k anyway.
 //

@@ -1,10 +1,10 @@
-//! Formats and rounding modes as the plain C structs of `kernels/quant.cuh` (`QcFormat`,
+//! Formats and rounding modes as the plain C structs of `cuda/quant.cuh` (`QcFormat`,
 //! `QcRounding`): what the CUDA kernels and the host build of the header take.
 
 use crate::format::float::{Overflow, Specials};
 use crate::format::{Format, Rounding};
 
-/// A format as `QcFormat` of `kernels/quant.cuh`.
+/// A format as `QcFormat` of `cuda/quant.cuh`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QcFormat {
@@ -60,7 +60,7 @@ impl QcFormat {
     }
 }
 
-/// A rounding mode as `QcRounding` of `kernels/quant.cuh`.
+/// A rounding mode as `QcRounding` of `cuda/quant.cuh`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QcRounding {

@@ -2,7 +2,7 @@
 // functions. This is the Rust GENERAL path of src/format/ (grid.rs, rounding.rs, posit.rs,
 // float.rs, fixed.rs, block.rs, mod.rs) and src/philox.rs written again in integer C++: every
 // function says which Rust function it mirrors, and tests/cuda_host.rs compares the host
-// build of this header (kernels/host_shim.cpp) with the Rust code bit for bit.
+// build of this header (cuda/host_shim.cpp) with the Rust code bit for bit.
 //
 // Integer-only: values are taken apart and put together through their bits; the only f64
 // operations are bit casts. Nothing here depends on FMA contraction or on the device's

@@ -11,7 +11,8 @@ use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::format::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
+use super::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
+use crate::format::block::BlockGrid;
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
 use crate::philox::Stream;
@@ -363,63 +364,6 @@ where
         }
     };
     for_each_chunk(dst, work);
-}
-
-/// How the elements of a contiguous tensor of shape `dims` are grouped into blocks: element
-/// `i` (logical row-major index) is in block `(i / inner) % count`.
-///
-/// Both are at least 1. For a tensor with elements that is what the shape gives (every
-/// dimension is at least 1); an empty tensor has no element to place, and clamping keeps
-/// the index arithmetic of every kernel (this one and the CUDA one) free of division by
-/// zero without a special case there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BlockGrid {
-    inner: usize,
-    count: usize,
-}
-
-impl BlockGrid {
-    /// The grid of `scope` over a tensor of shape `dims`; an error when a `dim` scope names
-    /// no dimension of the tensor (empty or not).
-    pub(crate) fn new(scope: BlockScope, dims: &[usize]) -> candle_core::Result<Self> {
-        match scope {
-            BlockScope::Tensor => Ok(BlockGrid { inner: 1, count: 1 }),
-            BlockScope::Dim(d) => {
-                let rank = dims.len() as i64;
-                let resolved = if d < 0 { d + rank } else { d };
-                if resolved < 0 || resolved >= rank {
-                    candle_core::bail!(
-                        "block dim={d} is out of range for a tensor of rank {rank} (shape {dims:?})"
-                    );
-                }
-                let r = resolved as usize;
-                Ok(BlockGrid {
-                    inner: dims[r + 1..].iter().product::<usize>().max(1),
-                    count: dims[r].max(1),
-                })
-            }
-        }
-    }
-
-    /// Consecutive elements per block slice (the product of the dimensions after the
-    /// block dimension), at least 1.
-    pub(crate) fn inner(&self) -> usize {
-        self.inner
-    }
-
-    /// Number of blocks (the size of the block dimension), at least 1.
-    pub(crate) fn count(&self) -> usize {
-        self.count
-    }
-
-    #[inline(always)]
-    fn block_of(&self, i: usize) -> usize {
-        if self.count == 1 {
-            0
-        } else {
-            (i / self.inner) % self.count
-        }
-    }
 }
 
 /// Largest finite magnitude of an f32 slice (0 when there is none), as an integer max over

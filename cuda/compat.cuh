@@ -1,7 +1,7 @@
 // Host/device compatibility for the shared per-element math in quant.cuh.
 //
-// quant.cuh is compiled twice: by nvcc for the device (kernels/*.cu, only with the `cuda`
-// feature) and by the host C++ compiler through kernels/host_shim.cpp (always; the tests in
+// quant.cuh is compiled twice: by nvcc for the device (cuda/*.cu, only with the `cuda`
+// feature) and by the host C++ compiler through cuda/host_shim.cpp (always; the tests in
 // tests/cuda_host.rs compare it bit for bit with the Rust code). Only bit casts and
 // count-leading-zeros differ between the two; everything else is plain integer code.
 //

@@ -1,7 +1,7 @@
-//! Launches of the posit GEMM kernels in `kernels/gemm.cu` (exact quire GEMM and naive GEMM)
+//! Launches of the posit GEMM kernels in `cuda/gemm.cu` (exact quire GEMM and naive GEMM)
 //! for f32 tensors on a CUDA device, called by [`crate::quire::ops`] (`matmul`, `linear`).
 //!
-//! The kernels give the bits of the CPU kernels in [`crate::quire::kernels`]:
+//! The kernels give the bits of the CPU kernels in [`crate::quire::gemm_cpu`]:
 //!
 //! 1. `qc_gemm_encode` turns each f32 operand into its posit pattern (the value the CPU
 //!    rounds it to) and flags the rows of `A` and the columns of `B` that hold a NaR.
@@ -17,7 +17,7 @@
 //! Launch (chosen for H100): 64 x 64 output tiles per block of 256 threads, each thread a
 //! 4 x 4 micro-tile held in registers, k-tiles of 32 staged in shared memory as decoded
 //! integers (quire) or patterns (naive); the grid is `(n/64, m/64, batch)`. See the header
-//! of `kernels/gemm.cu`.
+//! of `cuda/gemm.cu`.
 //!
 //! Formats other than posits of at most 8 bits with `maxpos <= 2^24`, other dtypes, and
 //! sizes beyond the grid limits stay on the host path.
@@ -28,10 +28,10 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfi
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use super::cuda::{launch_config, ptx};
+use super::gemm_cpu::OpTables;
+use super::ops::Accumulation;
+use crate::backend::cuda::{launch_config, ptx};
 use crate::format::{Format, Posit};
-use crate::quire::kernels::OpTables;
-use crate::quire::ops::Accumulation;
 
 /// The module name the GEMM kernels are loaded under (one per device).
 const MODULE: &str = "qcandle_gemm";
@@ -214,7 +214,7 @@ impl GemmOp {
             None => b.arg(&null),
         };
         b.arg(&group).arg(&inner);
-        // SAFETY: the signature of qc_gemm_encode in kernels/gemm.cu.
+        // SAFETY: the signature of qc_gemm_encode in cuda/gemm.cu.
         unsafe { b.launch(launch_config(dev, count64)) }.w()?;
         Ok(out)
     }
@@ -301,7 +301,7 @@ impl GemmOp {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the signatures of qc_quire_gemm_* and qc_naive_gemm in
-            // kernels/gemm.cu; every pointer covers the extent the kernel reads or writes.
+            // cuda/gemm.cu; every pointer covers the extent the kernel reads or writes.
             unsafe { lb.launch(cfg) }.w()?;
         }
         Ok((

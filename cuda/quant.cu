@@ -1,8 +1,8 @@
-// CUDA kernels of the quantize, block-maximum, pack and unpack ops (src/kernels/cuda.rs
+// CUDA kernels of the quantize, block-maximum, pack and unpack ops (src/backend/cuda.rs
 // launches them). The per-element math is quant.cuh's (the same header the host tests compare
 // with the Rust kernels bit for bit); this file only adds the loops over memory.
 //
-// Bit-exactness with the CPU path (src/kernels/cpu.rs):
+// Bit-exactness with the CPU path (src/backend/cpu.rs):
 // - Element i of the tensor's logical row-major order reads its random word from
 //   qc_random(seed, call, i): word i % 4 of Philox block i / 4. Each thread takes 4
 //   consecutive elements (one Philox block, computed once) so results do not depend on the
@@ -256,7 +256,7 @@ __device__ void qc_unpack(T* dst, const P* src, uint64_t n, QcFormat f, uint32_t
 }
 
 // ---------------------------------------------------------------------------------------
-// Entry points (names used by src/kernels/cuda.rs).
+// Entry points (names used by src/backend/cuda.rs).
 
 #define QC_QUANTIZE(NAME, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) NAME(T* dst, const T* src, uint64_t n, \

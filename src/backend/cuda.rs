@@ -1,8 +1,8 @@
-//! Launch wrappers for the CUDA kernels in `kernels/quant.cu` (built to PTX by build.rs with
+//! Launch wrappers for the CUDA kernels in `cuda/quant.cu` (built to PTX by build.rs with
 //! the `cuda` feature), called from the ops' `cuda_fwd`.
 //!
 //! Every wrapper gives the bits of the CPU path in [`super::cpu`]: the per-element math is
-//! `kernels/quant.cuh` (compared with the Rust kernels bit for bit by `tests/cuda_host.rs`),
+//! `cuda/quant.cuh` (compared with the Rust kernels bit for bit by `tests/cuda_host.rs`),
 //! element `i` of the logical row-major order reads random word `i` of the same Philox stream,
 //! and block maxima are exact integer maxima. f32 and f64 tensors run on the device; f16 and
 //! bf16 tensors are rounded by the CPU kernel on a host copy (exact, but slow).
@@ -15,11 +15,12 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{DType, Layout, Result};
 
+use crate::backend::cpu;
+use crate::format::block::BlockGrid;
 use crate::format::{BlockScope, Format, Rounding};
-use crate::kernels::cpu;
 use crate::philox::Stream;
 
-/// The PTX of every `kernels/*.cu`, one `&str` constant per file (`QUANT` for `quant.cu`).
+/// The PTX of every `cuda/*.cu`, one `&str` constant per file (`QUANT` for `quant.cu`).
 #[allow(missing_docs)]
 pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
@@ -28,7 +29,7 @@ pub mod ptx {
 /// The module name the quantize kernels are loaded under (one per device).
 const MODULE: &str = "qcandle_quant";
 
-/// Threads per block of every launch (see the launch notes in `kernels/quant.cu`).
+/// Threads per block of every launch (see the launch notes in `cuda/quant.cu`).
 const THREADS: u32 = 256;
 
 pub use super::qc::{QcFormat, QcRounding};
@@ -71,10 +72,10 @@ fn layout_info(dev: &CudaDevice, layout: &Layout) -> Result<Option<CudaSlice<u64
     Ok(Some(dev.clone_htod(&info)?))
 }
 
-/// (inner, count) of the block grid: [`cpu::BlockGrid`]'s, so the kernels group elements as
+/// (inner, count) of the block grid: [`BlockGrid`]'s, so the kernels group elements as
 /// the CPU does, and both are at least 1 (the kernels divide by them), empty tensors included.
 fn block_grid(scope: BlockScope, dims: &[usize]) -> Result<(u64, u64)> {
-    let grid = cpu::BlockGrid::new(scope, dims)?;
+    let grid = BlockGrid::new(scope, dims)?;
     Ok((grid.inner() as u64, grid.count() as u64))
 }
 
@@ -145,7 +146,7 @@ fn block_maxima<T: DeviceFloat>(
         None => b.arg(&null),
     };
     b.arg(&inner).arg(&count).arg(&mut maxima);
-    // SAFETY: the signature of qc_block_max_* in kernels/quant.cu.
+    // SAFETY: the signature of qc_block_max_* in cuda/quant.cu.
     unsafe { b.launch(launch_config(dev, n)) }.w()?;
     Ok(maxima)
 }
@@ -189,7 +190,7 @@ fn quantize_typed<T: DeviceFloat>(
         None => b.arg(&null),
     };
     b.arg(&inner).arg(&count);
-    // SAFETY: the signature of qc_quantize_* in kernels/quant.cu.
+    // SAFETY: the signature of qc_quantize_* in cuda/quant.cu.
     unsafe { b.launch(launch_config(dev, n64.div_ceil(4))) }.w()?;
     Ok(out)
 }
@@ -236,7 +237,7 @@ fn quantize_in_place_typed<T: DeviceFloat>(
         None => b.arg(&null),
     };
     b.arg(&inner).arg(&count);
-    // SAFETY: the signature of qc_quantize_* in kernels/quant.cu.
+    // SAFETY: the signature of qc_quantize_* in cuda/quant.cu.
     unsafe { b.launch(launch_config(dev, n64.div_ceil(4))) }.w()?;
     Ok(())
 }
@@ -389,7 +390,7 @@ pub fn pack(
                     .arg(&n64)
                     .arg(&f)
                     .arg(&mut failed);
-                // SAFETY: the signature of qc_pack_* in kernels/quant.cu.
+                // SAFETY: the signature of qc_pack_* in cuda/quant.cu.
                 unsafe { b.launch(cfg) }.w()?;
             }
             CudaStorageSlice::$variant(out)
@@ -464,7 +465,7 @@ pub fn unpack(
                     .arg(&f)
                     .arg(&bits)
                     .arg(&mut first_bad);
-                // SAFETY: the signature of qc_unpack_* in kernels/quant.cu.
+                // SAFETY: the signature of qc_unpack_* in cuda/quant.cu.
                 unsafe { b.launch(cfg) }.w()?;
             }
             CudaStorageSlice::$variant(out)

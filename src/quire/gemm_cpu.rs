@@ -353,21 +353,15 @@ fn has_tables(format: &Format) -> bool {
 }
 
 fn decode_bits(format: &Format, p: u32) -> f64 {
-    match format {
-        Format::Posit(posit) => posit.decode(p),
-        Format::Float(f) => f.decode(p),
-        _ => unreachable!("tables exist for posit and float formats only"),
-    }
+    format
+        .decode(p)
+        .expect("tables exist for posit and float formats only")
 }
 
 /// The nearest-even pattern of `x`; NaN gives the format's NaN pattern.
 fn encode_bits(format: &Format, x: f64) -> u32 {
     let r = format.round(x, crate::format::Rounding::NearestEven, 0);
-    match format {
-        Format::Posit(posit) => posit.encode(r),
-        Format::Float(f) => f.encode(r).expect("table formats have a NaN pattern"),
-        _ => unreachable!("tables exist for posit and float formats only"),
-    }
+    format.encode(r).expect("table formats have a NaN pattern")
 }
 
 /// `out (m x n) = A · B [+ bias]` with every multiply and add rounded to `format` (nearest

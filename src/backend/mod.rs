@@ -1,0 +1,17 @@
+//! Where the per-format math of [`crate::format`] meets tensor storage, per device.
+//!
+//! * [`cpu`]: the rayon loops over CPU storage (quantize, block maxima, strided gather), with
+//!   [`f32_plan`], the vectorised f32 rounding they run (a table per format, cached per
+//!   thread).
+//! * [`im2col`]: the column layout of a 2-D convolution, shared by the training and the
+//!   posit convolutions.
+//! * `cuda` (feature `cuda`): the launches of the CUDA C++ kernels in `cuda/*.cu` at the
+//!   repository root (quantize, pack), and [`qc`], the formats as that code's C structs.
+//!   The posit GEMMs' launcher lives with the quire (`crate::quire::gemm_cuda`).
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod f32_plan;
+pub mod im2col;
+pub mod qc;
