@@ -33,8 +33,6 @@
 //!
 //! The per-image GEMMs are small (for LeNet's conv2, `16 x 100 x 150`) but run at about
 //! 60 GFLOP/s on one core, so the op needs no larger batched GEMM.
-//!
-//! Both ops call [`tune_cpu_threads`] on first use (see [`crate::ops::threads`]).
 
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -49,7 +47,6 @@ use rayon::prelude::*;
 use crate::format::Format;
 use crate::kernels::im2col::{col2im, im2col, ConvGeom};
 use crate::ops::quantize::{Quant, QuantizeOp, Quantizer};
-use crate::ops::threads::tune_cpu_threads;
 
 /// A 2-D convolution of `x` `(N, C, H, W)` with `w` `(OC, C/groups, KH, KW)`, plus `bias`
 /// `(OC)` when given, with `cfg`'s padding, stride, dilation and groups.
@@ -182,7 +179,6 @@ pub fn conv2d_quantized(
             Ok(y)
         };
     }
-    tune_cpu_threads();
     // The fused backward masks the gradient with the op's rounded output; a format that can
     // round a positive value to zero (all but posits) would mask more than the ReLU does,
     // so such a quantizer stays a separate layer after a fused ReLU.
@@ -732,7 +728,6 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 {
         return max_pool2d_by_gather(x, kernel, stride);
     }
-    tune_cpu_threads();
     x.apply_op1(MaxPool { kernel, stride })
 }
 
