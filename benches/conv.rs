@@ -14,15 +14,18 @@
 //! loss gradient, so the layer's backward receives a contiguous tensor, as from a following
 //! layer; other losses (`sum(y * r)`, a dot product) cost candle several milliseconds more
 //! on the conv1 output, the same on both sides. candle's CPU thread settings are tuned first
-//! ([`qcandle::ops::threads::tune_cpu_threads`]), which speeds up candle's ops as well.
+//! (the tool's, `src/bin/qcandle/threads.rs`), which speeds up candle's ops as well.
 //! Run: `cargo bench --bench conv`.
+
+/// The tool's CPU thread settings, applied before the first candle op.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
 
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Conv2dConfig;
 use criterion::{criterion_group, criterion_main, Criterion};
-use qcandle::ops::threads::tune_cpu_threads;
 use qcandle::ops::{conv2d, max_pool2d};
 
 const BATCH: usize = 128;
@@ -39,7 +42,7 @@ fn theirs(x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 fn bench_conv(c: &mut Criterion) {
-    tune_cpu_threads();
+    threads::tune_cpu_threads();
     let dev = Device::Cpu;
     let layers = [("conv1", 1, 6, 32, false), ("conv2", 6, 16, 14, true)];
     for (name, cin, cout, size, input_grad) in layers {

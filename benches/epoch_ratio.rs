@@ -9,6 +9,10 @@
 //! and configs: `cargo bench --bench epoch_ratio -- lenet5 float32 'posit<16,1>' bf16`. Needs the
 //! full Fashion-MNIST (`apt-get install dataset-fashion-mnist`).
 
+/// The tool's CPU thread settings, applied before the first candle op.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -17,6 +21,7 @@ use qcandle::nn::QConfig;
 use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
 
 fn main() -> ExitCode {
+    threads::tune_cpu_threads();
     // `cargo bench` passes `--bench`; the remaining arguments are the model and configs.
     let args: Vec<String> = std::env::args()
         .skip(1)

@@ -22,6 +22,10 @@
 //!
 //! Run: `cargo bench --bench gemm` (add `-- 128x400x120` to run one shape).
 
+/// The tool's CPU thread settings, applied before the first candle op.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
@@ -29,7 +33,6 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use qcandle::format::Format;
-use qcandle::ops::threads::tune_cpu_threads;
 use qcandle::quire::gemm_cpu::{accumulator_for, Accumulator};
 use qcandle::quire::{naive_matmul, quire_matmul};
 
@@ -43,7 +46,7 @@ const FORMATS: &[(&str, Accumulator)] = &[
 type Op = fn(&Tensor, &Tensor, &Format) -> candle_core::Result<Tensor>;
 
 fn bench_gemm(c: &mut Criterion) {
-    tune_cpu_threads();
+    threads::tune_cpu_threads();
     for &(m, k, n) in SHAPES {
         let big = m * k * n >= 1 << 28;
         let a = Tensor::from_vec(

@@ -4,6 +4,10 @@
 //! embedded Fashion-MNIST subset's batches in turn, as in an epoch.
 //! Run: `cargo bench --bench train_step`.
 
+/// The tool's CPU thread settings, applied before the first candle op.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -11,6 +15,7 @@ use qcandle::nn::QConfig;
 use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
 
 fn bench_train_step(c: &mut Criterion) {
+    threads::tune_cpu_threads();
     // Steps cycle through the embedded subset's batches: repeating one batch would fit it
     // until the errors shrink towards the formats' smallest values, which real training
     // does not see (and which the f32 fast path of posits sends to the slow path).

@@ -16,28 +16,42 @@
 //! let q = Quant::new("posit<8,0>".parse()?).with_rounding(Rounding::NearestEven);
 //! let y = quantize(&x, &q)?;
 //! assert_eq!(y.to_vec1::<f32>()?, [0.09375, 1.0, 2.625, 64.0]);
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Layers: [`format`] (scalar rounding math, one file per family), [`philox`] (the
 //! counter-based random stream), [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops),
-//! [`io`] (tensor files), [`plot`] (training-curve PNGs), and the `qcandle` command-line tool.
+//! [`nn`] (quantized layers, models and their configs), [`optim`] (low-precision
+//! optimizers), [`quire`] (exact posit dot products) and [`report`] (the formats table and
+//! rounding-error statistics).
+//!
+//! The `cli` feature (on by default) adds the `qcandle` command-line tool and the modules
+//! only it needs: `data` (datasets), `io` (tensor files), `train` and `run_dir` (training
+//! runs), `ptq` (post-training quantization) and `plot` (training-curve PNGs), with their
+//! dependencies (clap, indicatif, plotters, anyhow, flate2, sha2, safetensors). A library
+//! user who needs none of them depends on qcandle with `default-features = false`.
 #![warn(missing_docs)]
 
 pub mod backend;
+#[cfg(feature = "cli")]
 pub mod data;
 pub mod error;
 pub mod format;
+#[cfg(feature = "cli")]
 pub mod io;
 pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod philox;
+#[cfg(feature = "cli")]
 pub mod plot;
+#[cfg(feature = "cli")]
 pub mod ptq;
 pub mod quire;
 pub mod report;
+#[cfg(feature = "cli")]
 pub mod run_dir;
+#[cfg(feature = "cli")]
 pub mod train;
 
 pub use error::FormatError;

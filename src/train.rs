@@ -271,7 +271,6 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
 impl Trainer {
     /// A freshly initialised model and optimizer; `options.seed` replaces `config.seed`.
     pub fn new(options: TrainOptions, config: QConfig) -> Result<Self> {
-        crate::ops::threads::tune_cpu_threads();
         let kind: ModelKind = options.model.parse()?;
         let config = config.with_seed(options.seed);
         let varmap = VarMap::new();

@@ -7,6 +7,11 @@
 //! reference where candle has no backward (overlapping pooling windows). Bad shapes must be
 //! errors, never panics. Every test can fail.
 
+/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
+/// the tests run as the tool does.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Conv2dConfig;
 use qcandle::ops::{conv2d, conv2d_relu, max_pool2d};
@@ -29,6 +34,7 @@ fn rand_vec(len: usize, seed: u64) -> Vec<f32> {
 }
 
 fn rand(dims: &[usize], seed: u64) -> Result<Tensor> {
+    threads::tune_cpu_threads();
     let n = dims.iter().product();
     Ok(Tensor::from_vec(rand_vec(n, seed), dims, &CPU)?)
 }

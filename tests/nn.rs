@@ -1,5 +1,10 @@
 //! Quantized layers, models and the per-category config.
 
+/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
+/// the tests run as the tool does.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2dConfig, VarBuilder, VarMap};
 use qcandle::nn::config::glob_match;
@@ -16,6 +21,7 @@ fn spec(s: &str) -> QuantSpec {
 }
 
 fn randn(shape: &[usize], seed: u64) -> Tensor {
+    threads::tune_cpu_threads();
     let n: usize = shape.iter().product();
     let v = qcandle::report::normal_samples(n, seed);
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()

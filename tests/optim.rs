@@ -779,6 +779,7 @@ fn vars_without_a_gradient_are_skipped_and_keep_their_step_count() -> Result<()>
 }
 
 /// A quantized Adam over two vars with a stochastic-rounding gradient quantization.
+#[cfg(feature = "cli")]
 fn resumable_adam(a: &Var, b: &Var) -> Result<LpAdam> {
     let quant = |seed| -> Result<ParamQuant> {
         Ok(ParamQuant {
@@ -798,6 +799,8 @@ fn resumable_adam(a: &Var, b: &Var) -> Result<LpAdam> {
     )?)
 }
 
+/// Through the tool's tensor files (`qcandle::io`, part of the `cli` feature).
+#[cfg(feature = "cli")]
 #[test]
 fn exported_state_resumes_to_identical_results() -> Result<()> {
     let wb = [0.25f32, -1.5];

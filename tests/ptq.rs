@@ -1,6 +1,11 @@
 //! Post-training quantization: the evaluation plan replays the trained model, model files
 //! are checked and round-trip, and each arithmetic computes what its definition says.
 
+/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
+/// the tests run as the tool does.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -21,6 +26,7 @@ use qcandle::{Format, Rounding};
 type R = anyhow::Result<()>;
 
 fn subset(train: usize, test: usize) -> Dataset {
+    threads::tune_cpu_threads();
     qcandle::data::embedded()
         .expect("the embedded subset loads")
         .subset(train, test)
@@ -55,6 +61,7 @@ fn trained_weights() -> Weights {
 }
 
 fn random_weights(kind: ModelKind, seed: u64) -> anyhow::Result<(Weights, qcandle::nn::Model)> {
+    threads::tune_cpu_threads();
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let model = kind.build(vb, &QConfig::default())?;

@@ -1,6 +1,11 @@
 //! The training workflow on the embedded Fashion-MNIST subset: it learns, it reproduces,
 //! it resumes, it keeps every number on its grid.
 
+/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
+/// the tests run as the tool does.
+#[path = "../src/bin/qcandle/threads.rs"]
+mod threads;
+
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use qcandle::data::Dataset;
@@ -12,6 +17,7 @@ use qcandle::{Format, Rounding};
 type R = anyhow::Result<()>;
 
 fn subset(train: usize, test: usize) -> Dataset {
+    threads::tune_cpu_threads();
     qcandle::data::embedded()
         .expect("the embedded subset loads")
         .subset(train, test)

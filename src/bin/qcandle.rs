@@ -6,6 +6,9 @@
 //! killed by SIGPIPE like other command-line tools; either way every result file already
 //! written stays. A closed or full standard error loses notes, never a run.
 
+#[path = "qcandle/threads.rs"]
+mod threads;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -543,7 +546,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    qcandle::ops::threads::tune_cpu_threads();
+    threads::tune_cpu_threads();
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<ClosedPipe>() => ExitCode::from(CLOSED_PIPE_STATUS),

@@ -1,13 +1,12 @@
 //! candle operations: convolution and max pooling with fast CPU backward passes, the fused
 //! quantize op (straight-through backward), the `Quantizer` layer with its own backward
-//! format, bit-pattern packing, and the process-wide CPU thread settings.
+//! format, and bit-pattern packing.
 
 pub mod conv;
 pub mod pack;
 pub mod pool;
 pub mod quantize;
 mod slices;
-pub mod threads;
 
 pub use conv::{conv2d, conv2d_quantized, conv2d_relu};
 pub use pack::{pack, unpack};

@@ -7,14 +7,11 @@
 //! gradient by `1 / kernel^2` (it multiplies by the window mean of the max mask), misplaces
 //! gradients when the input size is not a multiple of the window, and refuses overlapping
 //! windows.
-//!
-//! [`max_pool2d`] calls [`tune_cpu_threads`] on first use (see [`crate::ops::threads`]).
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::ops::slices::{contiguous, f32s};
-use crate::ops::threads::tune_cpu_threads;
 
 /// Max pooling of `x` `(N, C, H, W)` over `kernel x kernel` windows every `stride` pixels
 /// (no padding; output `(H - kernel) / stride + 1` per axis).
@@ -45,7 +42,6 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 {
         return max_pool2d_by_gather(x, kernel, stride);
     }
-    tune_cpu_threads();
     x.apply_op1(MaxPool { kernel, stride })
 }
 

@@ -249,7 +249,7 @@ fn check_dtype(x: &Tensor, op: &str) -> Result<()> {
 /// let x = Tensor::new(&[1.0f32, 1.06, 300.0, -1e-9], &Device::Cpu)?;
 /// let y = quantize(&x, &Quant::new("e4m3".parse()?))?;
 /// assert_eq!(y.to_vec1::<f32>()?, [1.0, 1.0, 288.0, -0.0]);
-/// # Ok::<(), anyhow::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn quantize(x: &Tensor, q: &Quant) -> Result<Tensor> {
     check_dtype(x, "quantize")?;

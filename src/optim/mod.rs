@@ -33,8 +33,9 @@
 //! optimizer's own state is out of its reach, so `Q_m` is not applied there (use [`LpSgd`],
 //! [`LpAdam`] or [`LpAdamW`] to round optimizer state).
 //!
-//! Every optimizer exports its state as named tensors (`state_tensors`, ready for
-//! [`crate::io::write_tensors`]) and loads it back (`load_state_tensors`): entry names are
+//! Every optimizer exports its state as named tensors (`state_tensors`, ready for a
+//! `.safetensors` file: `qcandle::io::write_tensors` with the `cli` feature, or candle's
+//! `safetensors::save`) and loads it back (`load_state_tensors`): entry names are
 //! `"{i}.{key}"` with `i` the parameter's index in the constructor's list and `key` one of
 //! `step` (an i64 scalar), `momentum_buffer`, `exp_avg`, `exp_avg_sq`, `accumulator`, and
 //! `calls.{gradient,momentum,weight,accumulator}` (the call counters of stochastic

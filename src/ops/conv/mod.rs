@@ -30,8 +30,6 @@
 //! and the quantizer's rounding of the incoming gradient) and [`sgemm`] (the `gemm` crate's f32
 //! GEMM on strided views, and the split of images over threads). Max pooling is
 //! [`crate::ops::pool`].
-//!
-//! The public ops call [`tune_cpu_threads`] on first use (see [`crate::ops::threads`]).
 
 mod backward;
 mod forward;
@@ -42,7 +40,6 @@ use candle_core::{bail, DType, Result, Tensor};
 use crate::backend::im2col::ConvGeom;
 use crate::format::Format;
 use crate::ops::quantize::{Quant, QuantizeOp, Quantizer};
-use crate::ops::threads::tune_cpu_threads;
 
 /// A 2-D convolution of `x` `(N, C, H, W)` with `w` `(OC, C/groups, KH, KW)`, plus `bias`
 /// `(OC)` when given, with `cfg`'s padding, stride, dilation and groups.
@@ -175,7 +172,6 @@ pub fn conv2d_quantized(
             _ => Ok(y),
         };
     }
-    tune_cpu_threads();
     // The fused backward masks the gradient with the op's rounded output; a format that can
     // round a positive value to zero (all but posits) would mask more than the ReLU does,
     // so such a quantizer stays a separate layer after a fused ReLU.

@@ -1,4 +1,10 @@
-//! Process-wide settings of candle's CPU threads, applied once.
+//! Process-wide settings of candle's CPU threads, applied once by the tool at start-up.
+//!
+//! These are settings of the process environment, so they belong to the program, not to the
+//! library: a program that links qcandle keeps its environment as it set it. The tool
+//! applies them first thing in `main`; the benches and the tests that train or convolve
+//! include this file (`#[path]`) and apply them the same way, so that they run under the
+//! tool's settings.
 //!
 //! - **Thread count lookup.** candle looks up its thread count on every CPU matmul, reading
 //!   the CPU topology from `/proc` each time unless `RAYON_NUM_THREADS` is set (about 9% of
@@ -23,8 +29,7 @@ static TUNE: Once = Once::new();
 /// Applies the settings above once per process: sets `RAYON_NUM_THREADS` when neither it
 /// nor `CANDLE_NUM_THREADS` is set, and `CANDLE_BARRIER_POOL_SPIN_LIMIT` when unset. Call
 /// it early (before candle's first elementwise op, which reads the spin limit, and before
-/// other threads read the environment); `conv2d`, `max_pool2d`, `Trainer::new` and the
-/// command-line tool do.
+/// other threads read the environment).
 pub fn tune_cpu_threads() {
     TUNE.call_once(|| {
         let set = |k| std::env::var_os(k).is_some();
