@@ -19,11 +19,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Layers: [`format`] (scalar rounding math, one file per family), [`philox`] (the
-//! counter-based random stream), [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops),
-//! [`nn`] (quantized layers, models and their configs), [`optim`] (low-precision
-//! optimizers), [`quire`] (exact posit dot products) and [`report`] (the formats table and
-//! rounding-error statistics).
+//! Layers: [`format`] (scalar rounding math, one file per family, and [`error`], why a
+//! format string or parameter is refused), [`philox`] (the counter-based random stream),
+//! [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops), [`nn`]
+//! (quantized layers, models and their configs), [`optim`] (low-precision optimizers),
+//! [`quire`] (exact posit dot products) and [`report`] (the formats table and rounding-error
+//! statistics).
 //!
 //! The `cli` feature (on by default) adds the `qcandle` command-line tool and the modules
 //! only it needs: `data` (datasets), `io` (tensor files), `train` and `run_dir` (training
