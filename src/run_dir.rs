@@ -88,8 +88,8 @@ impl RunLock {
     }
 }
 
-/// Deletes the temporary files that a writer killed mid-write left in `dir` (names starting
-/// with `.` and containing `.partial.`, or starting with `.tmp`). Returns their names.
+/// Deletes the temporary files that a writer killed mid-write left in `dir`
+/// ([`crate::io::is_temporary_name`]). Returns their names.
 /// Call it only while holding the directory's [`RunLock`].
 pub fn remove_leftovers(lock: &RunLock) -> Result<Vec<String>> {
     let dir = lock.dir();
@@ -99,9 +99,7 @@ pub fn remove_leftovers(lock: &RunLock) -> Result<Vec<String>> {
     for entry in entries {
         let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let leftover =
-            name.starts_with(".tmp") || (name.starts_with('.') && name.contains(".partial."));
-        if leftover && entry.file_type().is_ok_and(|t| t.is_file()) {
+        if crate::io::is_temporary_name(&name) && entry.file_type().is_ok_and(|t| t.is_file()) {
             std::fs::remove_file(entry.path())
                 .with_context(|| format!("cannot remove {}", entry.path().display()))?;
             removed.push(name);

@@ -510,13 +510,16 @@ pub fn train(
         config: trainer.config.to_toml(),
         data: data.source.clone(),
         dataset: data.name.as_str().to_string(),
-        data_sha256: data_digest(data)?,
+        data_sha256: String::new(),
         epochs: Vec::new(),
         files: Digests::new(),
     };
     let lock = out.map(RunLock::acquire).transpose()?;
     if let Some(lock) = &lock {
         let dir = lock.dir();
+        // Only a run directory needs the data's identity: hashing is not free on full
+        // datasets, and a run without `out` is never compared with another.
+        record.data_sha256 = data_digest(data)?;
         let removed = remove_leftovers(lock)?;
         if !removed.is_empty() {
             note(&format!(
@@ -765,13 +768,16 @@ fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<(RunRecord, Vec<D
         );
     }
     let damage = check(dir, &previous.files);
-    let checkpoint_lost = damage.iter().any(|d| d.file() == CHECKPOINT)
-        || (previous.files.is_empty() && !dir.join(CHECKPOINT).exists());
-    if checkpoint_lost {
-        let what = damage
-            .iter()
-            .find(|d| d.file() == CHECKPOINT)
-            .map_or(format!("{CHECKPOINT} is missing"), |d| d.to_string());
+    // Runs written before digests were recorded list no files: check presence only.
+    let checkpoint_damage = damage
+        .iter()
+        .find(|d| d.file() == CHECKPOINT)
+        .cloned()
+        .or_else(|| {
+            (previous.files.is_empty() && !dir.join(CHECKPOINT).exists())
+                .then(|| Damage::Missing(CHECKPOINT.to_string()))
+        });
+    if let Some(what) = checkpoint_damage {
         bail!(
             "cannot resume {}: {what}; the {done} finished epochs cannot be continued without \
              it: delete the directory to train the run again",

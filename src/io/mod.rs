@@ -233,6 +233,13 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// A temporary path beside `path` (same directory, so the final rename is atomic).
+/// Whether a file name is one of the temporary files [`write_atomically`] writes
+/// (`.NAME.PID.partial.EXT`), or one of the `.tmpXXXXXX` files earlier versions' writers
+/// used: what a writer killed mid-write leaves behind.
+pub fn is_temporary_name(name: &str) -> bool {
+    name.starts_with(".tmp") || (name.starts_with('.') && name.contains(".partial."))
+}
+
 fn temporary_beside(path: &Path) -> PathBuf {
     let name = path
         .file_name()
@@ -280,4 +287,19 @@ fn write_through_temporary(path: &Path, write: impl FnOnce(&Path) -> Result<()>)
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_temporary_files_written_are_the_ones_recognised_as_leftovers() {
+        for name in ["model.safetensors", "run.json", "curves.png", "noext"] {
+            let tmp = temporary_beside(Path::new("dir").join(name).as_path());
+            let tmp = tmp.file_name().unwrap().to_string_lossy();
+            assert!(is_temporary_name(&tmp), "{tmp}");
+            assert!(!is_temporary_name(name), "{name}");
+        }
+    }
 }
