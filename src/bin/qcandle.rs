@@ -449,10 +449,8 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
     Ok(())
 }
 
-/// Evaluates every method, writes ptq.md, ptq.csv and one quantized model per format
-/// under `out`, and returns the markdown report. Before the first evaluation the formats
-/// are checked, every model is encoded and `out` is created and probed, so a bad format,
-/// a weight a format cannot store or an unwritable `out` costs no evaluation.
+/// Runs [`qcandle::ptq::run`], printing each method's top-1 to standard error as it is
+/// evaluated; returns the markdown report.
 fn ptq_table(
     weights: &qcandle::ptq::Weights,
     data: &Dataset,
@@ -460,33 +458,10 @@ fn ptq_table(
     out: &std::path::Path,
     f32_bytes: u64,
 ) -> Result<String> {
-    qcandle::ptq::check_formats(formats)?;
-    let models = formats
-        .iter()
-        .map(|f| qcandle::ptq::encode(weights, f))
-        .collect::<Result<Vec<_>>>()?;
-    qcandle::ptq::prepare_out_dir(out)?;
-    let rows = qcandle::ptq::evaluate_methods(weights, data, formats, |m, s| {
+    let report = qcandle::ptq::run(weights, data, formats, out, f32_bytes, |m, s| {
         note!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
     })?;
-    let mut report = qcandle::ptq::markdown(&rows);
-    report.push_str(
-        "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",
-    );
-    for model in &models {
-        let path = out.join(qcandle::ptq::model_file_name(&model.format));
-        let bytes = qcandle::ptq::write_encoded(&path, model)?;
-        report.push_str(&format!(
-            "{} model: {} ({bytes} bytes; the f32 model {f32_bytes} bytes, {:.3}x)\n",
-            model.format,
-            path.display(),
-            bytes as f64 / f32_bytes as f64
-        ));
-    }
-    qcandle::io::write_atomically(&out.join("ptq.md"), |p| Ok(std::fs::write(p, &report)?))?;
-    let csv = qcandle::ptq::csv(&rows);
-    qcandle::io::write_atomically(&out.join("ptq.csv"), |p| Ok(std::fs::write(p, &csv)?))?;
-    Ok(report)
+    Ok(report.markdown)
 }
 
 fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
