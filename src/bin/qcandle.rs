@@ -67,6 +67,9 @@ macro_rules! note {
     ($($arg:tt)*) => {{ let _ = writeln!(std::io::stderr(), $($arg)*); }};
 }
 
+#[path = "qcandle/sweep.rs"]
+mod sweep;
+
 #[derive(Parser)]
 #[command(
     name = "qcandle",
@@ -116,6 +119,12 @@ enum Command {
     /// Post-training quantization: evaluate a trained model in float32, float16, int8 and
     /// each format with naive and quire arithmetic; save the quantized model.
     Ptq(PtqArgs),
+    /// Sweeps: a grid of training runs from one spec file, run locally or on Slurm, and
+    /// their report.
+    Sweep {
+        #[command(subcommand)]
+        command: sweep::SweepCommand,
+    },
     /// Round a normal sample to every preset, then train LeNet-5 on the embedded
     /// Fashion-MNIST subset in float32 and posit<16,1> and print both accuracies, then evaluate
     /// the float32 model in posit<8,0> (post-training quantization).
@@ -525,6 +534,10 @@ fn main() -> ExitCode {
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<ClosedPipe>() => ExitCode::from(CLOSED_PIPE_STATUS),
+        Err(e) if e.is::<sweep::Stopped>() => {
+            note!("{e}");
+            ExitCode::from(sweep::STOPPED_STATUS)
+        }
         Err(e) => {
             note!("Error: {e:?}");
             ExitCode::FAILURE
@@ -544,6 +557,7 @@ fn run(command: Command) -> Result<()> {
         } => run_quantize(format, rounding, seed, &input, &output)?,
         Command::Train(args) => run_train(args)?,
         Command::Ptq(args) => run_ptq(args)?,
+        Command::Sweep { command } => sweep::run(command)?,
         Command::Compare { runs, plot, title } => run_compare(&runs, plot.as_deref(), &title)?,
         Command::Demo {
             samples,
