@@ -333,7 +333,14 @@ fn render_heatmap(grid: &Grid, file: &Path) -> Result<()> {
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .draw()?;
-    let finite = || grid.values.iter().flatten().flatten().copied().filter(|v| v.is_finite());
+    let finite = || {
+        grid.values
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .filter(|v| v.is_finite())
+    };
     let lo = finite().fold(f64::INFINITY, f64::min);
     let hi = finite().fold(f64::NEG_INFINITY, f64::max);
     let edge = |i: i32, n: i32| {
@@ -347,7 +354,10 @@ fn render_heatmap(grid: &Grid, file: &Path) -> Result<()> {
         let y = nrows - 1 - r as i32;
         for (c, value) in row.iter().enumerate() {
             let x = c as i32;
-            let corners = [(edge(x, ncols), edge(y, nrows)), (edge(x + 1, ncols), edge(y + 1, nrows))];
+            let corners = [
+                (edge(x, ncols), edge(y, nrows)),
+                (edge(x + 1, ncols), edge(y + 1, nrows)),
+            ];
             let Some(v) = value.filter(|v| v.is_finite()) else {
                 chart.draw_series(std::iter::once(Rectangle::new(
                     corners,
@@ -359,13 +369,12 @@ fn render_heatmap(grid: &Grid, file: &Path) -> Result<()> {
             let colour = shade(t);
             chart.draw_series(std::iter::once(Rectangle::new(corners, colour.filled())))?;
             let ink = if t > 0.55 { WHITE } else { BLACK };
-            let style = ("sans-serif", 15)
-                .into_font()
-                .color(&ink)
-                .pos(plotters::style::text_anchor::Pos::new(
+            let style = ("sans-serif", 15).into_font().color(&ink).pos(
+                plotters::style::text_anchor::Pos::new(
                     plotters::style::text_anchor::HPos::Center,
                     plotters::style::text_anchor::VPos::Center,
-                ));
+                ),
+            );
             chart.draw_series(std::iter::once(Text::new(
                 format!("{v:.1}"),
                 (SegmentValue::CenterOf(x), SegmentValue::CenterOf(y)),
@@ -389,7 +398,13 @@ fn shade(t: f64) -> RGBColor {
 ///
 /// # Errors
 /// When the picture cannot be drawn or written.
-pub fn lines(title: &str, x_desc: &str, y_desc: &str, series: &[Series], path: &Path) -> Result<()> {
+pub fn lines(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[Series],
+    path: &Path,
+) -> Result<()> {
     register_font()?;
     crate::io::write_atomically(path, |tmp| {
         let root = BitMapBackend::new(tmp, SQUARE).into_drawing_area();

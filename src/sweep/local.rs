@@ -70,7 +70,12 @@ struct Running {
 /// Runs every unfinished point of `plan` in `dir` (see the module docs). Returns what
 /// happened; failed points are in the outcome, not an error. Errors: the directory cannot
 /// be created or locked, a child cannot be started.
-pub fn run(plan: &Plan, dir: &SweepDir, options: &LocalOptions, stop: &AtomicBool) -> Result<Outcome> {
+pub fn run(
+    plan: &Plan,
+    dir: &SweepDir,
+    options: &LocalOptions,
+    stop: &AtomicBool,
+) -> Result<Outcome> {
     let start = Instant::now();
     let _lock = RunLock::acquire(dir.root()).context("the sweep directory")?;
     dir.write_plan(plan)?;
@@ -98,7 +103,9 @@ pub fn run(plan: &Plan, dir: &SweepDir, options: &LocalOptions, stop: &AtomicBoo
             break;
         }
         while running.len() < workers {
-            let Some(index) = queue.pop_front() else { break };
+            let Some(index) = queue.pop_front() else {
+                break;
+            };
             running.push(spawn(plan, dir, options, index, per_child)?);
         }
         if running.is_empty() {
@@ -212,11 +219,7 @@ fn failure_of(dir: &SweepDir, name: &str, status: &str) -> String {
 }
 
 fn status_message(running: &[Running], outcome: &Outcome) -> String {
-    format!(
-        "running {}, failed {}",
-        running.len(),
-        outcome.failed.len()
-    )
+    format!("running {}, failed {}", running.len(), outcome.failed.len())
 }
 
 fn progress_bar(quiet: bool, len: usize) -> indicatif::ProgressBar {

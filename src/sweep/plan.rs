@@ -146,9 +146,7 @@ impl Plan {
             total = total.saturating_add(count);
         }
         if total > MAX_POINTS {
-            bail!(
-                "the grid has {total} points, more than {MAX_POINTS}: check the axes' lists"
-            );
+            bail!("the grid has {total} points, more than {MAX_POINTS}: check the axes' lists");
         }
         let combos: Vec<Vec<(Key, Value)>> = if spec.grids.is_empty() {
             vec![Vec::new()]
@@ -175,9 +173,8 @@ impl Plan {
             if excluded {
                 continue;
             }
-            let settings = resolve(dir, &merged, &spec.ptq).map_err(|e| {
-                anyhow!("the point {}: {e}", describe(&axes))
-            })?;
+            let settings = resolve(dir, &merged, &spec.ptq)
+                .map_err(|e| anyhow!("the point {}: {e}", describe(&axes)))?;
             let name = base_name(&spec.name, &axes);
             points.push(Point {
                 index: points.len(),
@@ -260,9 +257,9 @@ fn grid_points(grid: &super::spec::Grid) -> Vec<Vec<(Key, Value)>> {
 /// Whether the settings `merged` match every key of an `exclude` entry.
 fn matches_entry(merged: &[(Key, Value)], entry: &[(Key, Vec<Value>)]) -> bool {
     entry.iter().all(|(key, values)| {
-        merged.iter().any(|(k, v)| {
-            k == key && values.iter().any(|w| w.to_string() == v.to_string())
-        })
+        merged
+            .iter()
+            .any(|(k, v)| k == key && values.iter().any(|w| w.to_string() == v.to_string()))
     })
 }
 
@@ -340,9 +337,8 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
         Some(Value::Count(n)) => Some(*n),
         _ => None,
     };
-    let usize_of = |key: Key, n: u64| {
-        usize::try_from(n).map_err(|_| anyhow!("{key}: {n} is too large"))
-    };
+    let usize_of =
+        |key: Key, n: u64| usize::try_from(n).map_err(|_| anyhow!("{key}: {n} is too large"));
     let config_name = text(Key::Config, "float32");
     let mut config = QConfig::load(&config_path(dir, &config_name))?;
     let mut overrides = Vec::new();

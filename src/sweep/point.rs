@@ -228,8 +228,8 @@ pub fn check_planned(dir: &SweepDir, plan: &Plan, index: usize) -> Result<()> {
     };
     if let Some(record) = dir.read_plan()? {
         let planned = record.points.get(index);
-        let same = planned
-            .is_some_and(|p| p.name == point.name && p.digest == point.settings.digest());
+        let same =
+            planned.is_some_and(|p| p.name == point.name && p.digest == point.settings.digest());
         if !same {
             bail!(
                 "the spec no longer gives the point {index} that {} recorded ({}): it was \

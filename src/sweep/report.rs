@@ -123,11 +123,13 @@ pub fn csv(plan: &Plan, rows: &[Row]) -> String {
     let methods = ptq_methods(rows);
     let mut header: Vec<String> = vec!["run".into()];
     header.extend(plan.axes.iter().map(|k| k.name().to_string()));
-    header.extend(
-        ["status", "epochs", "top1", "top5", "train_loss", "seconds"].map(String::from),
-    );
+    header.extend(["status", "epochs", "top1", "top5", "train_loss", "seconds"].map(String::from));
     header.extend(methods.iter().map(|m| format!("ptq {m} top1")));
-    let mut out = header.iter().map(|h| csv_field(h)).collect::<Vec<_>>().join(",");
+    let mut out = header
+        .iter()
+        .map(|h| csv_field(h))
+        .collect::<Vec<_>>()
+        .join(",");
     out.push('\n');
     for row in rows {
         let mut fields = vec![row.point.name.clone()];
@@ -135,7 +137,13 @@ pub fn csv(plan: &Plan, rows: &[Row]) -> String {
         fields.push(row.state.word().to_string());
         fields.extend(measurements(row));
         fields.extend(methods.iter().map(|m| ptq_cell(row, m)));
-        out.push_str(&fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(","));
+        out.push_str(
+            &fields
+                .iter()
+                .map(|f| csv_field(f))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
         out.push('\n');
     }
     out
@@ -154,7 +162,13 @@ fn measurements(row: &Row) -> Vec<String> {
                 format!("{seconds:.1}"),
             ]
         }
-        _ => vec!["0".into(), String::new(), String::new(), String::new(), String::new()],
+        _ => vec![
+            "0".into(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ],
     }
 }
 
@@ -194,7 +208,12 @@ pub fn groups(plan: &Plan, rows: &[Row]) -> Vec<Group> {
     if !plan.axes.contains(&Key::Seed) {
         return Vec::new();
     }
-    let others: Vec<Key> = plan.axes.iter().copied().filter(|&k| k != Key::Seed).collect();
+    let others: Vec<Key> = plan
+        .axes
+        .iter()
+        .copied()
+        .filter(|&k| k != Key::Seed)
+        .collect();
     let mut groups: Vec<Group> = Vec::new();
     for row in rows {
         let key: Vec<String> = others.iter().map(|&k| row.axis_text(k)).collect();
@@ -247,15 +266,19 @@ pub fn markdown(plan: &Plan, rows: &[Row], plots: &[String]) -> String {
     ));
     let groups = groups(plan, rows);
     if !groups.is_empty() {
-        let others: Vec<Key> = plan.axes.iter().copied().filter(|&k| k != Key::Seed).collect();
+        let others: Vec<Key> = plan
+            .axes
+            .iter()
+            .copied()
+            .filter(|&k| k != Key::Seed)
+            .collect();
         md.push_str("## Mean ± standard deviation over seeds (finished points)\n\n");
         let mut header: Vec<String> = others.iter().map(|k| k.name().to_string()).collect();
         header.extend(["n", "top-1 %", "top-5 %", "train loss"].map(String::from));
         md.push_str(&table_header(&header));
         for g in &groups {
-            let column = |f: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> {
-                g.finished.iter().map(f).collect()
-            };
+            let column =
+                |f: fn(&(f64, f64, f64)) -> f64| -> Vec<f64> { g.finished.iter().map(f).collect() };
             let mut cells = g.key.clone();
             cells.push(format!("{}/{}", g.finished.len(), g.points));
             cells.push(pm(&column(|t| t.0), 2));
@@ -270,7 +293,15 @@ pub fn markdown(plan: &Plan, rows: &[Row], plots: &[String]) -> String {
     let mut header = vec!["run".to_string()];
     header.extend(plan.axes.iter().map(|k| k.name().to_string()));
     header.extend(
-        ["status", "epochs", "top-1 %", "top-5 %", "train loss", "seconds"].map(String::from),
+        [
+            "status",
+            "epochs",
+            "top-1 %",
+            "top-5 %",
+            "train loss",
+            "seconds",
+        ]
+        .map(String::from),
     );
     header.extend(methods.iter().map(|m| format!("PTQ {m} top-1 %")));
     md.push_str(&table_header(&header));
@@ -417,16 +448,30 @@ pub fn write(plan: &Plan, dir: &SweepDir) -> Result<Vec<PathBuf>> {
     if !with_records.is_empty() {
         let (mut loss, mut accuracy) = (Vec::new(), Vec::new());
         for row in &with_records {
-            let (l, a) = row.record.as_ref().expect("filtered").curves(&row.point.name);
+            let (l, a) = row
+                .record
+                .as_ref()
+                .expect("filtered")
+                .curves(&row.point.name);
             loss.push(l);
             accuracy.push(a);
         }
         let path = root.join("curves.png");
-        crate::plot::training_curves(&format!("sweep {}", plan.spec.name), &loss, &accuracy, &path)?;
+        crate::plot::training_curves(
+            &format!("sweep {}", plan.spec.name),
+            &loss,
+            &accuracy,
+            &path,
+        )?;
         plots.push("curves.png".to_string());
         written.push(path);
     }
-    let format_axes: Vec<Key> = plan.axes.iter().copied().filter(|k| k.is_format_like()).collect();
+    let format_axes: Vec<Key> = plan
+        .axes
+        .iter()
+        .copied()
+        .filter(|k| k.is_format_like())
+        .collect();
     let pair = format_axes.iter().enumerate().find_map(|(i, &a)| {
         format_axes[i + 1..]
             .iter()

@@ -257,10 +257,14 @@ pub fn file_safe(text: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Grid {
     /// Axes in file order, each with its values.
-    pub axes: Vec<(Key, Vec<Value>)>,
+    pub axes: Axes,
     /// Axes that advance together; all lists have the same length.
-    pub zip: Vec<(Key, Vec<Value>)>,
+    pub zip: Axes,
 }
+
+/// Settings with a list of values each: an axis list, or an `exclude` entry (a point matches
+/// when its value of every key is one of the key's values).
+pub type Axes = Vec<(Key, Vec<Value>)>;
 
 /// A parsed and checked sweep spec.
 #[derive(Debug, Clone, PartialEq)]
@@ -275,7 +279,7 @@ pub struct Spec {
     pub grids: Vec<Grid>,
     /// Entries that drop the points matching every one of their keys (a key may list
     /// several values: any of them matches).
-    pub exclude: Vec<Vec<(Key, Vec<Value>)>>,
+    pub exclude: Vec<Axes>,
     /// Formats each trained model is post-training quantized to (none: no PTQ step).
     pub ptq: Vec<Format>,
 }
@@ -317,9 +321,9 @@ impl Spec {
                 "grid" => spec.grids = reader.grids(value)?,
                 "zip" => top_zip = Some(reader.axes(value, "zip")?),
                 "exclude" => spec.exclude = reader.exclude(value)?,
-                other => bail!(
-                    "`{other}`: unknown field; fields: name, ptq, base, grid, zip, exclude"
-                ),
+                other => {
+                    bail!("`{other}`: unknown field; fields: name, ptq, base, grid, zip, exclude")
+                }
             }
         }
         if spec.name.is_empty() {
@@ -482,7 +486,7 @@ impl Reader<'_> {
         Ok(grid)
     }
 
-    fn axes(&self, value: &Toml, field: &str) -> Result<Vec<(Key, Vec<Value>)>> {
+    fn axes(&self, value: &Toml, field: &str) -> Result<Axes> {
         let table = value
             .as_table()
             .ok_or_else(|| anyhow!("{field}: expected a table of axes"))?;
@@ -507,14 +511,17 @@ impl Reader<'_> {
             .map(|(i, v)| self.value(key, v, &format!("{sub}[{i}]")))
             .collect::<Result<Vec<_>>>()?;
         for (i, v) in values.iter().enumerate() {
-            if let Some(j) = values[..i].iter().position(|w| w.to_string() == v.to_string()) {
+            if let Some(j) = values[..i]
+                .iter()
+                .position(|w| w.to_string() == v.to_string())
+            {
                 bail!("{sub}: `{v}` is listed twice (values {j} and {i})");
             }
         }
         Ok((key, values))
     }
 
-    fn exclude(&self, value: &Toml) -> Result<Vec<Vec<(Key, Vec<Value>)>>> {
+    fn exclude(&self, value: &Toml) -> Result<Vec<Axes>> {
         let list = value
             .as_array()
             .ok_or_else(|| anyhow!("exclude: expected a list of tables ([[exclude]])"))?;
@@ -580,7 +587,9 @@ impl Reader<'_> {
                 let o: OptimizerKind = s.parse().map_err(|e| anyhow!("{field}: {e}"))?;
                 Value::Text(o.to_string())
             }
-            Key::Device => Value::Text(check_device(&text()?).map_err(|e| anyhow!("{field}: {e}"))?),
+            Key::Device => {
+                Value::Text(check_device(&text()?).map_err(|e| anyhow!("{field}: {e}"))?)
+            }
             Key::DataDir => {
                 let s = text()?;
                 Value::Path(s.clone(), self.dir.join(&s))
@@ -588,7 +597,12 @@ impl Reader<'_> {
             Key::Config => {
                 let s = text()?;
                 QConfig::load(&self.config_path(&s)).map_err(|e| anyhow!("{field}: {e}"))?;
-                Value::Text(s)
+                // A format in its canonical spelling (`posit<16, 1>` is `posit<16,1>`).
+                let is_preset = crate::nn::config::presets().iter().any(|(n, _)| *n == s);
+                match s.parse::<Format>() {
+                    Ok(format) if !is_preset => Value::Text(format.to_string()),
+                    _ => Value::Text(s),
+                }
             }
             Key::Epochs | Key::Batch | Key::TrainLimit => Value::Count(count(1)?),
             Key::Seed => Value::Count(count(0)?),
@@ -651,8 +665,7 @@ fn quant_value(v: &Toml, field: &str) -> Result<Option<QuantSpec>> {
 fn check_device(s: &str) -> Result<String> {
     let ok = s == "cpu"
         || s == "cuda"
-        || s
-            .strip_prefix("cuda:")
+        || s.strip_prefix("cuda:")
             .is_some_and(|n| n.parse::<usize>().is_ok());
     if !ok {
         bail!("unknown device `{s}`; devices: cpu, cuda, cuda:N");

@@ -87,7 +87,8 @@ impl std::error::Error for Stopped {}
 /// The spec read and expanded, and its sweep directory.
 fn open(spec: &Path, dir: Option<PathBuf>) -> Result<(Plan, SweepDir)> {
     let spec = Spec::load(spec)?;
-    let plan = Plan::expand(&spec).with_context(|| format!("sweep spec {}", spec.path.display()))?;
+    let plan =
+        Plan::expand(&spec).with_context(|| format!("sweep spec {}", spec.path.display()))?;
     let dir = dir.unwrap_or_else(|| qcandle::sweep::default_dir(&spec.name));
     Ok((plan, SweepDir::new(dir)))
 }
@@ -169,7 +170,11 @@ fn status(spec: &Path, dir: Option<PathBuf>) -> Result<()> {
         .iter()
         .filter(|r| r.state == qcandle::sweep::State::Finished)
         .count();
-    outln!("\n{finished} of {} points finished ({})", rows.len(), dir.root().display());
+    outln!(
+        "\n{finished} of {} points finished ({})",
+        rows.len(),
+        dir.root().display()
+    );
     Ok(())
 }
 

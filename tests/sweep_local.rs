@@ -1,0 +1,494 @@
+//! `qcandle sweep` on this machine: a point trained by a sweep equals the same `qcandle
+//! train` run bit for bit; a second run skips finished points (checked, not just present);
+//! a failing point is recorded and the others go on; SIGTERM stops the workers and the next
+//! run resumes; a task whose spec changed after planning is refused; the report's files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_qcandle");
+
+fn qcandle(args: &[&str], cwd: &Path) -> Output {
+    Command::new(EXE)
+        .args(args)
+        .current_dir(cwd)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A small, fast spec: the MLP on 256 embedded images.
+fn write_spec(dir: &Path, body: &str) -> PathBuf {
+    let path = dir.join("spec.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"t\"\n[base]\nmodel = \"mlp\"\ndata = \"embedded\"\ntrain-limit = 256\nbatch = 64\n{body}"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// metrics.csv without the (wall-clock) seconds column.
+fn metrics_without_time(run: &Path) -> Vec<String> {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+        .collect()
+}
+
+#[test]
+fn a_sweep_point_equals_the_same_train_run_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        "epochs = 2\n[grid]\nconfig = [\"posit<16,1>\"]\nseed = [3]\n",
+    );
+    let sweep = tmp.path().join("sw");
+    let o = qcandle(
+        &[
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let by_hand = tmp.path().join("by-hand");
+    let o = qcandle(
+        &[
+            "train",
+            "--model",
+            "mlp",
+            "--data",
+            "embedded",
+            "--train-limit",
+            "256",
+            "--batch",
+            "64",
+            "--epochs",
+            "2",
+            "--config",
+            "posit<16,1>",
+            "--seed",
+            "3",
+            "--quiet",
+            "--out",
+            by_hand.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let point = sweep.join("runs").join("posit_16_1-s3");
+    assert_eq!(metrics_without_time(&point), metrics_without_time(&by_hand));
+    for file in ["model.safetensors", "checkpoint.safetensors", "config.toml"] {
+        assert_eq!(
+            std::fs::read(point.join(file)).unwrap(),
+            std::fs::read(by_hand.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn a_second_run_skips_finished_points_and_repairs_damaged_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "epochs = 1\n[grid]\nseed = [0, 1]\n");
+    let sweep = tmp.path().join("sw");
+    let run = |workers: &str| {
+        qcandle(
+            &[
+                "sweep",
+                "run",
+                spec.to_str().unwrap(),
+                "--dir",
+                sweep.to_str().unwrap(),
+                "--workers",
+                workers,
+                "--quiet",
+            ],
+            tmp.path(),
+        )
+    };
+    let o = run("2");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("2 finished now, 0 already finished"),
+        "{}",
+        text(&o.stderr)
+    );
+    let model = sweep.join("runs/s1/model.safetensors");
+    let before = std::fs::read(&model).unwrap();
+    let o = run("1");
+    assert!(
+        text(&o.stderr).contains("0 finished now, 2 already finished"),
+        "{}",
+        text(&o.stderr)
+    );
+    // A damaged result is not "finished": the point runs again and its file is rewritten
+    // from the checkpoint, byte for byte.
+    std::fs::write(&model, b"damaged").unwrap();
+    let o = run("1");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("1 finished now, 1 already finished"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+}
+
+#[test]
+fn a_failing_point_is_recorded_and_the_others_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("no-data");
+    std::fs::create_dir(&empty).unwrap();
+    // The mnist point's data directory holds no files: it fails when it loads them.
+    let spec = tmp.path().join("spec.toml");
+    std::fs::write(
+        &spec,
+        "name = \"t\"\n[base]\nmodel = \"mlp\"\ntrain-limit = 128\nepochs = 1\n\
+         [[grid]]\ndata = [\"embedded\"]\n[[grid]]\ndata = [\"mnist\"]\ndata-dir = [\"no-data\"]\n",
+    )
+    .unwrap();
+    let sweep = tmp.path().join("sw");
+    let o = qcandle(
+        &[
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("1 of 2 points failed"), "{err}");
+    let failure = std::fs::read_to_string(sweep.join("failed/mnist-no-data.txt")).unwrap();
+    assert!(failure.contains("no-data"), "{failure}");
+    assert!(sweep.join("runs/embedded/run.json").exists());
+    let o = qcandle(
+        &[
+            "sweep",
+            "status",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    let out = text(&o.stdout);
+    assert!(out.contains("| embedded | finished |"), "{out}");
+    assert!(out.contains("| mnist-no-data | failed: "), "{out}");
+    assert!(out.contains("1 of 2 points finished"), "{out}");
+    // The report lists both, the failure with its status.
+    let o = qcandle(
+        &[
+            "sweep",
+            "report",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let csv = std::fs::read_to_string(sweep.join("report.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "run,data,data-dir,status,epochs,top1,top5,train_loss,seconds"
+    );
+    assert!(
+        lines[1].starts_with("embedded,embedded,-,finished,1,"),
+        "{csv}"
+    );
+    assert!(
+        lines[2].starts_with("mnist-no-data,mnist,no-data,failed,0,"),
+        "{csv}"
+    );
+}
+
+#[test]
+fn sigterm_stops_the_workers_and_the_next_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "epochs = 40\n[grid]\nseed = [0]\n");
+    let sweep = tmp.path().join("sw");
+    let mut child = Command::new(EXE)
+        .args([
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ])
+        .env("RAYON_NUM_THREADS", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run_json = sweep.join("runs/s0/run.json");
+    let start = Instant::now();
+    while !run_json.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no epoch finished"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sigterm(child.id());
+    let stopped = Instant::now();
+    let status = child.wait().unwrap();
+    assert!(stopped.elapsed() < Duration::from_secs(20), "slow to stop");
+    assert_eq!(status.code(), Some(130));
+    let done = qcandle::train::load_checked_run(&sweep.join("runs/s0"))
+        .unwrap()
+        .epochs
+        .len();
+    assert!((1..40).contains(&done), "{done} epochs");
+    // The worker is gone: the run directory's lock is free, so the state is not "running".
+    let o = qcandle(
+        &[
+            "sweep",
+            "status",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(
+        text(&o.stdout).contains("| s0 | partial"),
+        "{}",
+        text(&o.stdout)
+    );
+    // Resumed with one epoch more, the finished epochs are kept as they were.
+    let before = metrics_without_time(&sweep.join("runs/s0"));
+    let spec = write_spec(
+        tmp.path(),
+        &format!("epochs = {}\n[grid]\nseed = [0]\n", done + 1),
+    );
+    let o = qcandle(
+        &[
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let after = metrics_without_time(&sweep.join("runs/s0"));
+    assert_eq!(after.len(), before.len() + 1);
+    assert_eq!(after[..before.len()], before[..]);
+}
+
+/// Sends SIGTERM to `pid` with the `kill` command.
+fn sigterm(pid: u32) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+#[test]
+fn a_task_checks_its_index_against_the_recorded_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "epochs = 1\n[grid]\nseed = [0, 1]\n");
+    let sweep = tmp.path().join("sw");
+    let dir = sweep.to_str().unwrap();
+    let o = qcandle(
+        &[
+            "sweep",
+            "task",
+            spec.to_str().unwrap(),
+            "--dir",
+            dir,
+            "--index",
+            "2",
+        ],
+        tmp.path(),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("index 2 is beyond the plan's 2 points"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::create_dir_all(&sweep).unwrap();
+    std::fs::write(
+        sweep.join("plan.json"),
+        r#"{"sweep":"t","points":[{"index":0,"name":"s0","digest":"0000"}]}"#,
+    )
+    .unwrap();
+    let o = qcandle(
+        &[
+            "sweep",
+            "task",
+            spec.to_str().unwrap(),
+            "--dir",
+            dir,
+            "--index",
+            "0",
+        ],
+        tmp.path(),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("no longer gives the point 0"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(!sweep.join("runs").exists());
+}
+
+#[test]
+fn two_sweeps_cannot_share_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "epochs = 40\n[grid]\nseed = [0]\n");
+    let sweep = tmp.path().join("sw");
+    let mut first = Command::new(EXE)
+        .args([
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !sweep.join("plan.json").exists() {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = qcandle(
+        &[
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    sigterm(first.id());
+    let _ = first.wait();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("in use by another run"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn plan_lists_every_point_and_report_draws_the_heatmap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        "epochs = 1\n[grid]\ncategory = [\"weight\", \"activation\"]\nformat = [\"bf16\", \"posit<16,1>\"]\n",
+    );
+    let o = qcandle(&["sweep", "plan", spec.to_str().unwrap()], tmp.path());
+    let out = text(&o.stdout);
+    assert!(out.contains("4 points"), "{out}");
+    assert!(
+        out.contains("| 3 | activation-posit_16_1 | activation | posit<16,1> |"),
+        "{out}"
+    );
+    let sweep = tmp.path().join("sw");
+    let dir = sweep.to_str().unwrap();
+    let o = qcandle(
+        &[
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            dir,
+            "--workers",
+            "2",
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = qcandle(
+        &["sweep", "report", spec.to_str().unwrap(), "--dir", dir],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    for png in ["curves.png", "heatmap.png"] {
+        let bytes = std::fs::read(sweep.join(png)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{png}");
+    }
+    let md = std::fs::read_to_string(sweep.join("report.md")).unwrap();
+    assert!(md.contains("4 points (4 finished)"), "{md}");
+    assert!(md.contains("![heatmap.png](heatmap.png)"), "{md}");
+    // One bit width only (16): no bit-width plot.
+    assert!(!sweep.join("bits.png").exists());
+}
+
+#[test]
+fn the_ptq_step_is_part_of_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("spec.toml");
+    std::fs::write(
+        &spec,
+        "name = \"t\"\nptq = [\"posit<8,0>\"]\n[base]\nmodel = \"mlp\"\ndata = \"embedded\"\n\
+         train-limit = 256\nepochs = 1\n",
+    )
+    .unwrap();
+    let sweep = tmp.path().join("sw");
+    let args = [
+        "sweep",
+        "run",
+        spec.to_str().unwrap(),
+        "--dir",
+        sweep.to_str().unwrap(),
+        "--quiet",
+    ];
+    let o = qcandle(&args, tmp.path());
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let csv = sweep.join("runs/t/ptq/ptq.csv");
+    let first = std::fs::read_to_string(&csv).unwrap();
+    assert!(first.contains("posit<8,0> quire,"), "{first}");
+    let model = std::fs::read(sweep.join("runs/t/model.safetensors")).unwrap();
+    // Without its PTQ rows the point is not finished; running again redoes only the PTQ step.
+    std::fs::remove_file(&csv).unwrap();
+    let o = qcandle(&args, tmp.path());
+    assert!(
+        text(&o.stderr).contains("1 finished now, 0 already finished"),
+        "{}",
+        text(&o.stderr)
+    );
+    let again = std::fs::read_to_string(&csv).unwrap();
+    let accuracy = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .collect()
+    };
+    assert_eq!(accuracy(&again), accuracy(&first));
+    assert_eq!(
+        std::fs::read(sweep.join("runs/t/model.safetensors")).unwrap(),
+        model
+    );
+}
