@@ -1,6 +1,6 @@
 //! A sweep's results in one table, a summary over seeds, and plots.
 //!
-//! [`write`] writes into the sweep directory:
+//! [`write()`] writes into the sweep directory:
 //!
 //! - `report.csv`: one row per point: `run`, one column per axis, `status`, `epochs` (finished),
 //!   `top1`, `top5`, `train_loss` (of the last finished epoch), `seconds` (training steps,
