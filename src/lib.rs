@@ -28,9 +28,10 @@
 //!
 //! The `cli` feature (on by default) adds the `qcandle` command-line tool and the modules
 //! only it needs: `data` (datasets), `io` (tensor files), `train` and `run_dir` (training
-//! runs), `ptq` (post-training quantization) and `plot` (training-curve PNGs), with their
-//! dependencies (clap, indicatif, plotters, anyhow, flate2, sha2, safetensors). A library
-//! user who needs none of them depends on qcandle with `default-features = false`.
+//! runs), `ptq` (post-training quantization), `sweep` (grids of runs, local or on Slurm) and
+//! `plot` (training-curve PNGs), with their dependencies (clap, indicatif, plotters, anyhow,
+//! flate2, sha2, safetensors, ctrlc, libc). A library user who needs none of them depends on
+//! qcandle with `default-features = false`.
 #![warn(missing_docs)]
 
 pub mod backend;
