@@ -244,12 +244,23 @@ pub fn check_planned(dir: &SweepDir, plan: &Plan, index: usize) -> Result<()> {
 }
 
 /// Runs the point at `index`: trains it in its run directory (resuming an interrupted
-/// attempt; a finished one is checked and left alone), then the PTQ step when the sweep has
+/// attempt; a finished one is checked and left alone; one another process is writing is an
+/// error, not recorded as the point's failure), then the PTQ step when the sweep has
 /// one and it has not been done. A failure is recorded in `failed/<name>.txt` and returned;
 /// success removes that record. `quiet` hides the progress bars.
 pub fn run_point(dir: &SweepDir, plan: &Plan, index: usize, quiet: bool) -> Result<()> {
     check_planned(dir, plan, index)?;
     let point = &plan.points[index];
+    match state(dir, point).0 {
+        State::Finished => return Ok(()),
+        // Not a failure of the point: whoever holds it records its outcome.
+        State::Running => bail!(
+            "sweep point {index} `{}`: {} is being written by another process",
+            point.name,
+            dir.run_dir(&point.name).display()
+        ),
+        _ => {}
+    }
     let result = train_and_quantize(dir, point, quiet);
     let failure = dir.failure_file(&point.name);
     match &result {
