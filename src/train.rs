@@ -41,7 +41,9 @@ use crate::data::Dataset;
 use crate::io::{read_tensors, write_atomically, write_tensors};
 use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
-use crate::optim::{AdamParams, AdamWParams, LpAdam, LpAdamW, LpSgd, ParamQuant, SgdParams};
+use crate::optim::{
+    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, ParamQuant, SgdParams,
+};
 use crate::philox::Stream;
 use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
 
@@ -55,6 +57,41 @@ pub enum OptimizerKind {
     AdamW,
     /// SGD with momentum 0.9.
     Sgd,
+}
+
+impl OptimizerKind {
+    /// This optimizer over `params` at learning rate `lr`, with the other hyper-parameters
+    /// at PyTorch's defaults (SGD: momentum 0.9).
+    pub fn build(
+        self,
+        params: Vec<(Var, ParamQuant)>,
+        lr: f64,
+    ) -> candle_core::Result<Box<dyn LpOptimizer>> {
+        Ok(match self {
+            OptimizerKind::Adam => Box::new(LpAdam::new(
+                params,
+                AdamParams {
+                    lr,
+                    ..Default::default()
+                },
+            )?),
+            OptimizerKind::AdamW => Box::new(LpAdamW::new(
+                params,
+                AdamWParams {
+                    lr,
+                    ..Default::default()
+                },
+            )?),
+            OptimizerKind::Sgd => Box::new(LpSgd::new(
+                params,
+                SgdParams {
+                    lr,
+                    momentum: 0.9,
+                    ..Default::default()
+                },
+            )?),
+        })
+    }
 }
 
 impl FromStr for OptimizerKind {
@@ -194,40 +231,8 @@ pub struct Trainer {
     config: QConfig,
     varmap: VarMap,
     model: Model,
-    optimizer: Optimizer,
+    optimizer: Box<dyn LpOptimizer>,
     quants: Vec<Quant>,
-}
-
-enum Optimizer {
-    Adam(LpAdam),
-    AdamW(LpAdamW),
-    Sgd(LpSgd),
-}
-
-impl Optimizer {
-    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
-        match self {
-            Optimizer::Adam(o) => o.step(grads),
-            Optimizer::AdamW(o) => o.step(grads),
-            Optimizer::Sgd(o) => o.step(grads),
-        }
-    }
-
-    fn state_tensors(&self) -> candle_core::Result<Vec<(String, Tensor)>> {
-        match self {
-            Optimizer::Adam(o) => o.state_tensors(),
-            Optimizer::AdamW(o) => o.state_tensors(),
-            Optimizer::Sgd(o) => o.state_tensors(),
-        }
-    }
-
-    fn load_state_tensors(&mut self, state: &[(String, Tensor)]) -> candle_core::Result<()> {
-        match self {
-            Optimizer::Adam(o) => o.load_state_tensors(state.iter().cloned()),
-            Optimizer::AdamW(o) => o.load_state_tensors(state.iter().cloned()),
-            Optimizer::Sgd(o) => o.load_state_tensors(state.iter().cloned()),
-        }
-    }
 }
 
 /// Variable names in a fixed order (the var map is a hash map).
@@ -291,31 +296,7 @@ impl Trainer {
                     .cloned(),
             );
         }
-        let lr = options.lr;
-        let optimizer = match options.optimizer {
-            OptimizerKind::Adam => Optimizer::Adam(LpAdam::new(
-                params,
-                AdamParams {
-                    lr,
-                    ..Default::default()
-                },
-            )?),
-            OptimizerKind::AdamW => Optimizer::AdamW(LpAdamW::new(
-                params,
-                AdamWParams {
-                    lr,
-                    ..Default::default()
-                },
-            )?),
-            OptimizerKind::Sgd => Optimizer::Sgd(LpSgd::new(
-                params,
-                SgdParams {
-                    lr,
-                    momentum: 0.9,
-                    ..Default::default()
-                },
-            )?),
-        };
+        let optimizer = options.optimizer.build(params, options.lr)?;
         Ok(Trainer {
             options,
             config,
@@ -427,7 +408,7 @@ impl Trainer {
                 vars.len()
             );
         }
-        self.optimizer.load_state_tensors(&state)?;
+        self.optimizer.load_state_tensors(state)?;
         Ok(())
     }
 }

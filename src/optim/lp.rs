@@ -4,7 +4,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
-use super::{export, import, ParamQuant, Slot};
+use super::{export, import, LpOptimizer, ParamQuant, Slot};
 
 /// Wraps an optimizer `O`: its gradients are rounded before it reads them, and the weights
 /// it writes are rounded after (through an accumulator where one is set); see the
@@ -78,6 +78,11 @@ impl<O: Optimizer> OptimLP<O> {
         self.inner.set_learning_rate(lr)
     }
 
+    /// The vars given to [`OptimLP::new`], in that order (the ones the wrapper rounds).
+    pub fn vars(&self) -> Vec<Var> {
+        self.slots.iter().map(|s| s.var.clone()).collect()
+    }
+
     /// The wrapped optimizer.
     pub fn inner(&self) -> &O {
         &self.inner
@@ -127,5 +132,31 @@ impl<O: Optimizer> Optimizer for OptimLP<O> {
 
     fn set_learning_rate(&mut self, lr: f64) {
         OptimLP::set_learning_rate(self, lr)
+    }
+}
+
+impl<O: Optimizer> LpOptimizer for OptimLP<O> {
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        Self::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        Self::learning_rate(self)
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        Self::set_learning_rate(self, lr)
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        Self::vars(self)
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        Self::state_tensors(self)
+    }
+
+    fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()> {
+        Self::load_state_tensors(self, state)
     }
 }

@@ -33,9 +33,11 @@
 //! optimizer's own state is out of its reach, so `Q_m` is not applied there (use [`LpSgd`],
 //! [`LpAdam`] or [`LpAdamW`] to round optimizer state).
 //!
-//! Every optimizer exports its state as named tensors (`state_tensors`, ready for a
-//! `.safetensors` file: `qcandle::io::write_tensors` with the `cli` feature, or candle's
-//! `safetensors::save`) and loads it back (`load_state_tensors`): entry names are
+//! All four implement [`LpOptimizer`], so a program that picks the update rule at run time
+//! holds a `Box<dyn LpOptimizer>`; each is also a [`candle_nn::Optimizer`]. Every optimizer
+//! exports its state as named tensors (`state_tensors`, ready for a `.safetensors` file:
+//! `qcandle::io::write_tensors` with the `cli` feature, or candle's `safetensors::save`) and
+//! loads it back (`load_state_tensors`): entry names are
 //! `"{i}.{key}"` with `i` the parameter's index in the constructor's list and `key` one of
 //! `step` (an i64 scalar), `momentum_buffer`, `exp_avg`, `exp_avg_sq`, `accumulator`, and
 //! `calls.{gradient,momentum,weight,accumulator}` (the call counters of stochastic
@@ -43,10 +45,12 @@
 
 mod adam;
 mod lp;
+mod lp_optimizer;
 mod sgd;
 
 pub use adam::{AdamParams, AdamWParams, LpAdam, LpAdamW};
 pub use lp::OptimLP;
+pub use lp_optimizer::LpOptimizer;
 pub use sgd::{LpSgd, SgdParams};
 
 use candle_core::backprop::GradStore;
