@@ -10,7 +10,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Optimizer;
 use qcandle::optim::{
-    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, OptimLP, ParamQuant, SgdParams,
+    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, OptimLp, ParamQuant, SgdParams,
 };
 use qcandle::{Format, Quant, Rounding};
 
@@ -704,7 +704,7 @@ fn optim_lp_around_candle_sgd_equals_lp_sgd_bit_for_bit() -> Result<()> {
             },
         )?;
         let inner = candle_nn::SGD::new(vec![b.clone()], 0.03)?;
-        let mut wrapped = OptimLP::new(inner, vec![(b.clone(), quant())])?;
+        let mut wrapped = OptimLp::new(inner, vec![(b.clone(), quant())])?;
         for k in 0..6 {
             ours.backward_step(&regression_loss(&a)?)?;
             wrapped.backward_step(&regression_loss(&b)?)?;
@@ -740,7 +740,7 @@ fn optim_lp_rounds_the_gradient_the_inner_optimizer_reads() -> Result<()> {
         gradient: Some(q("fixed<8,4>")),
         ..ParamQuant::default()
     };
-    let mut opt = OptimLP::new(inner, vec![(w.clone(), quant)])?;
+    let mut opt = OptimLp::new(inner, vec![(w.clone(), quant)])?;
     opt.step(&grads(&[(&w, &[0.03, 0.1, -0.22]), (&other, &[0.03])])?)?;
     assert_eq!(vals(w.as_tensor())?, [1.0, 0.875, 1.25]);
     // A var the wrapper does not list still gets its unrounded gradient.
@@ -887,7 +887,7 @@ fn each_optimizer_boxed(w: &Var) -> Result<Vec<(&'static str, Box<dyn LpOptimize
         ("LpSgd", Box::new(LpSgd::new(params(), sgd)?)),
         ("LpAdam", Box::new(LpAdam::new(params(), adam)?)),
         ("LpAdamW", Box::new(LpAdamW::new(params(), adam.into())?)),
-        ("OptimLP", Box::new(OptimLP::new(inner, params())?)),
+        ("OptimLp", Box::new(OptimLp::new(inner, params())?)),
     ])
 }
 

@@ -1,4 +1,4 @@
-//! `OptimLP`: low-precision gradients, weights and accumulators around any candle optimizer.
+//! `OptimLp`: low-precision gradients, weights and accumulators around any candle optimizer.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
@@ -15,12 +15,12 @@ use super::{export, import, LpOptimizer, ParamQuant, Slot};
 /// [`super::LpSgd`], [`super::LpAdam`] or [`super::LpAdamW`] to round optimizer state. The
 /// accumulator has the var's dtype, since the inner optimizer updates it through the var.
 #[derive(Debug)]
-pub struct OptimLP<O> {
+pub struct OptimLp<O> {
     inner: O,
     slots: Vec<Slot>,
 }
 
-impl<O: Optimizer> OptimLP<O> {
+impl<O: Optimizer> OptimLp<O> {
     /// Wraps `inner`, rounding each var of `params` with its quantizations (the vars are
     /// normally the ones `inner` optimizes; vars of `inner` not listed are not rounded).
     /// Errors on a non-float var.
@@ -29,7 +29,7 @@ impl<O: Optimizer> OptimLP<O> {
             .into_iter()
             .map(|(v, q)| Slot::new(v, q, false, 0))
             .collect::<Result<_>>()?;
-        Ok(OptimLP { inner, slots })
+        Ok(OptimLp { inner, slots })
     }
 
     /// One step: gradients rounded, accumulators loaded into their vars, the inner step,
@@ -78,7 +78,7 @@ impl<O: Optimizer> OptimLP<O> {
         self.inner.set_learning_rate(lr)
     }
 
-    /// The vars given to [`OptimLP::new`], in that order (the ones the wrapper rounds).
+    /// The vars given to [`OptimLp::new`], in that order (the ones the wrapper rounds).
     pub fn vars(&self) -> Vec<Var> {
         self.slots.iter().map(|s| s.var.clone()).collect()
     }
@@ -99,7 +99,7 @@ impl<O: Optimizer> OptimLP<O> {
         export(&self.slots, &[])
     }
 
-    /// Loads state written by [`OptimLP::state_tensors`]; entries not given keep their
+    /// Loads state written by [`OptimLp::state_tensors`]; entries not given keep their
     /// current value.
     pub fn load_state_tensors<S: AsRef<str>>(
         &mut self,
@@ -109,7 +109,7 @@ impl<O: Optimizer> OptimLP<O> {
     }
 }
 
-impl<O: Optimizer> Optimizer for OptimLP<O> {
+impl<O: Optimizer> Optimizer for OptimLp<O> {
     type Config = O::Config;
 
     /// `O` over `vars` with no quantization.
@@ -119,23 +119,23 @@ impl<O: Optimizer> Optimizer for OptimLP<O> {
             .filter(|v| v.dtype().is_float())
             .map(|v| (v.clone(), ParamQuant::default()))
             .collect();
-        OptimLP::new(O::new(vars, config)?, params)
+        OptimLp::new(O::new(vars, config)?, params)
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        OptimLP::step(self, grads)
+        OptimLp::step(self, grads)
     }
 
     fn learning_rate(&self) -> f64 {
-        OptimLP::learning_rate(self)
+        OptimLp::learning_rate(self)
     }
 
     fn set_learning_rate(&mut self, lr: f64) {
-        OptimLP::set_learning_rate(self, lr)
+        OptimLp::set_learning_rate(self, lr)
     }
 }
 
-impl<O: Optimizer> LpOptimizer for OptimLP<O> {
+impl<O: Optimizer> LpOptimizer for OptimLp<O> {
     fn step(&mut self, grads: &GradStore) -> Result<()> {
         Self::step(self, grads)
     }

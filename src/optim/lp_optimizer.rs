@@ -12,7 +12,10 @@ use candle_core::{Result, Tensor, Var};
 /// tensors (see the [module docs](super) for the rules and the state's entry names).
 ///
 /// Implemented by [`super::LpSgd`], [`super::LpAdam`], [`super::LpAdamW`] and
-/// [`super::OptimLp`]. Object safe: a `Box<dyn LpOptimizer>` holds any of them.
+/// [`super::OptimLp`], each method by the type's inherent method of the same name: code that
+/// holds a concrete optimizer calls those without importing this trait, and without clashing
+/// with [`candle_nn::Optimizer`]'s `step` where both traits are in scope. Object safe: a
+/// `Box<dyn LpOptimizer>` holds any of them.
 pub trait LpOptimizer {
     /// One step over every var that has a gradient in `grads`; the others are left alone.
     fn step(&mut self, grads: &GradStore) -> Result<()>;

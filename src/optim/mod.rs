@@ -29,7 +29,7 @@
 //! * [`LpAdamW`] (`torch.optim.AdamW`, decoupled decay): as Adam without `λ w` in the
 //!   gradient, and `w ← (1 − ηλ) w` before the moment update is subtracted.
 //!
-//! [`OptimLP`] wraps any [`candle_nn::Optimizer`] with the same steps 1 and 4; the inner
+//! [`OptimLp`] wraps any [`candle_nn::Optimizer`] with the same steps 1 and 4; the inner
 //! optimizer's own state is out of its reach, so `Q_m` is not applied there (use [`LpSgd`],
 //! [`LpAdam`] or [`LpAdamW`] to round optimizer state).
 //!
@@ -49,7 +49,7 @@ mod lp_optimizer;
 mod sgd;
 
 pub use adam::{AdamParams, AdamWParams, LpAdam, LpAdamW};
-pub use lp::OptimLP;
+pub use lp::OptimLp;
 pub use lp_optimizer::LpOptimizer;
 pub use sgd::{LpSgd, SgdParams};
 
@@ -106,7 +106,7 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// A parameter with `n_state` empty state tensors. `widen` keeps the accumulator of a
-    /// half-precision var in f32 (the inner optimizer of [`OptimLP`] needs the var's dtype).
+    /// half-precision var in f32 (the inner optimizer of [`OptimLp`] needs the var's dtype).
     pub(crate) fn new(var: Var, quant: ParamQuant, widen: bool, n_state: usize) -> Result<Self> {
         if !var.dtype().is_float() {
             bail!(
