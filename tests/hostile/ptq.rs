@@ -16,7 +16,8 @@ use qcandle::nn::ModelKind;
 use qcandle::ptq::{read_weights, write_quantized};
 use qcandle::{Format, Rounding};
 
-use super::{assert_clean_failure, qcandle, stderr, stdout, Rng};
+use super::Rng;
+use crate::cli::{assert_clean_failure, qcandle, stderr, stdout};
 
 /// An MLP trained for one epoch on 1024 images of the embedded subset (once per test
 /// binary), by the tool itself: the run directory.
