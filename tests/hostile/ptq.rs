@@ -410,6 +410,27 @@ fn mutated_quantized_model_files_are_read_or_refused_without_a_panic() {
 }
 
 #[test]
+fn ptq_and_train_refuse_an_output_path_that_is_a_file_in_the_same_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let words = format!("the output directory {} is not a directory", file.display());
+    let ptq = qcandle(&["ptq", "--model", s(&mlp_model()), "--out", s(&file)]);
+    let train = qcandle(&[
+        "train",
+        "--data",
+        "embedded",
+        "--epochs",
+        "1",
+        "--out",
+        s(&file),
+    ]);
+    for o in [ptq, train] {
+        assert_clean_failure(&o, &[&words]);
+    }
+}
+
+#[test]
 fn compare_checks_the_plot_path_before_printing_anything() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
