@@ -38,7 +38,7 @@ use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Dataset;
-use crate::io::{read_tensors, write_atomically, write_tensors};
+use crate::io::{le_bytes, read_tensors, write_atomically, write_tensors};
 use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
 use crate::optim::{
@@ -592,24 +592,16 @@ pub fn data_digest(data: &Dataset) -> Result<String> {
         &data.test_labels,
     ] {
         hasher.update(format!("{:?}{:?};", tensor.dtype(), tensor.dims()).as_bytes());
+        // Labels are hashed as u32, everything else as f32.
+        let hashed = match tensor.dtype() {
+            DType::U32 => DType::U32,
+            _ => DType::F32,
+        };
         let flat = tensor.flatten_all()?;
         let n = flat.elem_count();
-        let mut bytes = Vec::with_capacity(DIGEST_CHUNK * 4);
         for start in (0..n).step_by(DIGEST_CHUNK) {
             let part = flat.narrow(0, start, DIGEST_CHUNK.min(n - start))?;
-            bytes.clear();
-            match part.dtype() {
-                DType::U32 => {
-                    bytes.extend(part.to_vec1::<u32>()?.iter().flat_map(|x| x.to_le_bytes()))
-                }
-                _ => bytes.extend(
-                    part.to_dtype(DType::F32)?
-                        .to_vec1::<f32>()?
-                        .iter()
-                        .flat_map(|x| x.to_le_bytes()),
-                ),
-            }
-            hasher.update(&bytes);
+            hasher.update(le_bytes(&part.to_dtype(hashed)?)?);
         }
     }
     Ok(crate::run_dir::hex(&hasher.finalize()))
