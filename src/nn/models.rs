@@ -325,8 +325,8 @@ impl Module for CifarNet {
     }
 }
 
-/// One step of a model's forward pass, as the post-training evaluation replays it with
-/// other arithmetic ([`ModelKind::plan`]).
+/// One step of a model's forward pass ([`ModelKind::plan`]): the models of the zoo are built
+/// from these, and the post-training evaluation replays them with other arithmetic.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stage {
     /// Pads height and width by `pad` on every side with `value`.
