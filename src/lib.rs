@@ -1,12 +1,12 @@
 //! # qcandle
 //!
-//! Bit-exact simulation of low-precision number formats on [candle] tensors: posits,
+//! Bit-exact simulation of low-precision number formats on [candle](https://github.com/huggingface/candle) tensors: posits,
 //! IEEE-style floats of any exponent/mantissa split (fp16, bf16, FP8, FP6, FP4, ...), fixed
 //! point and block floating point, each with nearest-even, nearest-away, toward-zero and
 //! reproducible stochastic rounding.
 //!
 //! A low-precision number is represented by the f32 (or f64, f16, bf16) value it stands
-//! for. A model computes in full precision and a fused [`quantize`] op removes the extra
+//! for. A model computes in full precision and a fused [`quantize()`] op removes the extra
 //! precision wherever the simulated hardware would round.
 //!
 //! ```
@@ -19,7 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Layers: [`format`] (scalar rounding math, one file per family, and [`error`], why a
+//! Layers: [`format`](mod@format) (scalar rounding math, one file per family, and [`error`], why a
 //! format string or parameter is refused), [`philox`] (the counter-based random stream),
 //! [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops), [`nn`]
 //! (quantized layers, models and their configs), [`optim`] (low-precision optimizers),

@@ -33,8 +33,9 @@ const OTHER_FORMATS: [(&str, &str); 4] = [
     ("block<8>", "example of the family"),
 ];
 
-/// The table of every preset and of [`OTHER_FORMATS`]: name, the format as it displays
-/// (and parses back), bits, range and epsilon.
+/// The table of every preset and of a few formats that are not (posits with the es of
+/// before the 2022 standard, an example of each other family): name, the format as it
+/// displays (and parses back), bits, range and epsilon.
 pub fn formats_table() -> String {
     let mut out = format!(
         "{:<12} {:<20} {:>4} {:>12} {:>12} {:>10}  {}\n",
@@ -123,8 +124,8 @@ pub fn normal_samples(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The `demo` report: a normal sample (mean 0, std 1) rounded to every preset, to
-/// [`OTHER_FORMATS`] and to `block<4>` with nearest-even and stochastic rounding.
+/// The `demo` report: a normal sample (mean 0, std 1) rounded to every preset, to the other
+/// formats of [`formats_table`] and to `block<4>` with nearest-even and stochastic rounding.
 pub fn demo_report(n: usize, seed: u64) -> Result<String> {
     let x = normal_samples(n, seed);
     let t = Tensor::from_slice(&x, n, &Device::Cpu)?;

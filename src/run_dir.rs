@@ -35,25 +35,8 @@ impl RunLock {
     /// Creates `dir` if needed and locks it, failing at once if another process (or another
     /// lock in this process) holds it, or if files cannot be created in it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
-        if dir.exists() && !dir.is_dir() {
-            bail!("{} is not a directory", dir.display());
-        }
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+        let mut file = open_in_output_dir(dir, LOCK_FILE)?;
         let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| {
-                format!(
-                    "the output directory {} is not writable (cannot create {})",
-                    dir.display(),
-                    path.display()
-                )
-            })?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -86,6 +69,33 @@ impl RunLock {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Creates the output directory `dir` (with its parents) if needed and opens the file `name`
+/// in it for reading and writing, created if missing and never truncated: the check that
+/// files can be created there, shared by every command that writes a directory. The error
+/// names the directory and says whether it is not a directory, cannot be created or takes
+/// no files.
+pub fn open_in_output_dir(dir: &Path, name: &str) -> Result<File> {
+    if dir.exists() && !dir.is_dir() {
+        bail!("the output directory {} is not a directory", dir.display());
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+    let path = dir.join(name);
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "the output directory {} is not writable (cannot create {})",
+                dir.display(),
+                path.display()
+            )
+        })
 }
 
 /// Deletes the temporary files that a writer killed mid-write left in `dir`

@@ -38,10 +38,12 @@ use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Dataset;
-use crate::io::{read_tensors, write_atomically, write_tensors};
+use crate::io::{le_bytes, read_tensors, write_atomically, write_tensors};
 use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
-use crate::optim::{AdamParams, AdamWParams, LpAdam, LpAdamW, LpSgd, ParamQuant, SgdParams};
+use crate::optim::{
+    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, ParamQuant, SgdParams,
+};
 use crate::philox::Stream;
 use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
 
@@ -55,6 +57,41 @@ pub enum OptimizerKind {
     AdamW,
     /// SGD with momentum 0.9.
     Sgd,
+}
+
+impl OptimizerKind {
+    /// This optimizer over `params` at learning rate `lr`, with the other hyper-parameters
+    /// at PyTorch's defaults (SGD: momentum 0.9).
+    pub fn build(
+        self,
+        params: Vec<(Var, ParamQuant)>,
+        lr: f64,
+    ) -> candle_core::Result<Box<dyn LpOptimizer>> {
+        Ok(match self {
+            OptimizerKind::Adam => Box::new(LpAdam::new(
+                params,
+                AdamParams {
+                    lr,
+                    ..Default::default()
+                },
+            )?),
+            OptimizerKind::AdamW => Box::new(LpAdamW::new(
+                params,
+                AdamWParams {
+                    lr,
+                    ..Default::default()
+                },
+            )?),
+            OptimizerKind::Sgd => Box::new(LpSgd::new(
+                params,
+                SgdParams {
+                    lr,
+                    momentum: 0.9,
+                    ..Default::default()
+                },
+            )?),
+        })
+    }
 }
 
 impl FromStr for OptimizerKind {
@@ -194,40 +231,8 @@ pub struct Trainer {
     config: QConfig,
     varmap: VarMap,
     model: Model,
-    optimizer: Optimizer,
+    optimizer: Box<dyn LpOptimizer>,
     quants: Vec<Quant>,
-}
-
-enum Optimizer {
-    Adam(LpAdam),
-    AdamW(LpAdamW),
-    Sgd(LpSgd),
-}
-
-impl Optimizer {
-    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
-        match self {
-            Optimizer::Adam(o) => o.step(grads),
-            Optimizer::AdamW(o) => o.step(grads),
-            Optimizer::Sgd(o) => o.step(grads),
-        }
-    }
-
-    fn state_tensors(&self) -> candle_core::Result<Vec<(String, Tensor)>> {
-        match self {
-            Optimizer::Adam(o) => o.state_tensors(),
-            Optimizer::AdamW(o) => o.state_tensors(),
-            Optimizer::Sgd(o) => o.state_tensors(),
-        }
-    }
-
-    fn load_state_tensors(&mut self, state: &[(String, Tensor)]) -> candle_core::Result<()> {
-        match self {
-            Optimizer::Adam(o) => o.load_state_tensors(state.iter().cloned()),
-            Optimizer::AdamW(o) => o.load_state_tensors(state.iter().cloned()),
-            Optimizer::Sgd(o) => o.load_state_tensors(state.iter().cloned()),
-        }
-    }
 }
 
 /// Variable names in a fixed order (the var map is a hash map).
@@ -291,31 +296,7 @@ impl Trainer {
                     .cloned(),
             );
         }
-        let lr = options.lr;
-        let optimizer = match options.optimizer {
-            OptimizerKind::Adam => Optimizer::Adam(LpAdam::new(
-                params,
-                AdamParams {
-                    lr,
-                    ..Default::default()
-                },
-            )?),
-            OptimizerKind::AdamW => Optimizer::AdamW(LpAdamW::new(
-                params,
-                AdamWParams {
-                    lr,
-                    ..Default::default()
-                },
-            )?),
-            OptimizerKind::Sgd => Optimizer::Sgd(LpSgd::new(
-                params,
-                SgdParams {
-                    lr,
-                    momentum: 0.9,
-                    ..Default::default()
-                },
-            )?),
-        };
+        let optimizer = options.optimizer.build(params, options.lr)?;
         Ok(Trainer {
             options,
             config,
@@ -427,7 +408,7 @@ impl Trainer {
                 vars.len()
             );
         }
-        self.optimizer.load_state_tensors(&state)?;
+        self.optimizer.load_state_tensors(state)?;
         Ok(())
     }
 }
@@ -611,24 +592,16 @@ pub fn data_digest(data: &Dataset) -> Result<String> {
         &data.test_labels,
     ] {
         hasher.update(format!("{:?}{:?};", tensor.dtype(), tensor.dims()).as_bytes());
+        // Labels are hashed as u32, everything else as f32.
+        let hashed = match tensor.dtype() {
+            DType::U32 => DType::U32,
+            _ => DType::F32,
+        };
         let flat = tensor.flatten_all()?;
         let n = flat.elem_count();
-        let mut bytes = Vec::with_capacity(DIGEST_CHUNK * 4);
         for start in (0..n).step_by(DIGEST_CHUNK) {
             let part = flat.narrow(0, start, DIGEST_CHUNK.min(n - start))?;
-            bytes.clear();
-            match part.dtype() {
-                DType::U32 => {
-                    bytes.extend(part.to_vec1::<u32>()?.iter().flat_map(|x| x.to_le_bytes()))
-                }
-                _ => bytes.extend(
-                    part.to_dtype(DType::F32)?
-                        .to_vec1::<f32>()?
-                        .iter()
-                        .flat_map(|x| x.to_le_bytes()),
-                ),
-            }
-            hasher.update(&bytes);
+            hasher.update(le_bytes(&part.to_dtype(hashed)?)?);
         }
     }
     Ok(crate::run_dir::hex(&hasher.finalize()))

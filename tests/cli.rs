@@ -3,23 +3,15 @@
 //! status 1 with a message, never a panic) for bad formats, missing, corrupt and unsupported
 //! files.
 
+#[path = "common/cli.rs"]
+mod cli;
+
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use candle_core::{DType, Device, Tensor};
+use cli::{assert_clean_failure, qcandle, qcandle_in, stderr};
 use qcandle::{quantize, Quant};
-
-fn qcandle(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qcandle"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn sample() -> Tensor {
     let v: Vec<f32> = (0..60).map(|i| (i as f32 - 30.0) * 0.173).collect();
@@ -147,11 +139,7 @@ fn quantize_safetensors_keeps_names_and_integer_tensors() {
 }
 
 fn fails_with(args: &[&str], needle: &str) {
-    let o = qcandle(args);
-    assert_eq!(o.status.code(), Some(1), "expected failure: {}", stderr(&o));
-    let err = stderr(&o);
-    assert!(err.contains(needle), "{err:?} should mention {needle:?}");
-    assert!(!err.contains("panicked"), "{err}");
+    assert_clean_failure(&qcandle(args), &[needle]);
 }
 
 #[test]
@@ -344,11 +332,7 @@ fn train_in(dir: &Path, extra: &[&str]) -> String {
         "--quiet",
     ];
     args.extend(extra);
-    let o = Command::new(env!("CARGO_BIN_EXE_qcandle"))
-        .args(&args)
-        .current_dir(dir)
-        .output()
-        .expect("the binary runs");
+    let o = qcandle_in(Some(dir), &args);
     assert!(o.status.success(), "{args:?}: {}", stderr(&o));
     let csv = String::from_utf8(o.stdout).unwrap();
     let without_seconds = csv.lines().map(|l| l.rsplit_once(',').unwrap().0);

@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2dConfig, VarBuilder, VarMap};
 use qcandle::nn::config::glob_match;
 use qcandle::nn::{
-    round_vars_in_place, Category, ConfigError, ModelKind, QConfig, QConv2d, QLinear, QSequential,
-    QuantSpec,
+    round_vars_in_place, Category, CifarNet, ConfigError, LeNet5, Mlp, ModelKind, QConfig, QConv2d,
+    QLinear, QSequential, QuantSpec, Stage,
 };
 use qcandle::{quantize_no_grad, Format, Quant, Rounding};
 
@@ -66,6 +66,62 @@ fn mlp_and_cifarnet_have_their_layer_sums_of_parameters() -> R {
     let fc = 4096 * 384 + 384 + 384 * 192 + 192 + 192 * 10 + 10;
     assert_eq!(cifar, conv + fc);
     assert_eq!(logits.dims(), [2, 10]);
+    Ok(())
+}
+
+#[test]
+fn every_models_variables_are_the_layers_of_its_plan_with_their_sizes() -> R {
+    for (kind, name) in ModelKind::ALL {
+        let mut expected: Vec<(String, Vec<usize>)> = Vec::new();
+        for stage in kind.plan() {
+            let (layer, weight, out) = match stage {
+                Stage::Conv {
+                    name,
+                    in_channels,
+                    out_channels,
+                    kernel,
+                    ..
+                } => (
+                    name,
+                    vec![out_channels, in_channels, kernel, kernel],
+                    out_channels,
+                ),
+                Stage::Linear {
+                    name,
+                    in_dim,
+                    out_dim,
+                } => (name, vec![out_dim, in_dim], out_dim),
+                _ => continue,
+            };
+            expected.push((format!("{layer}.bias"), vec![out]));
+            expected.push((format!("{layer}.weight"), weight));
+        }
+        expected.sort();
+        assert_eq!(kind.parameter_shapes()?, expected, "{name}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_zoo_types_compute_what_their_models_do() -> R {
+    // Over the same variables (built under the same names) and an unrounded config, the
+    // stand-alone layer stacks give the model's logits bit for bit.
+    let config = QConfig::float32();
+    for (kind, name) in ModelKind::ALL {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let model = kind.build(vb.clone(), &config)?;
+        let stack: Box<dyn Module> = match kind {
+            ModelKind::Mlp => Box::new(Mlp::new(&[784, 256, 128, 10], vb, &config)?),
+            ModelKind::Lenet5 => Box::new(LeNet5::new(true, vb, &config)?),
+            ModelKind::Lenet5Unpadded => Box::new(LeNet5::new(false, vb, &config)?),
+            ModelKind::CifarNet => Box::new(CifarNet::new(vb, &config)?),
+        };
+        let (c, h, w) = kind.input_shape();
+        let x = randn(&[2, c, h, w], 5).clamp(-1f32, 1f32)?;
+        let logits = model.forward(&x)?.to_vec2::<f32>()?;
+        assert_eq!(stack.forward(&x)?.to_vec2::<f32>()?, logits, "{name}");
+    }
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Optimizer;
 use qcandle::optim::{
-    AdamParams, AdamWParams, LpAdam, LpAdamW, LpSgd, OptimLP, ParamQuant, SgdParams,
+    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, OptimLp, ParamQuant, SgdParams,
 };
 use qcandle::{Format, Quant, Rounding};
 
@@ -704,7 +704,7 @@ fn optim_lp_around_candle_sgd_equals_lp_sgd_bit_for_bit() -> Result<()> {
             },
         )?;
         let inner = candle_nn::SGD::new(vec![b.clone()], 0.03)?;
-        let mut wrapped = OptimLP::new(inner, vec![(b.clone(), quant())])?;
+        let mut wrapped = OptimLp::new(inner, vec![(b.clone(), quant())])?;
         for k in 0..6 {
             ours.backward_step(&regression_loss(&a)?)?;
             wrapped.backward_step(&regression_loss(&b)?)?;
@@ -740,7 +740,7 @@ fn optim_lp_rounds_the_gradient_the_inner_optimizer_reads() -> Result<()> {
         gradient: Some(q("fixed<8,4>")),
         ..ParamQuant::default()
     };
-    let mut opt = OptimLP::new(inner, vec![(w.clone(), quant)])?;
+    let mut opt = OptimLp::new(inner, vec![(w.clone(), quant)])?;
     opt.step(&grads(&[(&w, &[0.03, 0.1, -0.22]), (&other, &[0.03])])?)?;
     assert_eq!(vals(w.as_tensor())?, [1.0, 0.875, 1.25]);
     // A var the wrapper does not list still gets its unrounded gradient.
@@ -863,6 +863,70 @@ fn sgd_momentum_state_resumes_to_identical_results() -> Result<()> {
     resumed.load_state_tensors(saved)?;
     resumed.backward_step(&regression_loss(&b)?)?;
     assert_eq!(vals(a.as_tensor())?, vals(b.as_tensor())?);
+    Ok(())
+}
+
+/// Each optimizer of the module over the var `w`, boxed, with a momentum format and an
+/// accumulator so that every one has state to export.
+fn each_optimizer_boxed(w: &Var) -> Result<Vec<(&'static str, Box<dyn LpOptimizer>)>> {
+    let quant = ParamQuant {
+        momentum: Some(q("bf16")),
+        weight: Some(q("e4m3")),
+        accumulator: Some(q("fp16")),
+        ..ParamQuant::default()
+    };
+    let params = || vec![(w.clone(), quant.clone())];
+    let sgd = SgdParams {
+        lr: 0.05,
+        momentum: 0.9,
+        ..SgdParams::default()
+    };
+    let adam = adam_test_params();
+    let inner = candle_nn::SGD::new(vec![w.clone()], 0.05)?;
+    Ok(vec![
+        ("LpSgd", Box::new(LpSgd::new(params(), sgd)?)),
+        ("LpAdam", Box::new(LpAdam::new(params(), adam)?)),
+        ("LpAdamW", Box::new(LpAdamW::new(params(), adam.into())?)),
+        ("OptimLp", Box::new(OptimLp::new(inner, params())?)),
+    ])
+}
+
+#[test]
+fn boxed_optimizers_set_the_rate_list_their_vars_and_resume() -> Result<()> {
+    let (a, c) = (var(&W0)?, var(&W0)?);
+    let originals = each_optimizer_boxed(&a)?;
+    let resumed = each_optimizer_boxed(&c)?;
+    for ((what, mut opt), (_, mut resumed)) in originals.into_iter().zip(resumed) {
+        a.set(&Tensor::new(&W0, &CPU)?)?;
+        let vars = opt.vars();
+        assert_eq!(vars.len(), 1, "{what}: vars");
+        assert_eq!(
+            vars[0].as_tensor().id(),
+            a.as_tensor().id(),
+            "{what}: the var"
+        );
+        opt.set_learning_rate(0.02);
+        assert_eq!(opt.learning_rate(), 0.02, "{what}: learning rate");
+        resumed.set_learning_rate(0.02);
+        opt.backward_step(&regression_loss(&a)?)?;
+        opt.step(&grads(&[(&a, &rough_grads(1))])?)?;
+        resumed.load_state_tensors(opt.state_tensors()?)?;
+        c.set(a.as_tensor())?;
+        for k in 2..4 {
+            opt.step(&grads(&[(&a, &rough_grads(k))])?)?;
+            resumed.step(&grads(&[(&c, &rough_grads(k))])?)?;
+        }
+        assert_ne!(
+            vals(a.as_tensor())?,
+            W0.to_vec(),
+            "{what}: the weights moved"
+        );
+        assert_eq!(
+            vals(a.as_tensor())?,
+            vals(c.as_tensor())?,
+            "{what}: resumed from the exported state"
+        );
+    }
     Ok(())
 }
 

@@ -13,7 +13,7 @@
 //! - `MinPos` / `MaxPos` (posit clamps);
 //! - `Cut`: posit binades where exponent bits are cut off, for deterministic rules: the
 //!   pattern is read with the exponent byte raised by one, so that rounding at bit `23 + c`
-//!   rounds the exponent to a multiple of `2^c` ([`F32Plan::round_posit`]);
+//!   rounds the exponent to a multiple of `2^c` (`F32Plan::round_posit`);
 //! - `Slow`: f32 zeros, subnormals, Inf and NaN, and the other cut posit binades (stochastic
 //!   rules, results outside f32's normal range): the general f64 path rounds these.
 //!
@@ -50,7 +50,7 @@ pub enum Case {
     /// Posit: at or above maxpos.
     MaxPos,
     /// Posit binade with `c` exponent bits cut off, deterministic rules: flagged by the
-    /// vectorised pass and rounded by the fix-up to a power of two (see [`F32Plan::round_posit`]).
+    /// vectorised pass and rounded by the fix-up to a power of two (see `F32Plan::round_posit`).
     Cut,
     /// Needs the general path.
     Slow,

@@ -12,7 +12,7 @@
 //! unchanged and do not take part in choosing the exponent; a block with no finite nonzero
 //! element is returned as it is (zeros become +0).
 //!
-//! [`BlockGrid`] places the elements of a tensor of a given shape into the blocks of a
+//! `BlockGrid` places the elements of a tensor of a given shape into the blocks of a
 //! scope; the CPU and the CUDA kernels both group elements by it.
 
 use super::fixed::round_fixed;

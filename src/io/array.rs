@@ -149,7 +149,7 @@ fn safetensors_dtype(dtype: DType) -> Result<Dtype> {
 }
 
 /// The little-endian bytes of `tensor`'s elements in row-major order.
-fn le_bytes(tensor: &Tensor) -> Result<Vec<u8>> {
+pub(crate) fn le_bytes(tensor: &Tensor) -> Result<Vec<u8>> {
     fn each<T: candle_core::WithDType, const N: usize>(
         t: &Tensor,
         to_bytes: fn(T) -> [u8; N],

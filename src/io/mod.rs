@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::Tensor;
 
+pub(crate) use array::le_bytes;
 pub use array::{data_size, element_count, is_roundable, Dtype, RawArray, RawFile};
 
 /// The tensor file kinds this crate reads and writes.

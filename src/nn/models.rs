@@ -2,9 +2,16 @@
 //!
 //! Every model takes images (N, C, H, W) scaled to [-1, 1] and returns logits (N, 10);
 //! images of another shape are refused before the first layer with a message saying what
-//! the model needs and what it was given ([`ModelKind::check_input`]). The input is rounded with the activation format of the pseudo-layer `input` (real hardware
-//! would hold its input in the format too); each linear or convolution layer rounds its
-//! output and error (see [`crate::nn::layers`]).
+//! the model needs and what it was given ([`ModelKind::check_input`]). The input is rounded
+//! with the activation format of the pseudo-layer `input` (real hardware would hold its input
+//! in the format too); each linear or convolution layer rounds its output and error (see
+//! [`crate::nn::layers`]).
+//!
+//! Each model is defined once, as its plan ([`ModelKind::plan`]): a list of [`Stage`]s with
+//! the layers' names and sizes. [`ModelKind::build`] makes the layers of those stages and the
+//! model's forward pass walks them in order; post-training quantization replays the same list
+//! in other arithmetics. A convolution followed by a ReLU runs as one fused op
+//! ([`QConv2d::with_relu`]).
 //!
 //! LeNet-5 follows Deep PeNSieve's network: 28x28 images padded to 32x32 with the
 //! background value (-1 after scaling), conv 5x5 (6) → ReLU → max-pool 2 → conv 5x5 (16) →
@@ -74,19 +81,16 @@ impl ModelKind {
         }
     }
 
-    /// Builds the model's variables under `vb` and the model itself.
+    /// Builds the model's variables under `vb` and the model itself: the layers of its
+    /// [plan](Self::plan), after the rounding of the input.
     pub fn build(self, vb: VarBuilder, config: &QConfig) -> Result<Model> {
         let input = config.quant("input", Category::Activation);
-        let net = match self {
-            ModelKind::Mlp => Net::Mlp(Mlp::new(&[784, 256, 128, 10], vb, config)?),
-            ModelKind::Lenet5 => Net::Lenet5(LeNet5::new(true, vb, config)?),
-            ModelKind::Lenet5Unpadded => Net::Lenet5(LeNet5::new(false, vb, config)?),
-            ModelKind::CifarNet => Net::CifarNet(CifarNet::new(vb, config)?),
-        };
+        // The model checks its input before rounding it; its layers need not check again.
+        let layers = Layers::build(self.plan(), None, &vb, config)?;
         Ok(Model {
             kind: self,
             input,
-            net,
+            layers,
         })
     }
 }
@@ -121,14 +125,7 @@ impl FromStr for ModelKind {
 pub struct Model {
     kind: ModelKind,
     input: Option<Quant>,
-    net: Net,
-}
-
-#[derive(Debug, Clone)]
-enum Net {
-    Mlp(Mlp),
-    Lenet5(LeNet5),
-    CifarNet(CifarNet),
+    layers: Layers,
 }
 
 impl Model {
@@ -141,24 +138,7 @@ impl Model {
     /// loop can place their random streams.
     pub fn quants(&self) -> Vec<Quant> {
         let mut quants: Vec<Quant> = self.input.iter().cloned().collect();
-        let layers: Vec<Vec<Quant>> = match &self.net {
-            Net::Mlp(m) => m.layers.iter().map(QLinear::quants).collect(),
-            Net::Lenet5(m) => vec![
-                m.conv1.quants(),
-                m.conv2.quants(),
-                m.fc1.quants(),
-                m.fc2.quants(),
-                m.fc3.quants(),
-            ],
-            Net::CifarNet(m) => vec![
-                m.conv1.quants(),
-                m.conv2.quants(),
-                m.fc1.quants(),
-                m.fc2.quants(),
-                m.fc3.quants(),
-            ],
-        };
-        quants.extend(layers.into_iter().flatten());
+        quants.extend(self.layers.quants());
         quants
     }
 }
@@ -172,24 +152,119 @@ impl Module for Model {
             Some(q) => quantize_no_grad(x, q)?,
             None => x.clone(),
         };
-        match &self.net {
-            Net::Mlp(m) => m.forward(&x),
-            Net::Lenet5(m) => m.forward(&x),
-            Net::CifarNet(m) => m.forward(&x),
-        }
+        self.layers.forward(&x)
     }
 }
 
-/// Max-pooling with a square window and equal stride.
-fn max_pool(x: &Tensor, size: usize) -> Result<Tensor> {
-    crate::ops::max_pool2d(x, size, size)
+/// The layers of a plan, built: one per stage, except that a ReLU after a convolution is
+/// fused into it. Checks the input shape first when `check` names a model.
+#[derive(Debug, Clone)]
+struct Layers {
+    check: Option<ModelKind>,
+    layers: Vec<Layer>,
+}
+
+/// One built stage.
+#[derive(Debug, Clone)]
+enum Layer {
+    Pad { pad: usize, value: f32 },
+    Conv(QConv2d),
+    Linear(QLinear),
+    Relu,
+    MaxPool(usize),
+    Flatten,
+}
+
+impl Layers {
+    /// The layers of `stages`, with their variables under `vb`.
+    fn build(
+        stages: Vec<Stage>,
+        check: Option<ModelKind>,
+        vb: &VarBuilder,
+        config: &QConfig,
+    ) -> Result<Self> {
+        let mut layers = Vec::with_capacity(stages.len());
+        let mut stages = stages.into_iter().peekable();
+        while let Some(stage) = stages.next() {
+            layers.push(match stage {
+                Stage::Pad { pad, value } => Layer::Pad { pad, value },
+                Stage::Conv {
+                    name,
+                    in_channels,
+                    out_channels,
+                    kernel,
+                    stride,
+                    padding,
+                } => {
+                    let conv = Conv2dConfig {
+                        padding,
+                        stride,
+                        ..Default::default()
+                    };
+                    let layer =
+                        QConv2d::new(in_channels, out_channels, kernel, conv, vb.pp(name), config)?;
+                    if stages.next_if_eq(&Stage::Relu).is_some() {
+                        Layer::Conv(layer.with_relu())
+                    } else {
+                        Layer::Conv(layer)
+                    }
+                }
+                Stage::Linear {
+                    name,
+                    in_dim,
+                    out_dim,
+                } => Layer::Linear(QLinear::new(in_dim, out_dim, vb.pp(name), config)?),
+                Stage::Relu => Layer::Relu,
+                Stage::MaxPool(k) => Layer::MaxPool(k),
+                Stage::Flatten => Layer::Flatten,
+            });
+        }
+        Ok(Layers { check, layers })
+    }
+
+    /// The quantizers of the convolution and linear layers, in order.
+    fn quants(&self) -> Vec<Quant> {
+        let layer_quants = self.layers.iter().map(|layer| match layer {
+            Layer::Conv(c) => c.quants(),
+            Layer::Linear(l) => l.quants(),
+            _ => vec![],
+        });
+        layer_quants.flatten().collect()
+    }
+}
+
+impl Module for Layers {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(kind) = self.check {
+            kind.check_input(x.dims())?;
+        }
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = match layer {
+                Layer::Pad { pad, value } => pad_with(&x, *pad, f64::from(*value))?,
+                Layer::Conv(c) => c.forward(&x)?,
+                Layer::Linear(l) => l.forward(&x)?,
+                Layer::Relu => x.relu()?,
+                Layer::MaxPool(k) => crate::ops::max_pool2d(&x, *k, *k)?,
+                Layer::Flatten => x.flatten_from(1)?,
+            };
+        }
+        Ok(x)
+    }
+}
+
+/// Pads height and width of `x` (N, C, H, W) by `pad` on every side with `value`: shifted
+/// so that `value` becomes 0, zero-padded, shifted back.
+fn pad_with(x: &Tensor, pad: usize, value: f64) -> Result<Tensor> {
+    x.affine(1.0, -value)?
+        .pad_with_zeros(2, pad, pad)?
+        .pad_with_zeros(3, pad, pad)?
+        .affine(1.0, value)
 }
 
 /// A multilayer perceptron on flattened images, ReLU between layers.
 #[derive(Debug, Clone)]
-pub struct Mlp {
-    layers: Vec<QLinear>,
-}
+pub struct Mlp(Layers);
 
 impl Mlp {
     /// Layers `fc1`, `fc2`, ... mapping `dims[0]` → ... → `dims[last]`.
@@ -197,122 +272,61 @@ impl Mlp {
         if dims.len() < 2 {
             candle_core::bail!("an MLP needs at least an input and an output size, got {dims:?}");
         }
-        let layers = dims
-            .windows(2)
-            .enumerate()
-            .map(|(i, d)| QLinear::new(d[0], d[1], vb.pp(format!("fc{}", i + 1)), config))
-            .collect::<Result<_>>()?;
-        Ok(Mlp { layers })
+        Layers::build(mlp_plan(dims), None, &vb, config).map(Mlp)
     }
 }
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut x = x.flatten_from(1)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x)?;
-            if i + 1 < self.layers.len() {
-                x = x.relu()?;
-            }
-        }
-        Ok(x)
+        self.0.forward(x)
     }
 }
 
-/// LeNet-5 as in Deep PeNSieve (see the module docs).
+/// LeNet-5 as in Deep PeNSieve (see the module docs): the layers of [`ModelKind::Lenet5`]
+/// or [`ModelKind::Lenet5Unpadded`].
 #[derive(Debug, Clone)]
-pub struct LeNet5 {
-    padded: bool,
-    conv1: QConv2d,
-    conv2: QConv2d,
-    fc1: QLinear,
-    fc2: QLinear,
-    fc3: QLinear,
-}
+pub struct LeNet5(Layers);
 
 impl LeNet5 {
     /// LeNet-5 on 28x28 images, padded to 32x32 with -1 when `padded`.
     pub fn new(padded: bool, vb: VarBuilder, config: &QConfig) -> Result<Self> {
-        let conv = Conv2dConfig::default();
-        let side = if padded { 5 } else { 4 };
-        Ok(LeNet5 {
-            padded,
-            conv1: QConv2d::new(1, 6, 5, conv, vb.pp("conv1"), config)?.with_relu(),
-            conv2: QConv2d::new(6, 16, 5, conv, vb.pp("conv2"), config)?.with_relu(),
-            fc1: QLinear::new(16 * side * side, 120, vb.pp("fc1"), config)?,
-            fc2: QLinear::new(120, 84, vb.pp("fc2"), config)?,
-            fc3: QLinear::new(84, 10, vb.pp("fc3"), config)?,
-        })
+        let kind = if padded {
+            ModelKind::Lenet5
+        } else {
+            ModelKind::Lenet5Unpadded
+        };
+        Layers::build(kind.plan(), Some(kind), &vb, config).map(LeNet5)
     }
 }
 
 impl Module for LeNet5 {
     /// Logits of images `(N, 1, 28, 28)` (checked first, see [`ModelKind::check_input`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let kind = if self.padded {
-            ModelKind::Lenet5
-        } else {
-            ModelKind::Lenet5Unpadded
-        };
-        kind.check_input(x.dims())?;
-        let x = if self.padded {
-            // Pad with the background value -1: shift so it becomes 0, zero-pad, shift back.
-            (x + 1.0)?
-                .pad_with_zeros(2, 2, 2)?
-                .pad_with_zeros(3, 2, 2)?
-                .affine(1.0, -1.0)?
-        } else {
-            x.clone()
-        };
-        let x = max_pool(&self.conv1.forward(&x)?, 2)?;
-        let x = max_pool(&self.conv2.forward(&x)?, 2)?;
-        let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;
-        let x = self.fc2.forward(&x)?.relu()?;
-        self.fc3.forward(&x)
+        self.0.forward(x)
     }
 }
 
-/// CifarNet (see the module docs).
+/// CifarNet (see the module docs): the layers of [`ModelKind::CifarNet`].
 #[derive(Debug, Clone)]
-pub struct CifarNet {
-    conv1: QConv2d,
-    conv2: QConv2d,
-    fc1: QLinear,
-    fc2: QLinear,
-    fc3: QLinear,
-}
+pub struct CifarNet(Layers);
 
 impl CifarNet {
     /// CifarNet on 3x32x32 images.
     pub fn new(vb: VarBuilder, config: &QConfig) -> Result<Self> {
-        let same = Conv2dConfig {
-            padding: 2,
-            ..Default::default()
-        };
-        Ok(CifarNet {
-            conv1: QConv2d::new(3, 64, 5, same, vb.pp("conv1"), config)?.with_relu(),
-            conv2: QConv2d::new(64, 64, 5, same, vb.pp("conv2"), config)?.with_relu(),
-            fc1: QLinear::new(64 * 8 * 8, 384, vb.pp("fc1"), config)?,
-            fc2: QLinear::new(384, 192, vb.pp("fc2"), config)?,
-            fc3: QLinear::new(192, 10, vb.pp("fc3"), config)?,
-        })
+        let kind = ModelKind::CifarNet;
+        Layers::build(kind.plan(), Some(kind), &vb, config).map(CifarNet)
     }
 }
 
 impl Module for CifarNet {
     /// Logits of images `(N, 3, 32, 32)` (checked first, see [`ModelKind::check_input`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ModelKind::CifarNet.check_input(x.dims())?;
-        let x = max_pool(&self.conv1.forward(x)?, 2)?;
-        let x = max_pool(&self.conv2.forward(&x)?, 2)?;
-        let x = self.fc1.forward(&x.flatten_from(1)?)?.relu()?;
-        let x = self.fc2.forward(&x)?.relu()?;
-        self.fc3.forward(&x)
+        self.0.forward(x)
     }
 }
 
-/// One step of a model's forward pass, as the post-training evaluation replays it with
-/// other arithmetic ([`ModelKind::plan`]).
+/// One step of a model's forward pass ([`ModelKind::plan`]): the models of the zoo are built
+/// from these, and the post-training evaluation replays them with other arithmetic.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stage {
     /// Pads height and width by `pad` on every side with `value`.
@@ -322,19 +336,30 @@ pub enum Stage {
         /// The value of the added pixels.
         value: f32,
     },
-    /// The convolution layer `name` (weight `name.weight`, bias `name.bias`).
+    /// The convolution layer `name` (weight `name.weight` of shape (out, in, k, k), bias
+    /// `name.bias`).
     Conv {
         /// Layer name.
-        name: &'static str,
+        name: String,
+        /// Input channels.
+        in_channels: usize,
+        /// Output channels.
+        out_channels: usize,
+        /// Kernel side `k`.
+        kernel: usize,
         /// Stride on both axes.
         stride: usize,
         /// Zero padding on every side.
         padding: usize,
     },
-    /// The linear layer `name` (weight `name.weight`, bias `name.bias`).
+    /// The linear layer `name` (weight `name.weight` of shape (out, in), bias `name.bias`).
     Linear {
         /// Layer name.
-        name: &'static str,
+        name: String,
+        /// Input features.
+        in_dim: usize,
+        /// Output features.
+        out_dim: usize,
     },
     /// ReLU.
     Relu,
@@ -345,55 +370,56 @@ pub enum Stage {
 }
 
 impl ModelKind {
-    /// The model's forward pass as a list of stages, the same computation as
-    /// [`ModelKind::build`]'s model without its quantizers (a test checks the two agree).
+    /// The model's definition: its forward pass as a list of stages, with the layers' names
+    /// and sizes. [`ModelKind::build`] builds a model of exactly these stages (plus the
+    /// rounding of its input and its layers' quantizers).
     pub fn plan(self) -> Vec<Stage> {
         use Stage::*;
-        let conv = |name, padding| Conv {
-            name,
+        let conv = |name: &str, in_channels, out_channels, padding| Conv {
+            name: name.into(),
+            in_channels,
+            out_channels,
+            kernel: 5,
             stride: 1,
             padding,
         };
-        let head = [
-            Flatten,
-            Linear { name: "fc1" },
-            Relu,
-            Linear { name: "fc2" },
-            Relu,
-            Linear { name: "fc3" },
-        ];
-        let mut stages = match self {
-            ModelKind::Mlp => vec![],
-            ModelKind::Lenet5 | ModelKind::Lenet5Unpadded => {
-                let mut s = if self == ModelKind::Lenet5 {
-                    vec![Pad {
-                        pad: 2,
-                        value: -1.0,
-                    }]
-                } else {
-                    vec![]
-                };
-                s.extend([
-                    conv("conv1", 0),
-                    Relu,
-                    MaxPool(2),
-                    conv("conv2", 0),
-                    Relu,
-                    MaxPool(2),
-                ]);
-                s
-            }
-            ModelKind::CifarNet => vec![
-                conv("conv1", 2),
+        // LeNet-5's fc1 sees 16 maps of 5x5 (padded input) or 4x4.
+        let lenet5 = |padded: bool| {
+            let side = if padded { 5 } else { 4 };
+            let pad = padded.then_some(Pad {
+                pad: 2,
+                value: -1.0,
+            });
+            let convs = [
+                conv("conv1", 1, 6, 0),
                 Relu,
                 MaxPool(2),
-                conv("conv2", 2),
+                conv("conv2", 6, 16, 0),
                 Relu,
                 MaxPool(2),
-            ],
+            ];
+            let head = mlp_plan(&[16 * side * side, 120, 84, 10]);
+            pad.into_iter().chain(convs).chain(head).collect()
         };
-        stages.extend(head);
-        stages
+        match self {
+            ModelKind::Mlp => mlp_plan(&[784, 256, 128, 10]),
+            ModelKind::Lenet5 => lenet5(true),
+            ModelKind::Lenet5Unpadded => lenet5(false),
+            ModelKind::CifarNet => {
+                let convs = [
+                    conv("conv1", 3, 64, 2),
+                    Relu,
+                    MaxPool(2),
+                    conv("conv2", 64, 64, 2),
+                    Relu,
+                    MaxPool(2),
+                ];
+                convs
+                    .into_iter()
+                    .chain(mlp_plan(&[64 * 8 * 8, 384, 192, 10]))
+                    .collect()
+            }
+        }
     }
 
     /// The name and shape of every parameter, sorted by name (as the model's
@@ -414,4 +440,21 @@ impl ModelKind {
         shapes.sort();
         Ok(shapes)
     }
+}
+
+/// Flatten, then linear layers `fc1`, `fc2`, ... mapping `dims[0]` → ... → `dims[last]` with
+/// a ReLU between two of them.
+fn mlp_plan(dims: &[usize]) -> Vec<Stage> {
+    let mut stages = vec![Stage::Flatten];
+    for (i, d) in dims.windows(2).enumerate() {
+        if i > 0 {
+            stages.push(Stage::Relu);
+        }
+        stages.push(Stage::Linear {
+            name: format!("fc{}", i + 1),
+            in_dim: d[0],
+            out_dim: d[1],
+        });
+    }
+    stages
 }

@@ -3,7 +3,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor, Var};
 
-use super::{export, import, ParamQuant, Slot};
+use super::{export, import, LpOptimizer, ParamQuant, Slot};
 
 /// Hyper-parameters of [`LpAdam`], with the defaults of PyTorch's `torch.optim.Adam`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -239,6 +239,32 @@ macro_rules! adam_api {
                 state: impl IntoIterator<Item = (S, Tensor)>,
             ) -> Result<()> {
                 import(&mut self.0.slots, KEYS, state)
+            }
+        }
+
+        impl LpOptimizer for $name {
+            fn step(&mut self, grads: &GradStore) -> Result<()> {
+                $name::step(self, grads)
+            }
+
+            fn learning_rate(&self) -> f64 {
+                $name::learning_rate(self)
+            }
+
+            fn set_learning_rate(&mut self, lr: f64) {
+                $name::set_learning_rate(self, lr)
+            }
+
+            fn vars(&self) -> Vec<Var> {
+                $name::vars(self)
+            }
+
+            fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+                $name::state_tensors(self)
+            }
+
+            fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()> {
+                $name::load_state_tensors(self, state)
             }
         }
 

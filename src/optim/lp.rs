@@ -1,10 +1,10 @@
-//! `OptimLP`: low-precision gradients, weights and accumulators around any candle optimizer.
+//! `OptimLp`: low-precision gradients, weights and accumulators around any candle optimizer.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
-use super::{export, import, ParamQuant, Slot};
+use super::{export, import, LpOptimizer, ParamQuant, Slot};
 
 /// Wraps an optimizer `O`: its gradients are rounded before it reads them, and the weights
 /// it writes are rounded after (through an accumulator where one is set); see the
@@ -15,12 +15,12 @@ use super::{export, import, ParamQuant, Slot};
 /// [`super::LpSgd`], [`super::LpAdam`] or [`super::LpAdamW`] to round optimizer state. The
 /// accumulator has the var's dtype, since the inner optimizer updates it through the var.
 #[derive(Debug)]
-pub struct OptimLP<O> {
+pub struct OptimLp<O> {
     inner: O,
     slots: Vec<Slot>,
 }
 
-impl<O: Optimizer> OptimLP<O> {
+impl<O: Optimizer> OptimLp<O> {
     /// Wraps `inner`, rounding each var of `params` with its quantizations (the vars are
     /// normally the ones `inner` optimizes; vars of `inner` not listed are not rounded).
     /// Errors on a non-float var.
@@ -29,7 +29,7 @@ impl<O: Optimizer> OptimLP<O> {
             .into_iter()
             .map(|(v, q)| Slot::new(v, q, false, 0))
             .collect::<Result<_>>()?;
-        Ok(OptimLP { inner, slots })
+        Ok(OptimLp { inner, slots })
     }
 
     /// One step: gradients rounded, accumulators loaded into their vars, the inner step,
@@ -78,6 +78,11 @@ impl<O: Optimizer> OptimLP<O> {
         self.inner.set_learning_rate(lr)
     }
 
+    /// The vars given to [`OptimLp::new`], in that order (the ones the wrapper rounds).
+    pub fn vars(&self) -> Vec<Var> {
+        self.slots.iter().map(|s| s.var.clone()).collect()
+    }
+
     /// The wrapped optimizer.
     pub fn inner(&self) -> &O {
         &self.inner
@@ -94,7 +99,7 @@ impl<O: Optimizer> OptimLP<O> {
         export(&self.slots, &[])
     }
 
-    /// Loads state written by [`OptimLP::state_tensors`]; entries not given keep their
+    /// Loads state written by [`OptimLp::state_tensors`]; entries not given keep their
     /// current value.
     pub fn load_state_tensors<S: AsRef<str>>(
         &mut self,
@@ -104,7 +109,7 @@ impl<O: Optimizer> OptimLP<O> {
     }
 }
 
-impl<O: Optimizer> Optimizer for OptimLP<O> {
+impl<O: Optimizer> Optimizer for OptimLp<O> {
     type Config = O::Config;
 
     /// `O` over `vars` with no quantization.
@@ -114,18 +119,44 @@ impl<O: Optimizer> Optimizer for OptimLP<O> {
             .filter(|v| v.dtype().is_float())
             .map(|v| (v.clone(), ParamQuant::default()))
             .collect();
-        OptimLP::new(O::new(vars, config)?, params)
+        OptimLp::new(O::new(vars, config)?, params)
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        OptimLP::step(self, grads)
+        OptimLp::step(self, grads)
     }
 
     fn learning_rate(&self) -> f64 {
-        OptimLP::learning_rate(self)
+        OptimLp::learning_rate(self)
     }
 
     fn set_learning_rate(&mut self, lr: f64) {
-        OptimLP::set_learning_rate(self, lr)
+        OptimLp::set_learning_rate(self, lr)
+    }
+}
+
+impl<O: Optimizer> LpOptimizer for OptimLp<O> {
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        Self::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        Self::learning_rate(self)
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        Self::set_learning_rate(self, lr)
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        Self::vars(self)
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        Self::state_tensors(self)
+    }
+
+    fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()> {
+        Self::load_state_tensors(self, state)
     }
 }

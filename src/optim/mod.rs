@@ -29,13 +29,15 @@
 //! * [`LpAdamW`] (`torch.optim.AdamW`, decoupled decay): as Adam without `λ w` in the
 //!   gradient, and `w ← (1 − ηλ) w` before the moment update is subtracted.
 //!
-//! [`OptimLP`] wraps any [`candle_nn::Optimizer`] with the same steps 1 and 4; the inner
+//! [`OptimLp`] wraps any [`candle_nn::Optimizer`] with the same steps 1 and 4; the inner
 //! optimizer's own state is out of its reach, so `Q_m` is not applied there (use [`LpSgd`],
 //! [`LpAdam`] or [`LpAdamW`] to round optimizer state).
 //!
-//! Every optimizer exports its state as named tensors (`state_tensors`, ready for a
-//! `.safetensors` file: `qcandle::io::write_tensors` with the `cli` feature, or candle's
-//! `safetensors::save`) and loads it back (`load_state_tensors`): entry names are
+//! All four implement [`LpOptimizer`], so a program that picks the update rule at run time
+//! holds a `Box<dyn LpOptimizer>`; each is also a [`candle_nn::Optimizer`]. Every optimizer
+//! exports its state as named tensors (`state_tensors`, ready for a `.safetensors` file:
+//! `qcandle::io::write_tensors` with the `cli` feature, or candle's `safetensors::save`) and
+//! loads it back (`load_state_tensors`): entry names are
 //! `"{i}.{key}"` with `i` the parameter's index in the constructor's list and `key` one of
 //! `step` (an i64 scalar), `momentum_buffer`, `exp_avg`, `exp_avg_sq`, `accumulator`, and
 //! `calls.{gradient,momentum,weight,accumulator}` (the call counters of stochastic
@@ -43,10 +45,12 @@
 
 mod adam;
 mod lp;
+mod lp_optimizer;
 mod sgd;
 
 pub use adam::{AdamParams, AdamWParams, LpAdam, LpAdamW};
-pub use lp::OptimLP;
+pub use lp::OptimLp;
+pub use lp_optimizer::LpOptimizer;
 pub use sgd::{LpSgd, SgdParams};
 
 use candle_core::backprop::GradStore;
@@ -102,7 +106,7 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// A parameter with `n_state` empty state tensors. `widen` keeps the accumulator of a
-    /// half-precision var in f32 (the inner optimizer of [`OptimLP`] needs the var's dtype).
+    /// half-precision var in f32 (the inner optimizer of [`OptimLp`] needs the var's dtype).
     pub(crate) fn new(var: Var, quant: ParamQuant, widen: bool, n_state: usize) -> Result<Self> {
         if !var.dtype().is_float() {
             bail!(

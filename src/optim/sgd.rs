@@ -3,7 +3,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor, Var};
 
-use super::{export, import, ParamQuant, Slot};
+use super::{export, import, LpOptimizer, ParamQuant, Slot};
 
 /// Hyper-parameters of [`LpSgd`], with PyTorch's defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -182,5 +182,31 @@ impl candle_nn::Optimizer for LpSgd {
 
     fn set_learning_rate(&mut self, lr: f64) {
         LpSgd::set_learning_rate(self, lr)
+    }
+}
+
+impl LpOptimizer for LpSgd {
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        LpSgd::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        LpSgd::learning_rate(self)
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        LpSgd::set_learning_rate(self, lr)
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        LpSgd::vars(self)
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        LpSgd::state_tensors(self)
+    }
+
+    fn load_state_tensors(&mut self, state: Vec<(String, Tensor)>) -> Result<()> {
+        LpSgd::load_state_tensors(self, state)
     }
 }

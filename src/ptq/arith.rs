@@ -47,7 +47,7 @@ fn layers(
 ) -> Result<HashMap<String, Layer>> {
     let mut out = HashMap::new();
     for stage in weights.model.plan() {
-        if let Stage::Conv { name, .. } | Stage::Linear { name } = stage {
+        if let Stage::Conv { name, .. } | Stage::Linear { name, .. } = stage {
             let get = |p: &str| -> Result<Tensor> {
                 let t = weights
                     .get(&format!("{name}.{p}"))
@@ -299,13 +299,14 @@ pub fn run_plan(
                 name,
                 stride,
                 padding,
+                ..
             } => {
-                inspect(name, &x)?;
-                arith.layer(name, Some((stride, padding)), &x)?
+                inspect(&name, &x)?;
+                arith.layer(&name, Some((stride, padding)), &x)?
             }
-            Stage::Linear { name } => {
-                inspect(name, &x)?;
-                arith.layer(name, None, &x)?
+            Stage::Linear { name, .. } => {
+                inspect(&name, &x)?;
+                arith.layer(&name, None, &x)?
             }
             Stage::Relu => x.relu()?,
             Stage::MaxPool(k) => crate::ops::max_pool2d(&x, k, k)?,

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use super::model_file::stored_dtype;
 use super::{methods, Method};
 use crate::format::Format;
+use crate::run_dir::open_in_output_dir;
 
 /// The file name of the quantized model of `format` (`model-posit_8_0.safetensors`).
 pub fn model_file_name(format: &Format) -> String {
@@ -62,12 +63,12 @@ pub fn check_formats(formats: &[Format]) -> Result<()> {
 }
 
 /// Creates the directory `dir` (and its parents) and checks that a file can be written
-/// in it, by writing and removing a small probe file.
+/// in it, by writing and removing a small probe file (errors as
+/// [`crate::run_dir::open_in_output_dir`]'s).
 pub fn prepare_out_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
-    let probe = dir.join(format!(".qcandle-probe.{}", std::process::id()));
-    let written = std::fs::File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
+    let name = format!(".qcandle-probe.{}", std::process::id());
+    let probe = dir.join(&name);
+    let written = open_in_output_dir(dir, &name)?.write_all(b"probe");
     let removed = std::fs::remove_file(&probe);
     written.with_context(|| format!("cannot write in the output directory {}", dir.display()))?;
     removed.with_context(|| {

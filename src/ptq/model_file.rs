@@ -6,7 +6,7 @@
 //! Patterns of at most 8 bits are stored as `U8` (a quarter of the f32 file), of 9 to 16
 //! bits as `I16` (the 16-bit pattern; candle has no u16 dtype), wider ones as `U32`:
 //!
-//! * posit and float formats: the format's own patterns ([`crate::ops::pack`]);
+//! * posit and float formats: the format's own patterns ([`crate::ops::pack()`]);
 //! * clamped fixed point `fixed<wl,fl>`: the `wl`-bit two's complement integer `k` of the
 //!   value `k · 2^-fl`. Fixed point without clamping (`noclamp`) has values beyond its word
 //!   and cannot be stored; block floating point has no per-element pattern either.

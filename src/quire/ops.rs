@@ -6,7 +6,7 @@
 //! returned in the first input's dtype and device. With the `cuda` feature, matmuls and
 //! linear layers of f32 tensors on a CUDA device in posits of at most 8 bits (maxpos <=
 //! 2^24: posit<8,0>, <8,1>, <8,2>) run on the device instead, with the same bits
-//! ([`super::gemm_cuda`], `cuda/gemm.cu`). Convolutions go through the shared
+//! (`quire::gemm_cuda`, `cuda/gemm.cu`). Convolutions go through the shared
 //! im2col layout ([`crate::backend::im2col`]): per image, `Y (OC x P) = W (OC x K) · cols`.
 //! No backward pass: these ops evaluate trained models.
 

@@ -21,7 +21,7 @@
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
@@ -34,7 +34,8 @@ use qcandle::nn::{CifarNet, ModelKind, QConfig};
 use qcandle::{pack, quantize, quantize_, quantize_no_grad, unpack, Format, Quant, Quantizer};
 use qcandle::{FormatError, Rounding};
 
-use super::{assert_clean_failure, largest_allocation, qcandle, stderr, Rng};
+use super::{largest_allocation, Rng};
+use crate::cli::{assert_clean_failure, qcandle, qcandle_after, stderr, stdout};
 
 // ---------------------------------------------------------------------------------------
 // Empty tensors
@@ -292,14 +293,7 @@ fn valid_dir() -> tempfile::TempDir {
 /// not depend on the number of cores): an input that makes it allocate gigabytes then fails
 /// to allocate instead of filling the machine's memory.
 fn qcandle_limited(mib: u64, args: &[&str]) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -d {}; exec \"$0\" \"$@\"", mib * 1024))
-        .arg(env!("CARGO_BIN_EXE_qcandle"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("sh runs")
+    qcandle_after(&format!("ulimit -d {}", mib * 1024), None, args)
 }
 
 /// `qcandle train` on the MNIST files in `dir`, with 1 GiB of heap at most.
@@ -516,7 +510,7 @@ fn an_unknown_data_name_lists_every_choice_including_embedded() {
         DataSource::Files(DatasetName::Mnist)
     );
     for command in ["train", "ptq"] {
-        let help = super::stdout(&qcandle(&[command, "--help"]));
+        let help = stdout(&qcandle(&[command, "--help"]));
         let after = help.split("--data <").nth(1).unwrap_or("");
         let entry = after.split("--data-dir").next().unwrap_or("");
         assert!(

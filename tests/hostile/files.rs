@@ -19,7 +19,8 @@ use qcandle::io::{data_size, npy, safetensors_file, Dtype, RawArray, RawFile};
 use qcandle::{quantize, Quant};
 use safetensors::tensor::TensorView;
 
-use crate::{assert_clean_failure, largest_allocation, qcandle, stderr, stdout, Rng};
+use crate::cli::{assert_clean_failure, qcandle, qcandle_after, stderr, stdout, BINARY};
+use crate::{largest_allocation, Rng};
 
 /// An `.npy` file (version 1.0) with `header` (padded so the data starts 64-byte aligned)
 /// followed by `data`.
@@ -53,20 +54,6 @@ fn put(dir: &Path, name: &str, bytes: &[u8]) -> String {
 /// `qcandle quantize --format <format> <input> <output>`.
 fn quantize_file(format: &str, input: &str, output: &str) -> Output {
     qcandle(&["quantize", "--format", format, input, output])
-}
-
-/// Runs the tool with `args` under `sh -c` after the shell commands `prelude` (a umask, a
-/// file size limit), in `dir`.
-fn qcandle_after(prelude: &str, dir: &Path, args: &[&str]) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("{prelude}; exec \"$0\" \"$@\""))
-        .arg(env!("CARGO_BIN_EXE_qcandle"))
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("sh runs")
 }
 
 /// Asserts that a failed run left no output and no temporary file beside it.
@@ -395,7 +382,7 @@ fn outputs_get_the_permissions_of_any_new_file() {
             let prelude = format!("umask {umask}; rm -f ref {output}; : > ref");
             let o = qcandle_after(
                 &prelude,
-                dir.path(),
+                Some(dir.path()),
                 &["quantize", "--format", "bf16", "in.npy", output],
             );
             assert!(o.status.success(), "{}", stderr(&o));
@@ -439,7 +426,7 @@ fn a_failed_write_names_the_output_and_leaves_nothing_behind() {
     for output in ["out.npy", "out.safetensors"] {
         let o = qcandle_after(
             "trap '' XFSZ; ulimit -f 4",
-            dir.path(),
+            Some(dir.path()),
             &["quantize", "--format", "bf16", "in.npy", output],
         );
         assert_clean_failure(&o, &["cannot write", output, "too large"]);
@@ -465,7 +452,7 @@ fn an_unreadable_input_is_named() {
     assert!(made.success());
     let o = Command::new("timeout")
         .arg("20")
-        .arg(env!("CARGO_BIN_EXE_qcandle"))
+        .arg(BINARY)
         .args(["quantize", "--format", "e4m3"])
         .arg(&fifo)
         .arg(&output)

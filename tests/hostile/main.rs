@@ -7,6 +7,8 @@
 //! files), [`runs`] (run identity, locks, resume and damaged runs, option checks), [`output`]
 //! (closed and full stdout).
 
+#[path = "../common/cli.rs"]
+mod cli;
 #[path = "../common/mod.rs"]
 mod common;
 mod data;
@@ -17,8 +19,6 @@ mod runs;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use common::SplitMix;
 
@@ -67,52 +67,6 @@ pub fn largest_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
     let result = f();
     let largest = LARGEST.with(|l| l.replace(before.max(l.get())));
     (result, largest)
-}
-
-/// Runs the tool with `args` in the working directory `cwd` (none: the test's own).
-pub fn qcandle_in(cwd: Option<&Path>, args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_qcandle"));
-    command.args(args).stdin(Stdio::null());
-    if let Some(dir) = cwd {
-        command.current_dir(dir);
-    }
-    command.output().expect("the binary runs")
-}
-
-/// Runs the tool with `args`.
-pub fn qcandle(args: &[&str]) -> Output {
-    qcandle_in(None, args)
-}
-
-/// The tool's standard error, as text.
-pub fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The tool's standard output, as text.
-pub fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Asserts the tool failed cleanly: exit status 1, no panic or abort, and a message on
-/// standard error containing every one of `words` (case-insensitive).
-#[track_caller]
-pub fn assert_clean_failure(o: &Output, words: &[&str]) {
-    let err = stderr(o);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "expected exit 1, got {:?}: {err}",
-        o.status
-    );
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lower = err.to_lowercase();
-    for w in words {
-        assert!(
-            lower.contains(&w.to_lowercase()),
-            "`{w}` missing from: {err}"
-        );
-    }
 }
 
 /// The seeded generator of the mutation passes: the tests' common [`SplitMix`] with the

@@ -4,17 +4,16 @@
 //! standard error loses notes, never the run.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
-use super::{assert_clean_failure, stderr};
+use crate::cli::{assert_clean_failure, command, stderr};
 
 /// Runs the tool with standard output (and standard error, if `close_stderr`) going to a
 /// pipe whose reading end is already closed.
 fn with_closed_pipe(args: &[&str], close_stderr: bool) -> Output {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_qcandle"));
-    command.args(args).stdin(Stdio::null());
+    let mut command = command(args);
     if close_stderr {
         command.stdout(writer.try_clone().unwrap()).stderr(writer);
     } else {
@@ -29,9 +28,7 @@ fn with_full_stdout(args: &[&str]) -> Output {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_qcandle"))
-        .args(args)
-        .stdin(Stdio::null())
+    command(args)
         .stdout(full)
         .stderr(Stdio::piped())
         .output()

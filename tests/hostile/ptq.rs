@@ -16,7 +16,8 @@ use qcandle::nn::ModelKind;
 use qcandle::ptq::{read_weights, write_quantized};
 use qcandle::{Format, Rounding};
 
-use super::{assert_clean_failure, qcandle, stderr, stdout, Rng};
+use super::Rng;
+use crate::cli::{assert_clean_failure, qcandle, stderr, stdout};
 
 /// An MLP trained for one epoch on 1024 images of the embedded subset (once per test
 /// binary), by the tool itself: the run directory.
@@ -406,6 +407,27 @@ fn mutated_quantized_model_files_are_read_or_refused_without_a_panic() {
         refused > tried / 4,
         "too few mutations were caught: {refused} of {tried}"
     );
+}
+
+#[test]
+fn ptq_and_train_refuse_an_output_path_that_is_a_file_in_the_same_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let words = format!("the output directory {} is not a directory", file.display());
+    let ptq = qcandle(&["ptq", "--model", s(&mlp_model()), "--out", s(&file)]);
+    let train = qcandle(&[
+        "train",
+        "--data",
+        "embedded",
+        "--epochs",
+        "1",
+        "--out",
+        s(&file),
+    ]);
+    for o in [ptq, train] {
+        assert_clean_failure(&o, &[&words]);
+    }
 }
 
 #[test]

@@ -5,9 +5,9 @@
 //! survive a resume bit for bit.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use super::{assert_clean_failure, qcandle, qcandle_in, stderr, stdout};
+use crate::cli::{assert_clean_failure, command, qcandle, qcandle_in, stderr, stdout};
 
 /// `train` on the embedded subset, small and fast: an MLP on the first `limit` images (all
 /// 6000 when `None`), then `extra`.
@@ -177,8 +177,7 @@ fn two_concurrent_trainings_into_one_directory_one_fails() {
     let args = [
         "train", "--data", "embedded", "--quiet", "--epochs", "2", "--out", out,
     ];
-    let mut first = Command::new(env!("CARGO_BIN_EXE_qcandle"))
-        .args(args)
+    let mut first = command(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

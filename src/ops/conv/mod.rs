@@ -26,8 +26,8 @@
 //! The per-image GEMMs are small (for LeNet's conv2, `16 x 100 x 150`) but run at about
 //! 60 GFLOP/s on one core, so the op needs no larger batched GEMM.
 //!
-//! Rooms: [`forward`] (the op and its forward pass), [`backward`] (the gradients, the ReLU mask
-//! and the quantizer's rounding of the incoming gradient) and [`sgemm`] (the `gemm` crate's f32
+//! Rooms: `forward` (the op and its forward pass), `backward` (the gradients, the ReLU mask
+//! and the quantizer's rounding of the incoming gradient) and `sgemm` (the `gemm` crate's f32
 //! GEMM on strided views, and the split of images over threads). Max pooling is
 //! [`crate::ops::pool`].
 
