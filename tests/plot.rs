@@ -285,3 +285,58 @@ fn rewriting_replaces_the_picture() {
     assert_ne!(std::fs::read(&out).unwrap(), first);
     assert_eq!(files_in(dir.path()), vec![out]);
 }
+
+/// The count of pixels of exactly `colour` (RGB).
+fn count_colour(p: &Picture, colour: [u8; 3]) -> usize {
+    p.pixels
+        .chunks(p.channels)
+        .filter(|px| px[..3] == colour)
+        .count()
+}
+
+fn grid(rows: usize, columns: usize, values: Vec<Vec<Option<f64>>>) -> qcandle::plot::Grid {
+    qcandle::plot::Grid {
+        title: "t".into(),
+        row_desc: "category".into(),
+        column_desc: "format".into(),
+        rows: (0..rows).map(|r| format!("r{r}")).collect(),
+        columns: (0..columns).map(|c| format!("c{c}")).collect(),
+        values,
+    }
+}
+
+#[test]
+fn a_heatmap_draws_one_cell_per_value_in_its_shade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.png");
+    // The smallest value is drawn lightest (255, 247, 188), the largest darkest (8, 48, 107),
+    // a missing one grey (220, 220, 220); each of the six cells has the same area.
+    let values = vec![
+        vec![Some(10.0), Some(50.0), None],
+        vec![Some(90.0), Some(f64::NAN), Some(50.0)],
+    ];
+    qcandle::plot::heatmap(&grid(2, 3, values), &path).unwrap();
+    let p = Picture::read(&path);
+    assert_eq!((p.width, p.height), (900, 650));
+    let light = count_colour(&p, [255, 247, 188]);
+    let dark = count_colour(&p, [8, 48, 107]);
+    let grey = count_colour(&p, [220, 220, 220]);
+    // Text inside the cells takes a few pixels; the cells are otherwise equal in area.
+    assert!(light > 20_000, "{light}");
+    let near = |a: usize, b: usize| (a as f64 / b as f64 - 1.0).abs() < 0.1;
+    assert!(near(dark, light), "dark {dark}, light {light}");
+    // Two blank cells (None and NaN) are grey, unlabelled: twice a labelled cell's area.
+    assert!(near(grey, 2 * light), "grey {grey}, light {light}");
+    // A single cell is a valid heatmap too.
+    qcandle::plot::heatmap(&grid(1, 1, vec![vec![Some(1.0)]]), &path).unwrap();
+    assert_eq!(png_size(&path), (900, 650));
+}
+
+#[test]
+fn a_heatmap_whose_values_do_not_fit_its_labels_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.png");
+    let e = qcandle::plot::heatmap(&grid(2, 2, vec![vec![Some(1.0)]]), &path).unwrap_err();
+    assert!(e.to_string().contains("one value per row and column"), "{e}");
+    assert!(!path.exists());
+}
