@@ -286,7 +286,9 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
 }
 
 impl Trainer {
-    /// A freshly initialised model and optimizer; `options.seed` replaces `config.seed`.
+    /// A freshly initialised model and optimizer on `options.device` (an error naming the
+    /// device when it cannot be opened); `options.seed` replaces `config.seed`. The initial
+    /// weights are the same bits on every device.
     pub fn new(options: TrainOptions, config: QConfig) -> Result<Self> {
         let kind: ModelKind = options.model.parse()?;
         let config = config.with_seed(options.seed);
