@@ -267,7 +267,11 @@ impl PositGemm {
         let quant = Quant::new(format);
         let dtype = held_dtype(&format, &weights.device());
         Ok(PositGemm {
-            layers: layers(weights, |t| quantize_no_grad(&t.to_dtype(dtype)?, &quant))?,
+            // Rounded in f64 (a quantized model's values may have more bits than an f32),
+            // then held in `dtype`, which holds every value of the format exactly.
+            layers: layers(weights, |t| {
+                quantize_no_grad(&t.to_dtype(DType::F64)?, &quant)?.to_dtype(dtype)
+            })?,
             format,
             acc,
             dtype,
