@@ -58,6 +58,7 @@ fn run(model: &str, configs: &[String]) -> anyhow::Result<()> {
                 optimizer: OptimizerKind::Adam,
                 seed: 0,
                 train_limit: None,
+                device: qcandle::device::DeviceSpec::Cpu,
             };
             Trainer::new(options, QConfig::load(name)?)
         })

@@ -47,6 +47,7 @@ fn bench_train_step(c: &mut Criterion) {
             optimizer: OptimizerKind::Adam,
             seed: 0,
             train_limit: None,
+            device: qcandle::device::DeviceSpec::Cpu,
         };
         let config = QConfig::load(preset).expect("a preset or a format");
         let mut trainer = Trainer::new(options, config).expect("a trainer");

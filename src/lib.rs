@@ -23,8 +23,8 @@
 //! format string or parameter is refused), [`philox`] (the counter-based random stream),
 //! [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops), [`nn`]
 //! (quantized layers, models and their configs), [`optim`] (low-precision optimizers),
-//! [`quire`] (exact posit dot products) and [`report`] (the formats table and rounding-error
-//! statistics).
+//! [`quire`] (exact posit dot products), [`report`] (the formats table and rounding-error
+//! statistics) and [`device`] (the CPU or a CUDA GPU by name, as `--device` takes it).
 //!
 //! The `cli` feature (on by default) adds the `qcandle` command-line tool and the modules
 //! only it needs: `data` (datasets), `io` (tensor files), `train` and `run_dir` (training
@@ -37,6 +37,7 @@
 pub mod backend;
 #[cfg(feature = "cli")]
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod format;
 #[cfg(feature = "cli")]

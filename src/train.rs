@@ -15,10 +15,20 @@
 //!
 //! Run identity: a directory holds one run, named by everything that changes its results:
 //! the model, the config's contents (not the spelling of its path), the optimizer, learning
-//! rate, batch size, seed, training-image limit, and the data's SHA-256 (the same images
-//! read from another directory, or uncompressed, are the same data). Only the epoch count
-//! may grow: a run asked for more epochs resumes from its checkpoint. Any other difference
-//! is refused, naming each setting that differs.
+//! rate, batch size, seed, training-image limit, the device's kind (`cpu` or `cuda`: their
+//! convolutions and matrix products sum in different orders; `cuda:0` and `cuda:1` are the
+//! same run), and the data's SHA-256 (the same images read from another directory, or
+//! uncompressed, are the same data). Only the epoch count may grow: a run asked for more
+//! epochs resumes from its checkpoint. Any other difference is refused, naming each setting
+//! that differs.
+//!
+//! Device ([`TrainOptions::device`]): the variables, the optimizer state and the evaluation
+//! live on it; the dataset stays in host memory and each batch is moved to the device as it
+//! is gathered. A checkpoint loads onto the device, and the files written are the same f32
+//! safetensors whatever the device. On a CUDA device the layers run candle's convolution and
+//! matrix product with the CUDA quantize kernel (the CPU's fused convolution and pooling ops
+//! have CPU kernels only; see [`crate::ops::conv2d`] and [`crate::ops::max_pool2d`]), and
+//! nothing is copied back to the host during a step but the loss.
 //!
 //! Safety ([`crate::run_dir`]): a writer locks the directory, so a second one fails at once;
 //! `run.json` records every file's SHA-256, written last so it marks a complete epoch; a
@@ -38,6 +48,7 @@ use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Dataset;
+use crate::device::DeviceSpec;
 use crate::io::{le_bytes, read_tensors, write_atomically, write_tensors};
 use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
@@ -139,6 +150,10 @@ pub struct TrainOptions {
     /// Train on only the first this many training images (all when `None`).
     #[serde(default)]
     pub train_limit: Option<usize>,
+    /// Where the model, its optimizer state and every batch live (runs written before it was
+    /// recorded ran on the CPU). Its kind is part of the run's identity.
+    #[serde(default)]
+    pub device: DeviceSpec,
 }
 
 impl TrainOptions {
@@ -233,6 +248,8 @@ pub struct Trainer {
     model: Model,
     optimizer: Box<dyn LpOptimizer>,
     quants: Vec<Quant>,
+    /// The opened `options.device`: the variables, optimizer state and batches live here.
+    device: Device,
 }
 
 /// Variable names in a fixed order (the var map is a hash map).
@@ -274,12 +291,15 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
 }
 
 impl Trainer {
-    /// A freshly initialised model and optimizer; `options.seed` replaces `config.seed`.
+    /// A freshly initialised model and optimizer on `options.device` (an error naming the
+    /// device when it cannot be opened); `options.seed` replaces `config.seed`. The initial
+    /// weights are the same bits on every device.
     pub fn new(options: TrainOptions, config: QConfig) -> Result<Self> {
         let kind: ModelKind = options.model.parse()?;
         let config = config.with_seed(options.seed);
+        let device = options.device.open()?;
         let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
         let model = kind.build(vb, &config)?;
         init_vars(&varmap, options.seed)?;
         round_vars_in_place(&varmap, &config)?;
@@ -304,6 +324,7 @@ impl Trainer {
             model,
             optimizer,
             quants,
+            device,
         })
     }
 
@@ -315,6 +336,11 @@ impl Trainer {
     /// The model's variables.
     pub fn varmap(&self) -> &VarMap {
         &self.varmap
+    }
+
+    /// The device the model, its optimizer state and its batches live on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The names of the model's layers (its variables' names without the last part:
@@ -355,10 +381,13 @@ impl Trainer {
     }
 
     /// One training step on a batch: forward, cross-entropy loss, backward, optimizer
-    /// step. Returns the batch's loss.
+    /// step. The batch is moved to the trainer's [device](Self::device) first (nothing is
+    /// copied when it is there). Returns the batch's loss.
     pub fn step(&mut self, images: &Tensor, labels: &Tensor) -> Result<f32> {
-        let logits = self.model.forward(images)?;
-        let loss = candle_nn::loss::cross_entropy(&logits, labels)?;
+        let images = images.to_device(&self.device)?;
+        let labels = labels.to_device(&self.device)?;
+        let logits = self.model.forward(&images)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
         let grads = loss.backward()?;
         self.optimizer.step(&grads)?;
         Ok(loss.to_scalar::<f32>()?)
@@ -366,7 +395,7 @@ impl Trainer {
 
     /// Test loss, top-1 and top-5 accuracy (percent) on the dataset's test split.
     pub fn evaluate(&self, data: &Dataset) -> Result<(f64, f64, f64)> {
-        evaluate(&self.model, data)
+        evaluate(&self.model, data, &self.device)
     }
 
     fn checkpoint_tensors(&self) -> Result<Vec<(String, Tensor)>> {
@@ -396,7 +425,7 @@ impl Trainer {
                         var.dims()
                     );
                 }
-                var.set(&t.to_dtype(DType::F32)?)?;
+                var.set(&t.to_dtype(DType::F32)?.to_device(var.device())?)?;
                 seen += 1;
             } else if let Some(n) = name.strip_prefix("optim.") {
                 state.push((n.to_string(), t));
@@ -413,11 +442,13 @@ impl Trainer {
     }
 }
 
-/// Test loss, top-1 and top-5 accuracy (percent) of `model` on the test split.
-pub fn evaluate(model: &dyn Module, data: &Dataset) -> Result<(f64, f64, f64)> {
+/// Test loss, top-1 and top-5 accuracy (percent) of `model` on the test split, each batch
+/// moved to `device` (where the model's variables are) as it is read.
+pub fn evaluate(model: &dyn Module, data: &Dataset, device: &Device) -> Result<(f64, f64, f64)> {
     let (mut loss, mut top1, mut top5, mut n) = (0.0, 0usize, 0usize, 0usize);
     for batch in data.test_batches(1000)? {
         let (images, labels) = batch?;
+        let (images, labels) = (images.to_device(device)?, labels.to_device(device)?);
         let logits = model.forward(&images)?;
         let b = labels.dim(0)?;
         loss += f64::from(candle_nn::loss::cross_entropy(&logits, &labels)?.to_scalar::<f32>()?)
@@ -688,6 +719,12 @@ pub fn identity_differences(previous: &RunRecord, current: &RunRecord) -> Vec<St
     differ("seed", p.seed.to_string(), c.seed.to_string());
     let limit = |l: Option<usize>| l.map_or("none (all images)".to_string(), |n| n.to_string());
     differ("train-limit", limit(p.train_limit), limit(c.train_limit));
+    // The kind, not the number: every GPU of a kind computes alike.
+    differ(
+        "device",
+        p.device.kind().to_string(),
+        c.device.kind().to_string(),
+    );
     if !previous.dataset.is_empty() {
         differ("dataset", previous.dataset.clone(), current.dataset.clone());
     }

@@ -33,6 +33,7 @@ fn build_a_trainer() -> anyhow::Result<()> {
         optimizer: OptimizerKind::Adam,
         seed: 0,
         train_limit: None,
+        device: qcandle::device::DeviceSpec::Cpu,
     };
     Trainer::new(options, QConfig::preset("posit16")?)?;
     Ok(())

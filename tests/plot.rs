@@ -337,6 +337,9 @@ fn a_heatmap_whose_values_do_not_fit_its_labels_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("h.png");
     let e = qcandle::plot::heatmap(&grid(2, 2, vec![vec![Some(1.0)]]), &path).unwrap_err();
-    assert!(e.to_string().contains("one value per row and column"), "{e}");
+    assert!(
+        e.to_string().contains("one value per row and column"),
+        "{e}"
+    );
     assert!(!path.exists());
 }

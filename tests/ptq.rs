@@ -49,6 +49,7 @@ fn trained() -> &'static (PathBuf, tempfile::TempDir) {
             optimizer: OptimizerKind::Adam,
             seed: 5,
             train_limit: None,
+            device: qcandle::device::DeviceSpec::Cpu,
         };
         let config = QConfig::preset("float32").expect("a preset");
         train(&subset(6000, 1000), &options, &config, Some(&out), true).expect("training");

@@ -492,3 +492,38 @@ fn the_ptq_step_is_part_of_finished() {
         model
     );
 }
+
+#[test]
+fn a_device_that_cannot_be_opened_stops_the_sweep_before_any_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "epochs = 1\n[grid]\nseed = [0, 1]\n");
+    let sweep = tmp.path().join("sw");
+    let o = qcandle(
+        &[
+            "sweep",
+            "run",
+            spec.to_str().unwrap(),
+            "--dir",
+            sweep.to_str().unwrap(),
+            "--device",
+            "cuda:7",
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    // Without the cuda feature, or on a machine without that GPU.
+    assert!(
+        err.contains("without CUDA support") || err.contains("cannot open cuda:7"),
+        "{err}"
+    );
+    assert!(!sweep.join("runs").exists());
+    let o = qcandle(
+        &["sweep", "plan", spec.to_str().unwrap(), "--device", "gpu"],
+        tmp.path(),
+    );
+    // A usage error (status 2), as for any bad flag value.
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("gpu"), "{}", text(&o.stderr));
+}

@@ -34,6 +34,7 @@ fn options(config: &str, epochs: usize) -> TrainOptions {
         optimizer: OptimizerKind::Adam,
         seed: 3,
         train_limit: None,
+        device: qcandle::device::DeviceSpec::Cpu,
     }
 }
 

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use qcandle::data::Dataset;
+use qcandle::device::DeviceSpec;
 use qcandle::nn::{ModelKind, QConfig};
 use qcandle::train::{train, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
@@ -184,6 +185,10 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Device: cpu, cuda (the first GPU) or cuda:N. Its kind (cpu or cuda) is part of the
+    /// run: a run resumes only on the same kind.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
 }
 
 #[derive(clap::Args)]
@@ -212,6 +217,9 @@ struct PtqArgs {
     /// model file, in ptq/).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Device of the evaluation: cpu, cuda (the first GPU) or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
 }
 
 /// Rounds every float tensor of `input` to `format` and writes all of its tensors, the
@@ -272,21 +280,24 @@ fn run_train(args: TrainArgs) -> Result<()> {
         // The flag wins when given, then the config's seed (0 unless the file sets one).
         seed: args.seed.unwrap_or(config.seed),
         train_limit: args.train_limit,
+        device: args.device,
     };
     // Everything is checked before the data is read and before --out is created.
     options.validate()?;
+    options.device.open()?;
     let data = load_data(&args.data, args.data_dir.as_deref())?;
     let out = args
         .out
         .unwrap_or_else(|| qcandle::train::default_out(&options, &args.data));
     note!(
-        "training {} on {} ({}) with config {}, seed {}, {} epochs -> {}",
+        "training {} on {} ({}) with config {}, seed {}, {} epochs, on {} -> {}",
         options.model,
         args.data,
         data.source,
         options.config_name,
         options.seed,
         options.epochs,
+        options.device,
         out.display()
     );
     let records = train(&data, &options, &config, Some(&out), args.quiet)?;
@@ -407,6 +418,7 @@ fn dataset_of_run(model: &std::path::Path) -> Result<Option<Dataset>> {
 }
 
 fn run_ptq(args: PtqArgs) -> Result<()> {
+    let device = args.device.open()?;
     let arch = match &args.arch {
         Some(a) => Some(a.parse::<ModelKind>()?),
         None => qcandle::ptq::model_file::model_of_run(&args.model)?,
@@ -435,11 +447,12 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
             .join("ptq")
     });
     note!(
-        "post-training quantization of {} ({}) on {} ({})",
+        "post-training quantization of {} ({}) on {} ({}), on {}",
         args.model.display(),
         weights.model,
         data.name.as_str(),
-        data.source
+        data.source,
+        args.device
     );
     let f32_bytes = match weights.format {
         None => std::fs::metadata(&args.model)
@@ -453,23 +466,25 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
                 .sum::<u64>()
         }
     };
-    let table = ptq_table(&weights, &data, &formats, &out, f32_bytes)?;
+    let table = ptq_table(&weights, &data, &formats, &out, f32_bytes, &device)?;
     out!("{table}");
     Ok(())
 }
 
-/// Runs [`qcandle::ptq::run`], printing each method's top-1 to standard error as it is
-/// evaluated; returns the markdown report.
+/// Runs [`qcandle::ptq::run`] on `device`, printing each method's top-1 to standard error as
+/// it is evaluated; returns the markdown report.
 fn ptq_table(
     weights: &qcandle::ptq::Weights,
     data: &Dataset,
     formats: &[Format],
     out: &std::path::Path,
     f32_bytes: u64,
+    device: &candle_core::Device,
 ) -> Result<String> {
-    let report = qcandle::ptq::run(weights, data, formats, out, f32_bytes, |m, s| {
+    let progress = |m: qcandle::ptq::Method, s: &qcandle::ptq::Score| {
         note!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
-    })?;
+    };
+    let report = qcandle::ptq::run(weights, data, formats, out, f32_bytes, device, progress)?;
     Ok(report.markdown)
 }
 
@@ -493,6 +508,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             optimizer: OptimizerKind::Adam,
             seed,
             train_limit: None,
+            device: DeviceSpec::Cpu,
         };
         let label = qcandle::train::config_label(config_name);
         let out = runs.join(format!("lenet5-{label}-e{epochs}-s{seed}"));
@@ -524,7 +540,14 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
     let out = model.with_file_name("ptq");
     out!(
         "{}",
-        ptq_table(&weights, &data, &["posit<8,0>".parse()?], &out, f32_bytes)?
+        ptq_table(
+            &weights,
+            &data,
+            &["posit<8,0>".parse()?],
+            &out,
+            f32_bytes,
+            &candle_core::Device::Cpu
+        )?
     );
     Ok(())
 }

@@ -13,11 +13,13 @@
 //!   every layer runs through [`crate::quire`]'s GEMMs (rounded after every operation, or
 //!   accumulated exactly with one rounding per output, the bias inside the accumulation);
 //!   activations stay posits (ReLU and max-pooling are exact on them). Values are held in
-//!   f64 so that posits of up to 32 bits are exact.
+//!   f64 so that posits of up to 32 bits are exact; on a CUDA device, formats whose GEMMs
+//!   run there (posits of at most 8 bits, every value an f32) are held in f32, which the
+//!   device GEMMs take, with the same values.
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::model_file::Weights;
 use crate::format::Format;
@@ -236,26 +238,50 @@ pub struct PositGemm {
     layers: HashMap<String, Layer>,
     format: Format,
     acc: Accumulation,
+    /// What values are held in (see [`held_dtype`]).
+    dtype: DType,
+}
+
+/// The dtype `format`'s values are held in on `device`: f32 where the CUDA GEMMs take the
+/// format (their operands are f32, and every value of those formats is one), else f64.
+#[cfg(feature = "cuda")]
+fn held_dtype(format: &Format, device: &Device) -> DType {
+    if device.is_cuda() && crate::quire::gemm_cuda::supported(format).is_some() {
+        DType::F32
+    } else {
+        DType::F64
+    }
+}
+
+/// The dtype `format`'s values are held in: f64 (no device GEMMs without CUDA support).
+#[cfg(not(feature = "cuda"))]
+fn held_dtype(_format: &Format, _device: &Device) -> DType {
+    DType::F64
 }
 
 impl PositGemm {
-    /// `weights` rounded to `format`, layers computed with accumulation `acc`.
+    /// `weights` rounded to `format`, layers computed with accumulation `acc`, on the
+    /// weights' device.
     pub fn new(weights: &Weights, format: Format, acc: Accumulation) -> Result<Self> {
         acc.check(&format)?;
         let quant = Quant::new(format);
+        let dtype = held_dtype(&format, &weights.device());
         Ok(PositGemm {
+            // Rounded in f64 (a quantized model's values may have more bits than an f32),
+            // then held in `dtype`, which holds every value of the format exactly.
             layers: layers(weights, |t| {
-                quantize_no_grad(&t.to_dtype(DType::F64)?, &quant)
+                quantize_no_grad(&t.to_dtype(DType::F64)?, &quant)?.to_dtype(dtype)
             })?,
             format,
             acc,
+            dtype,
         })
     }
 }
 
 impl Arithmetic for PositGemm {
     fn input(&self, images: &Tensor) -> Result<Tensor> {
-        quantize_no_grad(&images.to_dtype(DType::F64)?, &Quant::new(self.format))
+        quantize_no_grad(&images.to_dtype(self.dtype)?, &Quant::new(self.format))
     }
     fn layer(&self, name: &str, conv: Option<(usize, usize)>, x: &Tensor) -> Result<Tensor> {
         let l = layer(&self.layers, name)?;

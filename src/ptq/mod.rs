@@ -27,6 +27,15 @@
 //! A model holding NaN or infinite parameters is refused when it is read (see
 //! [`model_file`]): the scores of a diverged model would be meaningless, and formats
 //! without NaN could not save it.
+//!
+//! Device: the methods run where the weights are ([`Weights::to_device`]; [`run`] takes the
+//! device), each test batch moved there as it is read. On a CUDA device float32 and float16
+//! run there (candle's convolution and matrix product, the CUDA quantize kernel); int8 runs
+//! its integer convolutions and products there but rounds each layer's input to its integer
+//! codes on the host. The posit and float rows use [`crate::quire`]'s GEMMs: linear layers
+//! in posits of at most 8 bits run on the device ([`crate::quire::ops`]), everything else
+//! (every convolution, other formats) is computed on the host and its result copied back,
+//! with the same bits either way.
 
 pub mod arith;
 pub mod checks;
@@ -124,13 +133,16 @@ pub fn top_is_tied(logits: &[f64]) -> bool {
     logits.iter().filter(|&&x| x == max).count() > 1
 }
 
-/// Evaluates `arith` on the test split of `data`.
+/// Evaluates `arith` on the test split of `data`, on the device of `weights` (which `arith`
+/// was made from).
 pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Result<Score> {
     let start = Instant::now();
     let (mut top1, mut top5, mut tied, mut n) = (0usize, 0usize, 0usize, 0usize);
     let (mut lost, mut won) = (0usize, 0usize);
+    let device = weights.device();
     for batch in data.test_batches(1000)? {
         let (images, labels) = batch?;
+        let images = images.to_device(&device)?;
         let logits = run_plan(weights.model, arith, &images, |_, _| Ok(()))?
             .to_dtype(DType::F64)?
             .to_vec2::<f64>()?;
@@ -157,7 +169,7 @@ pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Re
     })
 }
 
-/// The arithmetic of `method` for `weights`; int8 is calibrated on the first
+/// The arithmetic of `method` for `weights`, on their device; int8 is calibrated on the first
 /// [`CALIBRATION_IMAGES`] training images of `data`.
 pub fn arithmetic(
     method: Method,
@@ -169,7 +181,10 @@ pub fn arithmetic(
         Method::Float16 => Box::new(Float16::new(weights)?),
         Method::Int8 => {
             let n = CALIBRATION_IMAGES.min(data.train_len());
-            let calibration = data.train_images.narrow(0, 0, n)?;
+            let calibration = data
+                .train_images
+                .narrow(0, 0, n)?
+                .to_device(&weights.device())?;
             Box::new(Int8::new(weights, &calibration)?)
         }
         Method::Format { format, acc } => Box::new(PositGemm::new(weights, format, acc)?),
@@ -236,12 +251,15 @@ pub struct Report {
 /// first evaluation the formats are checked, every model is encoded and `out` is created and
 /// probed, so a bad format, a weight a format cannot store or an unwritable `out` costs no
 /// evaluation. `f32_bytes` is the size of the f32 model the saved ones are compared with.
+/// The methods are evaluated on `device` (see the module docs); the saved models are the
+/// same on any device.
 pub fn run(
     weights: &Weights,
     data: &Dataset,
     formats: &[Format],
     out: &std::path::Path,
     f32_bytes: u64,
+    device: &candle_core::Device,
     progress: impl FnMut(Method, &Score),
 ) -> Result<Report> {
     check_formats(formats)?;
@@ -250,7 +268,8 @@ pub fn run(
         .map(|f| encode(weights, f))
         .collect::<Result<Vec<_>>>()?;
     prepare_out_dir(out)?;
-    let rows = evaluate_methods(weights, data, formats, progress)?;
+    let on_device = weights.to_device(device)?;
+    let rows = evaluate_methods(&on_device, data, formats, progress)?;
     let mut report = markdown(&rows);
     report.push_str(
         "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",

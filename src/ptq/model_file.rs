@@ -57,6 +57,28 @@ impl Weights {
             .get(name)
             .with_context(|| format!("the model has no parameter `{name}`"))
     }
+
+    /// The same parameters on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<Weights> {
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|(name, t)| Ok((name.clone(), t.to_device(device)?)))
+            .collect::<Result<_>>()?;
+        Ok(Weights {
+            model: self.model,
+            tensors,
+            format: self.format,
+        })
+    }
+
+    /// The device the parameters are on (the CPU for a model without parameters).
+    pub fn device(&self) -> Device {
+        self.tensors
+            .values()
+            .next()
+            .map_or(Device::Cpu, |t| t.device().clone())
+    }
 }
 
 /// A model rounded to a format and encoded as the patterns a quantized model file holds.

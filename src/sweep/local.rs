@@ -39,6 +39,8 @@ pub struct LocalOptions {
     pub exe: PathBuf,
     /// The spec file, as the children are given it.
     pub spec: PathBuf,
+    /// The device given on the command line, passed on to the children (`None`: the spec's).
+    pub device: Option<crate::device::DeviceSpec>,
     /// No progress bar.
     pub quiet: bool,
 }
@@ -171,10 +173,12 @@ fn spawn(
         .open(&log_path)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let _ = writeln!(log, "== point {index} `{name}`, {threads} threads");
-    let child = Command::new(&options.exe)
-        .arg("sweep")
-        .arg("task")
-        .arg(&options.spec)
+    let mut command = Command::new(&options.exe);
+    command.arg("sweep").arg("task").arg(&options.spec);
+    if let Some(device) = &options.device {
+        command.arg("--device").arg(device.to_string());
+    }
+    let child = command
         .arg("--dir")
         .arg(dir.root())
         .arg("--index")

@@ -40,8 +40,6 @@ pub struct Settings {
     pub data: DataSource,
     /// The directory of the dataset's files (default: the dataset's standard place).
     pub data_dir: Option<PathBuf>,
-    /// The device, as `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
     /// Formats of the post-training quantization step (empty: none).
     pub ptq: Vec<Format>,
 }
@@ -63,7 +61,7 @@ impl Settings {
             "config": self.config.to_toml(),
             "data": self.data.to_string(),
             "data_dir": self.data_dir,
-            "device": self.device,
+            "device": o.device.to_string(),
             "ptq": ptq,
         })
         .to_string()
@@ -389,6 +387,7 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
         train_limit: count(Key::TrainLimit)
             .map(|n| usize_of(Key::TrainLimit, n))
             .transpose()?,
+        device: text(Key::Device, "cpu").parse()?,
     };
     options.validate()?;
     Ok(Settings {
@@ -396,7 +395,6 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
         options,
         data,
         data_dir,
-        device: text(Key::Device, "cpu"),
         ptq: ptq.to_vec(),
     })
 }

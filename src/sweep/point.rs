@@ -280,12 +280,6 @@ pub fn run_point(dir: &SweepDir, plan: &Plan, index: usize, quiet: bool) -> Resu
 
 fn train_and_quantize(dir: &SweepDir, point: &Point, quiet: bool) -> Result<()> {
     let s = &point.settings;
-    if s.device != "cpu" {
-        bail!(
-            "device `{}`: this build trains on the CPU only (`device = \"cpu\"`)",
-            s.device
-        );
-    }
     let run_dir = dir.run_dir(&point.name);
     let data = s.data.load(s.data_dir.as_deref())?;
     crate::train::train(&data, &s.options, &s.config, Some(&run_dir), quiet)?;
@@ -304,6 +298,7 @@ fn train_and_quantize(dir: &SweepDir, point: &Point, quiet: bool) -> Result<()> 
         &s.ptq,
         &run_dir.join("ptq"),
         f32_bytes,
+        &s.options.device.open()?,
         |_, _| {},
     )?;
     Ok(())

@@ -46,6 +46,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use toml::Value as Toml;
 
 use crate::data::DataSource;
+use crate::device::DeviceSpec;
 use crate::format::Format;
 use crate::nn::config::parse_quant_spec;
 use crate::nn::{Category, ModelKind, QConfig, QuantSpec};
@@ -362,6 +363,14 @@ impl Spec {
         keys
     }
 
+    /// Sets the device of every point that does not vary it (`qcandle sweep --device`):
+    /// replaces `[base]`'s `device`; a `device` axis still wins.
+    pub fn set_device(&mut self, device: DeviceSpec) {
+        self.base.retain(|(k, _)| *k != Key::Device);
+        self.base
+            .push((Key::Device, Value::Text(device.to_string())));
+    }
+
     /// The value `[base]` gives `key`, if any.
     pub fn base_value(&self, key: Key) -> Option<&Value> {
         self.base.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
@@ -588,7 +597,9 @@ impl Reader<'_> {
                 Value::Text(o.to_string())
             }
             Key::Device => {
-                Value::Text(check_device(&text()?).map_err(|e| anyhow!("{field}: {e}"))?)
+                let s = text()?;
+                let device: DeviceSpec = s.parse().map_err(|e| anyhow!("{field}: {e}"))?;
+                Value::Text(device.to_string())
             }
             Key::DataDir => {
                 let s = text()?;
@@ -659,16 +670,4 @@ fn quant_value(v: &Toml, field: &str) -> Result<Option<QuantSpec>> {
     }
     let json = serde_json::to_value(v).with_context(|| format!("{field}: unreadable value"))?;
     parse_quant_spec(&json, field).map_err(|e| anyhow!("{}: {}", e.field, e.message))
-}
-
-/// `cpu`, `cuda` or `cuda:N`, in that spelling.
-fn check_device(s: &str) -> Result<String> {
-    let ok = s == "cpu"
-        || s == "cuda"
-        || s.strip_prefix("cuda:")
-            .is_some_and(|n| n.parse::<usize>().is_ok());
-    if !ok {
-        bail!("unknown device `{s}`; devices: cpu, cuda, cuda:N");
-    }
-    Ok(s.to_string())
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
+use qcandle::device::DeviceSpec;
 use qcandle::sweep::{local, report, Plan, Spec, SweepDir};
 
 use super::write_stdout;
@@ -19,12 +20,20 @@ pub enum SweepCommand {
     Plan {
         /// The sweep spec (TOML).
         spec: PathBuf,
+        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
+        /// the spec's `device`, else cpu).
+        #[arg(long)]
+        device: Option<DeviceSpec>,
     },
     /// Run the unfinished points on this machine, N at a time; again, it skips finished
     /// points and resumes interrupted ones.
     Run {
         /// The sweep spec (TOML).
         spec: PathBuf,
+        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
+        /// the spec's `device`, else cpu).
+        #[arg(long)]
+        device: Option<DeviceSpec>,
         /// Sweep directory (default: sweeps/<name>).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -39,6 +48,10 @@ pub enum SweepCommand {
     Task {
         /// The sweep spec (TOML).
         spec: PathBuf,
+        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
+        /// the spec's `device`, else cpu).
+        #[arg(long)]
+        device: Option<DeviceSpec>,
         /// Sweep directory (default: sweeps/<name>).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -53,6 +66,10 @@ pub enum SweepCommand {
     Status {
         /// The sweep spec (TOML).
         spec: PathBuf,
+        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
+        /// the spec's `device`, else cpu).
+        #[arg(long)]
+        device: Option<DeviceSpec>,
         /// Sweep directory (default: sweeps/<name>).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -62,6 +79,10 @@ pub enum SweepCommand {
     Report {
         /// The sweep spec (TOML).
         spec: PathBuf,
+        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
+        /// the spec's `device`, else cpu).
+        #[arg(long)]
+        device: Option<DeviceSpec>,
         /// Sweep directory (default: sweeps/<name>).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -85,8 +106,11 @@ impl std::fmt::Display for Stopped {
 impl std::error::Error for Stopped {}
 
 /// The spec read and expanded, and its sweep directory.
-fn open(spec: &Path, dir: Option<PathBuf>) -> Result<(Plan, SweepDir)> {
-    let spec = Spec::load(spec)?;
+fn open(spec: &Path, dir: Option<PathBuf>, device: Option<DeviceSpec>) -> Result<(Plan, SweepDir)> {
+    let mut spec = Spec::load(spec)?;
+    if let Some(device) = device {
+        spec.set_device(device);
+    }
     let plan =
         Plan::expand(&spec).with_context(|| format!("sweep spec {}", spec.path.display()))?;
     let dir = dir.unwrap_or_else(|| qcandle::sweep::default_dir(&spec.name));
@@ -96,25 +120,27 @@ fn open(spec: &Path, dir: Option<PathBuf>) -> Result<(Plan, SweepDir)> {
 /// Runs a sweep subcommand.
 pub fn run(command: SweepCommand) -> Result<()> {
     match command {
-        SweepCommand::Plan { spec } => plan(&spec),
+        SweepCommand::Plan { spec, device } => plan(&spec, device),
         SweepCommand::Run {
             spec,
+            device,
             dir,
             workers,
             quiet,
-        } => run_local(&spec, dir, workers, quiet),
+        } => run_local(&spec, dir, device, workers, quiet),
         SweepCommand::Task {
             spec,
+            device,
             dir,
             index,
             quiet,
         } => {
-            let (plan, dir) = open(&spec, dir)?;
+            let (plan, dir) = open(&spec, dir, device)?;
             qcandle::sweep::run_point(&dir, &plan, index, quiet)
         }
-        SweepCommand::Status { spec, dir } => status(&spec, dir),
-        SweepCommand::Report { spec, dir } => {
-            let (plan, dir) = open(&spec, dir)?;
+        SweepCommand::Status { spec, device, dir } => status(&spec, dir, device),
+        SweepCommand::Report { spec, device, dir } => {
+            let (plan, dir) = open(&spec, dir, device)?;
             for path in report::write(&plan, &dir)? {
                 outln!("wrote {}", path.display());
             }
@@ -123,8 +149,8 @@ pub fn run(command: SweepCommand) -> Result<()> {
     }
 }
 
-fn plan(spec: &Path) -> Result<()> {
-    let (plan, _) = open(spec, None)?;
+fn plan(spec: &Path, device: Option<DeviceSpec>) -> Result<()> {
+    let (plan, _) = open(spec, None, device)?;
     for warning in &plan.warnings {
         note!("warning: {warning}");
     }
@@ -150,8 +176,8 @@ fn plan(spec: &Path) -> Result<()> {
     Ok(())
 }
 
-fn status(spec: &Path, dir: Option<PathBuf>) -> Result<()> {
-    let (plan, dir) = open(spec, dir)?;
+fn status(spec: &Path, dir: Option<PathBuf>, device: Option<DeviceSpec>) -> Result<()> {
+    let (plan, dir) = open(spec, dir, device)?;
     let rows = report::gather(&plan, &dir);
     outln!("| index | run | status | epochs | top-1 % |");
     outln!("|---|---|---|---|---|");
@@ -178,11 +204,27 @@ fn status(spec: &Path, dir: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn run_local(spec: &Path, dir: Option<PathBuf>, workers: usize, quiet: bool) -> Result<()> {
+fn run_local(
+    spec: &Path,
+    dir: Option<PathBuf>,
+    device: Option<DeviceSpec>,
+    workers: usize,
+    quiet: bool,
+) -> Result<()> {
     if workers == 0 {
         bail!("--workers must be at least 1");
     }
-    let (plan, dir) = open(spec, dir)?;
+    let (plan, dir) = open(spec, dir, device)?;
+    // Every device the points use opens here, before any worker starts: a binary without
+    // CUDA support or a missing GPU is one clear error, not a failure of every point.
+    let mut devices: Vec<DeviceSpec> = Vec::new();
+    for point in &plan.points {
+        let d = point.settings.options.device;
+        if !devices.contains(&d) {
+            d.open()?;
+            devices.push(d);
+        }
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
@@ -192,6 +234,7 @@ fn run_local(spec: &Path, dir: Option<PathBuf>, workers: usize, quiet: bool) -> 
         threads: None,
         exe: std::env::current_exe().context("cannot find the qcandle executable")?,
         spec: local::absolute(spec)?,
+        device,
         quiet,
     };
     note!(
