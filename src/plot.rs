@@ -308,7 +308,11 @@ fn render_heatmap(grid: &Grid, file: &Path) -> Result<()> {
         .margin(16)
         .x_label_area_size(50)
         .y_label_area_size(110)
-        .build_cartesian_2d((0..ncols).into_segmented(), (0..nrows).into_segmented())?;
+        // Integer ranges are inclusive: `0..n - 1` holds the n cells.
+        .build_cartesian_2d(
+            (0..ncols - 1).into_segmented(),
+            (0..nrows - 1).into_segmented(),
+        )?;
     // Row 0 is drawn at the top: the y coordinate of row r is nrows - 1 - r.
     let label = |labels: &[String], v: &SegmentValue<i32>, flip: bool| match v {
         SegmentValue::CenterOf(i) => {
