@@ -335,12 +335,15 @@ fn table_row(cells: &[String]) -> String {
 }
 
 /// The mean top-1 of the finished rows matching each pair of values of the axes `a` and
-/// `b` (rows: `a`'s values, columns: `b`'s, in first-seen order); `None` when fewer than two
+/// `b` (among the points whose only other axis is `seed`) (rows: `a`'s values, columns: `b`'s, in first-seen order); `None` when fewer than two
 /// values of either vary among rows that have both.
 pub fn heatmap_grid(rows: &[Row], a: Key, b: Key) -> Option<crate::plot::Grid> {
+    // Points that vary only `a`, `b` and the seed: a point of another grid that also sets,
+    // say, an accumulator is another experiment, not another seed of the cell.
     let both: Vec<&Row> = rows
         .iter()
         .filter(|r| r.point.axis(a).is_some() && r.point.axis(b).is_some())
+        .filter(|r| r.point.axes.iter().all(|(k, _)| [a, b, Key::Seed].contains(k)))
         .collect();
     let distinct = |k: Key| {
         let mut seen: Vec<String> = Vec::new();
@@ -384,13 +387,21 @@ pub fn heatmap_grid(rows: &[Row], a: Key, b: Key) -> Option<crate::plot::Grid> {
 }
 
 /// The bit width of the numbers a point varies and the series it belongs to: a
-/// `category` + `format` point gives the format's width in a series per category, a category
+/// `category` + `format` point gives the format's width in a series per category (and per
+/// value of the category axes it also has, such as an accumulator), a category
 /// axis (`weight = ...`) the same, a `config` that is a format (or `float32`: 32 bits) its
 /// width in the series `config`. `None` for points without a format axis.
 pub fn format_bits(row: &Row) -> Option<(u32, String)> {
     let bits = |q: &Option<crate::nn::QuantSpec>| q.map_or(32, |q| q.format.bits());
     if let Some(Value::Quant(q)) = row.point.axis(Key::Format) {
-        return Some((bits(q), row.axis_text(Key::Category)));
+        // Other categories the point sets (an accumulator) make a series of their own.
+        let mut label = row.axis_text(Key::Category);
+        for (key, value) in &row.point.axes {
+            if let Key::Quant(c) = key {
+                label.push_str(&format!(", {c} {value}"));
+            }
+        }
+        return Some((bits(q), label));
     }
     for (key, value) in &row.point.axes {
         if let (Key::Quant(c), Value::Quant(q)) = (key, value) {
