@@ -53,6 +53,8 @@ pub mod report;
 #[cfg(feature = "cli")]
 pub mod run_dir;
 #[cfg(feature = "cli")]
+pub mod sweep;
+#[cfg(feature = "cli")]
 pub mod train;
 
 pub use error::FormatError;
