@@ -253,6 +253,211 @@ fn axis_range(values: impl Iterator<Item = f64>, flat_pad: Option<f64>) -> std::
     }
 }
 
+/// Width and height of the pictures [`heatmap`] and [`lines`] write, in pixels.
+pub const SQUARE: (u32, u32) = (900, 650);
+
+/// A table of values to draw as a heatmap: one row per `rows` label, one column per
+/// `columns` label; `None` leaves a cell blank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grid {
+    /// The title across the top.
+    pub title: String,
+    /// What the rows are (the y axis's description).
+    pub row_desc: String,
+    /// What the columns are (the x axis's description).
+    pub column_desc: String,
+    /// Row labels, top to bottom.
+    pub rows: Vec<String>,
+    /// Column labels, left to right.
+    pub columns: Vec<String>,
+    /// `values[r][c]`: the cell of row `r` and column `c`.
+    pub values: Vec<Vec<Option<f64>>>,
+}
+
+/// Writes `grid` as a heatmap PNG of [`SQUARE`] pixels to `path` (atomically): each cell
+/// coloured from light (the smallest finite value) to dark (the largest) and labelled with
+/// its value to one decimal; blank and non-finite cells are grey and unlabelled.
+///
+/// # Errors
+/// When `values` does not have one entry per row and column, or the picture cannot be
+/// drawn or written.
+pub fn heatmap(grid: &Grid, path: &Path) -> Result<()> {
+    let shape_ok = grid.values.len() == grid.rows.len()
+        && grid.values.iter().all(|r| r.len() == grid.columns.len());
+    if !shape_ok || grid.rows.is_empty() || grid.columns.is_empty() {
+        return Err(anyhow!(
+            "a heatmap needs one value per row and column ({} rows, {} columns)",
+            grid.rows.len(),
+            grid.columns.len()
+        ));
+    }
+    register_font()?;
+    crate::io::write_atomically(path, |tmp| {
+        render_heatmap(grid, tmp)
+            .with_context(|| format!("cannot draw the heatmap into {}", path.display()))
+    })
+}
+
+fn render_heatmap(grid: &Grid, file: &Path) -> Result<()> {
+    use plotters::coord::ranged1d::SegmentValue;
+    let root = BitMapBackend::new(file, SQUARE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (ncols, nrows) = (grid.columns.len() as i32, grid.rows.len() as i32);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&grid.title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(110)
+        .build_cartesian_2d((0..ncols).into_segmented(), (0..nrows).into_segmented())?;
+    // Row 0 is drawn at the top: the y coordinate of row r is nrows - 1 - r.
+    let label = |labels: &[String], v: &SegmentValue<i32>, flip: bool| match v {
+        SegmentValue::CenterOf(i) => {
+            let i = if flip { nrows - 1 - i } else { *i };
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| labels.get(i))
+                .cloned()
+                .unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_labels(grid.columns.len())
+        .y_labels(grid.rows.len())
+        .x_label_formatter(&|v| label(&grid.columns, v, false))
+        .y_label_formatter(&|v| label(&grid.rows, v, true))
+        .x_desc(grid.column_desc.as_str())
+        .y_desc(grid.row_desc.as_str())
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 15))
+        .draw()?;
+    let finite = || grid.values.iter().flatten().flatten().copied().filter(|v| v.is_finite());
+    let lo = finite().fold(f64::INFINITY, f64::min);
+    let hi = finite().fold(f64::NEG_INFINITY, f64::max);
+    let edge = |i: i32, n: i32| {
+        if i < n {
+            SegmentValue::Exact(i)
+        } else {
+            SegmentValue::Last
+        }
+    };
+    for (r, row) in grid.values.iter().enumerate() {
+        let y = nrows - 1 - r as i32;
+        for (c, value) in row.iter().enumerate() {
+            let x = c as i32;
+            let corners = [(edge(x, ncols), edge(y, nrows)), (edge(x + 1, ncols), edge(y + 1, nrows))];
+            let Some(v) = value.filter(|v| v.is_finite()) else {
+                chart.draw_series(std::iter::once(Rectangle::new(
+                    corners,
+                    RGBColor(220, 220, 220).filled(),
+                )))?;
+                continue;
+            };
+            let t = if hi > lo { (v - lo) / (hi - lo) } else { 1.0 };
+            let colour = shade(t);
+            chart.draw_series(std::iter::once(Rectangle::new(corners, colour.filled())))?;
+            let ink = if t > 0.55 { WHITE } else { BLACK };
+            let style = ("sans-serif", 15)
+                .into_font()
+                .color(&ink)
+                .pos(plotters::style::text_anchor::Pos::new(
+                    plotters::style::text_anchor::HPos::Center,
+                    plotters::style::text_anchor::VPos::Center,
+                ));
+            chart.draw_series(std::iter::once(Text::new(
+                format!("{v:.1}"),
+                (SegmentValue::CenterOf(x), SegmentValue::CenterOf(y)),
+                style,
+            )))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// A colour from light yellow (`t` = 0) to dark blue (`t` = 1).
+fn shade(t: f64) -> RGBColor {
+    let t = t.clamp(0.0, 1.0);
+    let mix = |a: u8, b: u8| (f64::from(a) + (f64::from(b) - f64::from(a)) * t).round() as u8;
+    RGBColor(mix(255, 8), mix(247, 48), mix(188, 107))
+}
+
+/// Writes a PNG of [`SQUARE`] pixels to `path` (atomically): `y_desc` against `x_desc`, one
+/// line with a marker on every point per series, with a legend.
+///
+/// # Errors
+/// When the picture cannot be drawn or written.
+pub fn lines(title: &str, x_desc: &str, y_desc: &str, series: &[Series], path: &Path) -> Result<()> {
+    register_font()?;
+    crate::io::write_atomically(path, |tmp| {
+        let root = BitMapBackend::new(tmp, SQUARE).into_drawing_area();
+        root.fill(&WHITE)?;
+        let body = if title.is_empty() {
+            root.clone()
+        } else {
+            root.titled(title, ("sans-serif", 20))?
+        };
+        let finite = || {
+            series
+                .iter()
+                .flat_map(|s| s.points.iter().copied())
+                .filter(|&(x, y)| x.is_finite() && y.is_finite())
+        };
+        let x = axis_range(finite().map(|p| p.0), Some(0.5));
+        let y = axis_range(finite().map(|p| p.1), None);
+        let mut chart = ChartBuilder::on(&body)
+            .margin(14)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x, y)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .light_line_style(RGBColor(235, 235, 235))
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 14))
+            .draw()?;
+        let mut labelled = false;
+        for (i, s) in series.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            let segments = finite_segments(&s.points);
+            for (j, segment) in segments.iter().enumerate() {
+                let drawn = chart.draw_series(LineSeries::new(
+                    segment.iter().copied(),
+                    colour.stroke_width(2),
+                ))?;
+                if j == 0 && !s.label.is_empty() {
+                    drawn.label(s.label.as_str()).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                    });
+                    labelled = true;
+                }
+            }
+            chart.draw_series(
+                segments
+                    .iter()
+                    .flatten()
+                    .map(|&p| Circle::new(p, 4, colour.filled())),
+            )?;
+        }
+        if labelled {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .label_font(("sans-serif", 13))
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(160, 160, 160))
+                .draw()?;
+        }
+        root.present()?;
+        Ok(())
+    })
+    .with_context(|| format!("cannot draw {}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,9 @@ macro_rules! note {
     ($($arg:tt)*) => {{ let _ = writeln!(std::io::stderr(), $($arg)*); }};
 }
 
+#[path = "qcandle/sweep.rs"]
+mod sweep;
+
 #[derive(Parser)]
 #[command(
     name = "qcandle",
@@ -116,6 +119,12 @@ enum Command {
     /// Post-training quantization: evaluate a trained model in float32, float16, int8 and
     /// each format with naive and quire arithmetic; save the quantized model.
     Ptq(PtqArgs),
+    /// Sweeps: a grid of training runs from one spec file, run locally or on Slurm, and
+    /// their report.
+    Sweep {
+        #[command(subcommand)]
+        command: sweep::SweepCommand,
+    },
     /// Round a normal sample to every preset, then train LeNet-5 on the embedded
     /// Fashion-MNIST subset in float32 and posit<16,1> and print both accuracies, then evaluate
     /// the float32 model in posit<8,0> (post-training quantization).
@@ -449,10 +458,8 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
     Ok(())
 }
 
-/// Evaluates every method, writes ptq.md, ptq.csv and one quantized model per format
-/// under `out`, and returns the markdown report. Before the first evaluation the formats
-/// are checked, every model is encoded and `out` is created and probed, so a bad format,
-/// a weight a format cannot store or an unwritable `out` costs no evaluation.
+/// Runs [`qcandle::ptq::run`], printing each method's top-1 to standard error as it is
+/// evaluated; returns the markdown report.
 fn ptq_table(
     weights: &qcandle::ptq::Weights,
     data: &Dataset,
@@ -460,33 +467,10 @@ fn ptq_table(
     out: &std::path::Path,
     f32_bytes: u64,
 ) -> Result<String> {
-    qcandle::ptq::check_formats(formats)?;
-    let models = formats
-        .iter()
-        .map(|f| qcandle::ptq::encode(weights, f))
-        .collect::<Result<Vec<_>>>()?;
-    qcandle::ptq::prepare_out_dir(out)?;
-    let rows = qcandle::ptq::evaluate_methods(weights, data, formats, |m, s| {
+    let report = qcandle::ptq::run(weights, data, formats, out, f32_bytes, |m, s| {
         note!("  {m}: top-1 {:.2}% ({:.1} s)", s.top1, s.seconds);
     })?;
-    let mut report = qcandle::ptq::markdown(&rows);
-    report.push_str(
-        "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",
-    );
-    for model in &models {
-        let path = out.join(qcandle::ptq::model_file_name(&model.format));
-        let bytes = qcandle::ptq::write_encoded(&path, model)?;
-        report.push_str(&format!(
-            "{} model: {} ({bytes} bytes; the f32 model {f32_bytes} bytes, {:.3}x)\n",
-            model.format,
-            path.display(),
-            bytes as f64 / f32_bytes as f64
-        ));
-    }
-    qcandle::io::write_atomically(&out.join("ptq.md"), |p| Ok(std::fs::write(p, &report)?))?;
-    let csv = qcandle::ptq::csv(&rows);
-    qcandle::io::write_atomically(&out.join("ptq.csv"), |p| Ok(std::fs::write(p, &csv)?))?;
-    Ok(report)
+    Ok(report.markdown)
 }
 
 fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
@@ -550,6 +534,10 @@ fn main() -> ExitCode {
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<ClosedPipe>() => ExitCode::from(CLOSED_PIPE_STATUS),
+        Err(e) if e.is::<sweep::Stopped>() => {
+            note!("{e}");
+            ExitCode::from(sweep::STOPPED_STATUS)
+        }
         Err(e) => {
             note!("Error: {e:?}");
             ExitCode::FAILURE
@@ -569,6 +557,7 @@ fn run(command: Command) -> Result<()> {
         } => run_quantize(format, rounding, seed, &input, &output)?,
         Command::Train(args) => run_train(args)?,
         Command::Ptq(args) => run_ptq(args)?,
+        Command::Sweep { command } => sweep::run(command)?,
         Command::Compare { runs, plot, title } => run_compare(&runs, plot.as_deref(), &title)?,
         Command::Demo {
             samples,

@@ -94,6 +94,15 @@ impl Category {
     }
 }
 
+impl FromStr for Category {
+    type Err = ConfigError;
+
+    /// The category whose config-file key is `s` (`weight`, `activation`, ...).
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        parse_category(s, "")
+    }
+}
+
 impl fmt::Display for Category {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.key())
@@ -506,6 +515,12 @@ fn parse_category(key: &str, prefix: &str) -> Result<Category, ConfigError> {
                 ),
             )
         })
+}
+
+/// One category's setting as a config file writes it: `"posit<16,1>"`, `"none"` (not
+/// rounded: `None`), or `{ format = "...", rounding = "..." }`. Errors name `field`.
+pub fn parse_quant_spec(v: &Value, field: &str) -> Result<Option<QuantSpec>, ConfigError> {
+    parse_spec(v, field)
 }
 
 /// `"posit<16,1>"`, `"none"`, or `{ format = "...", rounding = "..." }`.

@@ -220,3 +220,60 @@ pub fn csv(rows: &[(Method, Score)]) -> String {
     }
     s
 }
+
+/// What [`run`] evaluated and wrote.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// One row per method, in [`methods`] order.
+    pub rows: Vec<(Method, Score)>,
+    /// The markdown report written to `ptq.md`: the table, the tie rule and each saved model.
+    pub markdown: String,
+}
+
+/// The whole post-training quantization step: evaluates every method of
+/// [`methods`]`(formats)` (calling `progress` after each), writes `ptq.md`, `ptq.csv` and one
+/// quantized model per format under `out`, and returns the rows and the report. Before the
+/// first evaluation the formats are checked, every model is encoded and `out` is created and
+/// probed, so a bad format, a weight a format cannot store or an unwritable `out` costs no
+/// evaluation. `f32_bytes` is the size of the f32 model the saved ones are compared with.
+pub fn run(
+    weights: &Weights,
+    data: &Dataset,
+    formats: &[Format],
+    out: &std::path::Path,
+    f32_bytes: u64,
+    progress: impl FnMut(Method, &Score),
+) -> Result<Report> {
+    check_formats(formats)?;
+    let models = formats
+        .iter()
+        .map(|f| encode(weights, f))
+        .collect::<Result<Vec<_>>>()?;
+    prepare_out_dir(out)?;
+    let rows = evaluate_methods(weights, data, formats, progress)?;
+    let mut report = markdown(&rows);
+    report.push_str(
+        "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",
+    );
+    for model in &models {
+        let path = out.join(model_file_name(&model.format));
+        let bytes = write_encoded(&path, model)?;
+        report.push_str(&format!(
+            "{} model: {} ({bytes} bytes; the f32 model {f32_bytes} bytes, {:.3}x)\n",
+            model.format,
+            path.display(),
+            bytes as f64 / f32_bytes as f64
+        ));
+    }
+    let write_text = |name: &str, text: &str| {
+        crate::io::write_atomically(&out.join(name), |p| {
+            std::fs::write(p, text).with_context(|| format!("cannot write {}", p.display()))
+        })
+    };
+    write_text("ptq.md", &report)?;
+    write_text("ptq.csv", &csv(&rows))?;
+    Ok(Report {
+        rows,
+        markdown: report,
+    })
+}

@@ -1,0 +1,299 @@
+//! One point of a sweep: where its files live, how far it got, and running it.
+//!
+//! Layout of a sweep directory `DIR`:
+//!
+//! | path                    | what                                                        |
+//! |-------------------------|-------------------------------------------------------------|
+//! | `plan.json`             | the points as last planned: index, name, settings digest   |
+//! | `runs/<name>/`          | the point's run directory (`qcandle train`'s layout), `ptq/` inside |
+//! | `failed/<name>.txt`     | the error of the point's last failed attempt               |
+//! | `logs/<name>.log`       | the output of its local attempts                           |
+//! | `report.md`, `report.csv`, `*.png` | `qcandle sweep report`                         |
+//!
+//! A point is finished when its run directory passes [`crate::train::load_checked_run`] (every
+//! file's digest), holds at least the epochs asked for, is the same run as the point (model,
+//! options, config contents), and, when the sweep has a PTQ step, its `ptq/ptq.csv` has a row
+//! for every format. Running a point ([`run_point`]) is the same code for a local worker and
+//! a Slurm array task: it trains (resuming what an interrupted attempt left), then runs the
+//! PTQ step, and records a failure's error in `failed/<name>.txt`.
+
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::plan::{Plan, PlanRecord, Point};
+use crate::io::write_atomically;
+use crate::nn::ModelKind;
+use crate::train::{identity_differences, load_checked_run, RunRecord};
+
+/// The paths of a sweep directory (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepDir {
+    root: PathBuf,
+}
+
+impl SweepDir {
+    /// The sweep directory `root` (not created).
+    pub fn new(root: impl Into<PathBuf>) -> SweepDir {
+        SweepDir { root: root.into() }
+    }
+
+    /// The directory itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `plan.json`.
+    pub fn plan_file(&self) -> PathBuf {
+        self.root.join("plan.json")
+    }
+
+    /// The run directory of the point `name`.
+    pub fn run_dir(&self, name: &str) -> PathBuf {
+        self.root.join("runs").join(name)
+    }
+
+    /// Where the point `name`'s last failure is recorded.
+    pub fn failure_file(&self, name: &str) -> PathBuf {
+        self.root.join("failed").join(format!("{name}.txt"))
+    }
+
+    /// The log of the point `name`'s local attempts.
+    pub fn log_file(&self, name: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{name}.log"))
+    }
+
+    /// Writes `plan.json` for `plan`.
+    pub fn write_plan(&self, plan: &Plan) -> Result<()> {
+        let text = serde_json::to_string_pretty(&plan.record())?;
+        write_text(&self.plan_file(), &text)
+    }
+
+    /// The recorded plan, if there is one.
+    pub fn read_plan(&self) -> Result<Option<PlanRecord>> {
+        let path = self.plan_file();
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let record = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a sweep plan (damaged?)", path.display()))?;
+        Ok(Some(record))
+    }
+}
+
+/// How far a point got.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// Nothing run yet.
+    Pending,
+    /// Some epochs finished (`done` of `total`), or training finished but not the PTQ step.
+    Partial {
+        /// Finished epochs.
+        done: usize,
+        /// Epochs asked for.
+        total: usize,
+    },
+    /// Every epoch and the PTQ step finished, files checked.
+    Finished,
+    /// Another process is writing the run now.
+    Running,
+    /// The last attempt failed with this error (its first line).
+    Failed(String),
+    /// The run directory holds something that is not this point's run (why).
+    Conflict(String),
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            State::Pending => f.write_str("pending"),
+            State::Partial { done, total } => write!(f, "partial ({done}/{total} epochs)"),
+            State::Finished => f.write_str("finished"),
+            State::Running => f.write_str("running"),
+            State::Failed(e) => write!(f, "failed: {e}"),
+            State::Conflict(e) => write!(f, "conflict: {e}"),
+        }
+    }
+}
+
+impl State {
+    /// The one-word status of report tables: pending, partial, finished, running, failed,
+    /// conflict.
+    pub fn word(&self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Partial { .. } => "partial",
+            State::Finished => "finished",
+            State::Running => "running",
+            State::Failed(_) => "failed",
+            State::Conflict(_) => "conflict",
+        }
+    }
+}
+
+/// The state of `point` in `dir`, with its checked run record when it has one.
+pub fn state(dir: &SweepDir, point: &Point) -> (State, Option<RunRecord>) {
+    let run_dir = dir.run_dir(&point.name);
+    if is_locked(&run_dir) {
+        return (State::Running, None);
+    }
+    let failure = std::fs::read_to_string(dir.failure_file(&point.name))
+        .ok()
+        .map(|text| text.lines().next().unwrap_or("").to_string());
+    let fallback = |failure: Option<String>, otherwise: State| match failure {
+        Some(e) => State::Failed(e),
+        None => otherwise,
+    };
+    if !run_dir.join("run.json").exists() {
+        return (fallback(failure, State::Pending), None);
+    }
+    let record = match load_checked_run(&run_dir) {
+        Ok(r) => r,
+        Err(e) => return (fallback(failure, State::Conflict(first_line(&e))), None),
+    };
+    if let Some(why) = differs(point, &record) {
+        return (State::Conflict(why), Some(record));
+    }
+    let (done, total) = (record.epochs.len(), point.settings.options.epochs);
+    let finished = done >= total && ptq_done(&run_dir, point);
+    let state = if finished {
+        State::Finished
+    } else {
+        fallback(failure, State::Partial { done, total })
+    };
+    (state, Some(record))
+}
+
+/// Why the run in a point's directory is not the point's run, if it is not (the data is
+/// not compared: that needs the data loaded; training compares it).
+fn differs(point: &Point, record: &RunRecord) -> Option<String> {
+    let ours = RunRecord {
+        options: point.settings.options.clone(),
+        config: point.settings.config.to_toml(),
+        data: record.data.clone(),
+        dataset: record.dataset.clone(),
+        data_sha256: record.data_sha256.clone(),
+        epochs: Vec::new(),
+        files: Default::default(),
+    };
+    let diffs = identity_differences(record, &ours);
+    (!diffs.is_empty()).then(|| format!("the directory holds another run ({})", diffs.join("; ")))
+}
+
+/// Whether `run_dir` is locked by a writer (a live process holding `.lock`).
+fn is_locked(run_dir: &Path) -> bool {
+    let Ok(file) = File::open(run_dir.join(crate::run_dir::LOCK_FILE)) else {
+        return false;
+    };
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
+/// Whether the PTQ step of `point` has written a row for every format (true without one).
+fn ptq_done(run_dir: &Path, point: &Point) -> bool {
+    if point.settings.ptq.is_empty() {
+        return true;
+    }
+    let Ok(csv) = std::fs::read_to_string(run_dir.join("ptq").join("ptq.csv")) else {
+        return false;
+    };
+    point.settings.ptq.iter().all(|f| {
+        let naive = format!("{f} naive,");
+        csv.lines().any(|l| l.starts_with(&naive))
+    })
+}
+
+fn first_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").lines().next().unwrap_or("").to_string()
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    write_atomically(path, |tmp| {
+        std::fs::write(tmp, text).with_context(|| format!("cannot write {}", tmp.display()))
+    })
+}
+
+/// Checks that the point at `index` of `plan` is the one `dir`'s `plan.json` recorded (a
+/// spec edited after a Slurm submission would otherwise run another point under the index).
+pub fn check_planned(dir: &SweepDir, plan: &Plan, index: usize) -> Result<()> {
+    let Some(point) = plan.points.get(index) else {
+        bail!(
+            "index {index} is beyond the plan's {} points (0..={})",
+            plan.points.len(),
+            plan.points.len().saturating_sub(1)
+        );
+    };
+    if let Some(record) = dir.read_plan()? {
+        let planned = record.points.get(index);
+        let same = planned
+            .is_some_and(|p| p.name == point.name && p.digest == point.settings.digest());
+        if !same {
+            bail!(
+                "the spec no longer gives the point {index} that {} recorded ({}): it was \
+                 edited after the sweep was planned; run `qcandle sweep run` or `sweep submit` \
+                 again to plan it anew",
+                dir.plan_file().display(),
+                planned.map_or("none".to_string(), |p| format!("`{}`", p.name)),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the point at `index`: trains it in its run directory (resuming an interrupted
+/// attempt; a finished one is checked and left alone), then the PTQ step when the sweep has
+/// one and it has not been done. A failure is recorded in `failed/<name>.txt` and returned;
+/// success removes that record. `quiet` hides the progress bars.
+pub fn run_point(dir: &SweepDir, plan: &Plan, index: usize, quiet: bool) -> Result<()> {
+    check_planned(dir, plan, index)?;
+    let point = &plan.points[index];
+    let result = train_and_quantize(dir, point, quiet);
+    let failure = dir.failure_file(&point.name);
+    match &result {
+        Ok(()) => {
+            if failure.exists() {
+                std::fs::remove_file(&failure)
+                    .with_context(|| format!("cannot remove {}", failure.display()))?;
+            }
+        }
+        Err(e) => {
+            // The error is returned either way; a failure to record it is secondary.
+            let _ = write_text(&failure, &format!("{e:#}\n"));
+        }
+    }
+    result.with_context(|| format!("sweep point {index} `{}`", point.name))
+}
+
+fn train_and_quantize(dir: &SweepDir, point: &Point, quiet: bool) -> Result<()> {
+    let s = &point.settings;
+    if s.device != "cpu" {
+        bail!(
+            "device `{}`: this build trains on the CPU only (`device = \"cpu\"`)",
+            s.device
+        );
+    }
+    let run_dir = dir.run_dir(&point.name);
+    let data = s.data.load(s.data_dir.as_deref())?;
+    crate::train::train(&data, &s.options, &s.config, Some(&run_dir), quiet)?;
+    if ptq_done(&run_dir, point) {
+        return Ok(());
+    }
+    let model_path = run_dir.join("model.safetensors");
+    let kind: ModelKind = s.options.model.parse()?;
+    let weights = crate::ptq::read_weights(&model_path, Some(kind))?;
+    let f32_bytes = std::fs::metadata(&model_path)
+        .with_context(|| format!("cannot read {}", model_path.display()))?
+        .len();
+    crate::ptq::run(
+        &weights,
+        &data,
+        &s.ptq,
+        &run_dir.join("ptq"),
+        f32_bytes,
+        |_, _| {},
+    )?;
+    Ok(())
+}

@@ -1,0 +1,661 @@
+//! The sweep spec file: its keys, its values, and the checks that name the field at fault.
+//!
+//! A spec is TOML. Top-level keys: `name`, `ptq`, `exclude`, and the tables `base`, `grid`
+//! and `zip`:
+//!
+//! ```toml
+//! name = "smoke"                      # letters, digits, `.`, `_`, `-`
+//! ptq = ["posit<8,0>"]                # optional: post-training quantization of each model
+//!
+//! [base]                              # any setting, for every point
+//! model = "lenet5"
+//! data = "embedded"
+//! epochs = 1
+//!
+//! [grid]                              # axes combined as a cartesian product
+//! config = ["float32", "posit<16,1>"]
+//! seed = [0, 1]
+//!
+//! [zip]                               # axes that advance together (equal lengths)
+//! lr = [1e-3, 1e-2]
+//! batch = [64, 128]
+//!
+//! [[exclude]]                         # drop the points that match every key of an entry
+//! config = "float32"
+//! seed = 1
+//! ```
+//!
+//! Several grids: `[[grid]]` tables, each expanded on its own (a table may hold its own
+//! `zip = { ... }`), their points concatenated in file order. A top-level `[zip]` belongs to
+//! a single `[grid]` table.
+//!
+//! Settings ([`Key`]): the options of `qcandle train` (`model`, `data`, `data-dir`,
+//! `epochs`, `batch`, `lr`, `optimizer`, `config`, `seed`, `device`, `train-limit`); a number
+//! category (`weight`, `activation`, `gradient`, `error`, `momentum`, `accumulator`) whose
+//! format replaces the config's for that category in every layer (`"float32"` or `"none"`:
+//! not rounded; a table `{ format = "...", rounding = "stochastic" }` sets the rounding);
+//! and the pair `category` + `format`, which sets the named category (or `all`: every
+//! category but the accumulator) to the format, so that one grid can set each category
+//! alone. Relative paths (`config` files, `data-dir`) are relative to the spec file's
+//! directory, so a spec means the same from any working directory.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use toml::Value as Toml;
+
+use crate::data::DataSource;
+use crate::format::Format;
+use crate::nn::config::parse_quant_spec;
+use crate::nn::{Category, ModelKind, QConfig, QuantSpec};
+use crate::train::OptimizerKind;
+
+/// A setting a spec can give, in `[base]`, as a grid axis, or in an `exclude` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// The model of the zoo.
+    Model,
+    /// The data source: `fashion-mnist`, `mnist` or `embedded`.
+    Data,
+    /// The directory of the dataset's IDX files.
+    DataDir,
+    /// Number of epochs.
+    Epochs,
+    /// Mini-batch size.
+    Batch,
+    /// Learning rate.
+    Lr,
+    /// The optimizer.
+    Optimizer,
+    /// The quantization config: a preset, a format, or a file.
+    Config,
+    /// The run's seed.
+    Seed,
+    /// The device: `cpu`, `cuda`, `cuda:N`.
+    Device,
+    /// Train on only the first N training images.
+    TrainLimit,
+    /// One number category's format, replacing the config's in every layer.
+    Quant(Category),
+    /// The category (or `all`) that `format` sets.
+    Category,
+    /// The format that `category` is set to.
+    Format,
+}
+
+impl Key {
+    /// Every key, in the order messages list them.
+    pub fn all() -> Vec<Key> {
+        let mut keys = vec![
+            Key::Model,
+            Key::Data,
+            Key::DataDir,
+            Key::Epochs,
+            Key::Batch,
+            Key::Lr,
+            Key::Optimizer,
+            Key::Config,
+            Key::Seed,
+            Key::Device,
+            Key::TrainLimit,
+        ];
+        keys.extend(Category::ALL.map(Key::Quant));
+        keys.extend([Key::Category, Key::Format]);
+        keys
+    }
+
+    /// The key as the spec spells it (the command line's option name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Key::Model => "model",
+            Key::Data => "data",
+            Key::DataDir => "data-dir",
+            Key::Epochs => "epochs",
+            Key::Batch => "batch",
+            Key::Lr => "lr",
+            Key::Optimizer => "optimizer",
+            Key::Config => "config",
+            Key::Seed => "seed",
+            Key::Device => "device",
+            Key::TrainLimit => "train-limit",
+            Key::Quant(c) => c.key(),
+            Key::Category => "category",
+            Key::Format => "format",
+        }
+    }
+
+    /// The key spelled `name` (`train_limit` and `data_dir` are accepted for the dashed
+    /// spellings).
+    pub fn parse(name: &str, field: &str) -> Result<Key> {
+        let dashed = name.replace('_', "-");
+        Key::all()
+            .into_iter()
+            .find(|k| k.name() == dashed)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Key::all().into_iter().map(Key::name).collect();
+                anyhow!(
+                    "{field}: unknown setting `{name}`; settings: {}",
+                    names.join(", ")
+                )
+            })
+    }
+
+    /// Whether the key's values are number formats or configs (the axes a heatmap or a
+    /// bit-width plot can use).
+    pub fn is_format_like(self) -> bool {
+        matches!(
+            self,
+            Key::Config | Key::Quant(_) | Key::Category | Key::Format
+        )
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A checked value of a [`Key`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A name: model, data source, optimizer, device, config (as written).
+    Text(String),
+    /// A path (`data-dir`), as written, and resolved against the spec's directory.
+    Path(String, PathBuf),
+    /// A count: epochs, batch, seed, train-limit.
+    Count(u64),
+    /// The learning rate.
+    Real(f64),
+    /// A category's setting (`None`: not rounded).
+    Quant(Option<QuantSpec>),
+    /// The categories `category` names: one, or every one but the accumulator (`all`).
+    Categories(CategoryChoice),
+}
+
+/// What the `category` key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CategoryChoice {
+    /// One category.
+    One(Category),
+    /// Every category but the accumulator.
+    All,
+}
+
+impl CategoryChoice {
+    /// The categories chosen.
+    pub fn categories(self) -> Vec<Category> {
+        match self {
+            CategoryChoice::One(c) => vec![c],
+            CategoryChoice::All => Category::ALL
+                .into_iter()
+                .filter(|&c| c != Category::Accumulator)
+                .collect(),
+        }
+    }
+}
+
+impl fmt::Display for Value {
+    /// The canonical spelling: what report columns show and `exclude` entries compare.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Text(s) | Value::Path(s, _) => f.write_str(s),
+            Value::Count(n) => write!(f, "{n}"),
+            Value::Real(x) => write!(f, "{x:?}"),
+            Value::Quant(None) => f.write_str("float32"),
+            Value::Quant(Some(q)) => match q.rounding {
+                crate::Rounding::NearestEven => write!(f, "{}", q.format),
+                r => write!(f, "{} {r}", q.format),
+            },
+            Value::Categories(CategoryChoice::One(c)) => f.write_str(c.key()),
+            Value::Categories(CategoryChoice::All) => f.write_str("all"),
+        }
+    }
+}
+
+impl Value {
+    /// The value as a piece of a run name: short, readable, and safe in a file name
+    /// (`posit<8,0>` gives `posit_8_0`, seed 3 gives `s3`, a config file its stem).
+    pub fn label(&self, key: Key) -> String {
+        let text = match (key, self) {
+            (Key::Config, Value::Text(s)) => crate::train::config_label(s),
+            (Key::DataDir, Value::Path(s, _)) => Path::new(s)
+                .file_name()
+                .map_or(s.clone(), |n| n.to_string_lossy().into_owned()),
+            (Key::Epochs, v) => format!("e{v}"),
+            (Key::Batch, v) => format!("b{v}"),
+            (Key::Lr, v) => format!("lr{v}"),
+            (Key::Seed, v) => format!("s{v}"),
+            (Key::TrainLimit, v) => format!("n{v}"),
+            (Key::Quant(c), v) => format!("{}-{v}", c.key()),
+            (_, v) => v.to_string(),
+        };
+        file_safe(&text)
+    }
+}
+
+/// `text` with every character outside `[A-Za-z0-9._-]` replaced by `_`, runs of `_`
+/// collapsed, and `_`/`-` trimmed from the ends (`posit<8,0>` gives `posit_8_0`).
+pub fn file_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        let c = if ch.is_ascii_alphanumeric() || matches!(ch, '.' | '-') {
+            ch
+        } else {
+            '_'
+        };
+        if !(c == '_' && out.ends_with('_')) {
+            out.push(c);
+        }
+    }
+    out.trim_matches(['_', '-']).to_string()
+}
+
+/// One `[grid]` table: axes combined as a cartesian product (first axis slowest), then the
+/// `zip` axes advancing together as one more axis (fastest).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Grid {
+    /// Axes in file order, each with its values.
+    pub axes: Vec<(Key, Vec<Value>)>,
+    /// Axes that advance together; all lists have the same length.
+    pub zip: Vec<(Key, Vec<Value>)>,
+}
+
+/// A parsed and checked sweep spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    /// The sweep's name (its default directory is `sweeps/<name>`).
+    pub name: String,
+    /// The spec file.
+    pub path: PathBuf,
+    /// Settings of every point.
+    pub base: Vec<(Key, Value)>,
+    /// The grids, expanded one after the other.
+    pub grids: Vec<Grid>,
+    /// Entries that drop the points matching every one of their keys (a key may list
+    /// several values: any of them matches).
+    pub exclude: Vec<Vec<(Key, Vec<Value>)>>,
+    /// Formats each trained model is post-training quantized to (none: no PTQ step).
+    pub ptq: Vec<Format>,
+}
+
+/// At most this many points (a typo such as a 10,000-value axis is refused, not expanded).
+pub const MAX_POINTS: usize = 100_000;
+
+impl Spec {
+    /// Reads and checks the spec file at `path`.
+    pub fn load(path: &Path) -> Result<Spec> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the sweep spec {}", path.display()))?;
+        Spec::parse(&text, path).with_context(|| format!("sweep spec {}", path.display()))
+    }
+
+    /// Parses and checks a spec whose file is `path` (relative paths inside it are
+    /// resolved against `path`'s directory).
+    pub fn parse(text: &str, path: &Path) -> Result<Spec> {
+        let table: toml::Table = toml::from_str(text).context("not valid TOML")?;
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let reader = Reader { dir };
+        let mut spec = Spec {
+            name: String::new(),
+            path: path.to_path_buf(),
+            base: Vec::new(),
+            grids: Vec::new(),
+            exclude: Vec::new(),
+            ptq: Vec::new(),
+        };
+        let mut top_zip = None;
+        for (key, value) in &table {
+            match key.as_str() {
+                "name" => spec.name = reader.name(value)?,
+                "ptq" => spec.ptq = reader.ptq(value)?,
+                "base" => spec.base = reader.settings(value, "base")?,
+                "grid" => spec.grids = reader.grids(value)?,
+                "zip" => top_zip = Some(reader.axes(value, "zip")?),
+                "exclude" => spec.exclude = reader.exclude(value)?,
+                other => bail!(
+                    "`{other}`: unknown field; fields: name, ptq, base, grid, zip, exclude"
+                ),
+            }
+        }
+        if spec.name.is_empty() {
+            bail!("name: missing (the sweep's name, e.g. name = \"formats\")");
+        }
+        if let Some(zip) = top_zip {
+            match spec.grids.as_mut_slice() {
+                [] => spec.grids.push(Grid {
+                    axes: Vec::new(),
+                    zip,
+                }),
+                [grid] if grid.zip.is_empty() => grid.zip = zip,
+                [_] => bail!("zip: the grid has its own zip table; give one of them"),
+                _ => bail!(
+                    "zip: a top-level [zip] belongs to a single [grid]; with several [[grid]] \
+                     tables put `zip = {{ ... }}` inside each"
+                ),
+            }
+        }
+        for (i, grid) in spec.grids.iter().enumerate() {
+            check_zip_lengths(&grid.zip, &grid_field(i, spec.grids.len(), "zip"))?;
+        }
+        Ok(spec)
+    }
+
+    /// Every axis of every grid, each once, in file order.
+    pub fn axes(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = Vec::new();
+        for grid in &self.grids {
+            for (key, _) in grid.axes.iter().chain(&grid.zip) {
+                if !keys.contains(key) {
+                    keys.push(*key);
+                }
+            }
+        }
+        keys
+    }
+
+    /// The value `[base]` gives `key`, if any.
+    pub fn base_value(&self, key: Key) -> Option<&Value> {
+        self.base.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+}
+
+fn grid_field(i: usize, count: usize, sub: &str) -> String {
+    match (count, sub) {
+        (1, "") => "grid".to_string(),
+        (1, sub) => format!("grid.{sub}"),
+        (_, "") => format!("grid[{i}]"),
+        (_, sub) => format!("grid[{i}].{sub}"),
+    }
+}
+
+fn check_zip_lengths(zip: &[(Key, Vec<Value>)], field: &str) -> Result<()> {
+    if let Some((first, values)) = zip.first() {
+        for (key, other) in &zip[1..] {
+            if other.len() != values.len() {
+                bail!(
+                    "{field}: zip axes advance together and need lists of one length: \
+                     `{first}` has {}, `{key}` has {}",
+                    values.len(),
+                    other.len()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the values of a spec, resolving paths against the spec's directory.
+struct Reader<'a> {
+    dir: &'a Path,
+}
+
+impl Reader<'_> {
+    fn name(&self, value: &Toml) -> Result<String> {
+        let name = value
+            .as_str()
+            .ok_or_else(|| anyhow!("name: expected a string"))?;
+        if name.is_empty() || file_safe(name) != name {
+            bail!(
+                "name: `{name}` must be non-empty and use only letters, digits, `.`, `_` and \
+                 `-` (it names the sweep's directory)"
+            );
+        }
+        Ok(name.to_string())
+    }
+
+    fn ptq(&self, value: &Toml) -> Result<Vec<Format>> {
+        let list = value
+            .as_array()
+            .ok_or_else(|| anyhow!("ptq: expected a list of formats, e.g. [\"posit<8,0>\"]"))?;
+        let formats = list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| anyhow!("ptq[{i}]: expected a format string"))?;
+                s.parse::<Format>()
+                    .map_err(|e| anyhow!("ptq[{i}]: `{s}`: {e}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        crate::ptq::check_formats(&formats).context("ptq")?;
+        Ok(formats)
+    }
+
+    fn settings(&self, value: &Toml, field: &str) -> Result<Vec<(Key, Value)>> {
+        let table = value
+            .as_table()
+            .ok_or_else(|| anyhow!("{field}: expected a table of settings"))?;
+        table
+            .iter()
+            .map(|(name, v)| {
+                let key = Key::parse(name, field)?;
+                let sub = format!("{field}.{name}");
+                if v.is_array() {
+                    bail!("{sub}: a list belongs in [grid]; [base] gives one value");
+                }
+                Ok((key, self.value(key, v, &sub)?))
+            })
+            .collect()
+    }
+
+    fn grids(&self, value: &Toml) -> Result<Vec<Grid>> {
+        match value {
+            Toml::Table(_) => Ok(vec![self.grid(value, "grid")?]),
+            Toml::Array(list) => {
+                if list.is_empty() {
+                    bail!("grid: an empty list of grids");
+                }
+                list.iter()
+                    .enumerate()
+                    .map(|(i, g)| self.grid(g, &grid_field(i, list.len(), "")))
+                    .collect()
+            }
+            _ => bail!("grid: expected a table of axes ([grid]) or tables ([[grid]])"),
+        }
+    }
+
+    fn grid(&self, value: &Toml, field: &str) -> Result<Grid> {
+        let table = value
+            .as_table()
+            .ok_or_else(|| anyhow!("{field}: expected a table of axes"))?;
+        let mut grid = Grid::default();
+        for (name, v) in table {
+            if name == "zip" {
+                grid.zip = self.axes(v, &format!("{field}.zip"))?;
+            } else {
+                grid.axes.push(self.axis(name, v, field)?);
+            }
+        }
+        let zip_keys: Vec<Key> = grid.zip.iter().map(|(k, _)| *k).collect();
+        if let Some((key, _)) = grid.axes.iter().find(|(k, _)| zip_keys.contains(k)) {
+            bail!("{field}: `{key}` is both a grid axis and a zip axis");
+        }
+        if grid.axes.is_empty() && grid.zip.is_empty() {
+            bail!("{field}: no axes");
+        }
+        Ok(grid)
+    }
+
+    fn axes(&self, value: &Toml, field: &str) -> Result<Vec<(Key, Vec<Value>)>> {
+        let table = value
+            .as_table()
+            .ok_or_else(|| anyhow!("{field}: expected a table of axes"))?;
+        table
+            .iter()
+            .map(|(name, v)| self.axis(name, v, field))
+            .collect()
+    }
+
+    fn axis(&self, name: &str, value: &Toml, field: &str) -> Result<(Key, Vec<Value>)> {
+        let key = Key::parse(name, field)?;
+        let sub = format!("{field}.{name}");
+        let list = value.as_array().ok_or_else(|| {
+            anyhow!("{sub}: an axis is a list of values, e.g. {name} = [..., ...]")
+        })?;
+        if list.is_empty() {
+            bail!("{sub}: an empty list (an axis needs at least one value)");
+        }
+        let values = list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| self.value(key, v, &format!("{sub}[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        for (i, v) in values.iter().enumerate() {
+            if let Some(j) = values[..i].iter().position(|w| w.to_string() == v.to_string()) {
+                bail!("{sub}: `{v}` is listed twice (values {j} and {i})");
+            }
+        }
+        Ok((key, values))
+    }
+
+    fn exclude(&self, value: &Toml) -> Result<Vec<Vec<(Key, Vec<Value>)>>> {
+        let list = value
+            .as_array()
+            .ok_or_else(|| anyhow!("exclude: expected a list of tables ([[exclude]])"))?;
+        list.iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let field = format!("exclude[{i}]");
+                let table = entry
+                    .as_table()
+                    .ok_or_else(|| anyhow!("{field}: expected a table of settings"))?;
+                if table.is_empty() {
+                    bail!("{field}: an empty entry would exclude every point");
+                }
+                table
+                    .iter()
+                    .map(|(name, v)| {
+                        let key = Key::parse(name, &field)?;
+                        let sub = format!("{field}.{name}");
+                        let values = match v {
+                            Toml::Array(list) => list
+                                .iter()
+                                .enumerate()
+                                .map(|(j, v)| self.value(key, v, &format!("{sub}[{j}]")))
+                                .collect::<Result<Vec<_>>>()?,
+                            v => vec![self.value(key, v, &sub)?],
+                        };
+                        Ok((key, values))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// One value of `key`, checked; errors name `field`.
+    fn value(&self, key: Key, v: &Toml, field: &str) -> Result<Value> {
+        let text = || {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("{field}: expected a string, got {v}"))
+        };
+        let count = |min: u64| -> Result<u64> {
+            let n = v
+                .as_integer()
+                .ok_or_else(|| anyhow!("{field}: expected an integer, got {v}"))?;
+            u64::try_from(n)
+                .ok()
+                .filter(|&n| n >= min)
+                .ok_or_else(|| anyhow!("{field}: must be at least {min}, got {n}"))
+        };
+        Ok(match key {
+            Key::Model => {
+                let s = text()?;
+                let model: ModelKind = s.parse().map_err(|e| anyhow!("{field}: {e}"))?;
+                Value::Text(model.to_string())
+            }
+            Key::Data => {
+                let s = text()?;
+                let source: DataSource = s.parse().map_err(|e| anyhow!("{field}: {e}"))?;
+                Value::Text(source.to_string())
+            }
+            Key::Optimizer => {
+                let s = text()?;
+                let o: OptimizerKind = s.parse().map_err(|e| anyhow!("{field}: {e}"))?;
+                Value::Text(o.to_string())
+            }
+            Key::Device => Value::Text(check_device(&text()?).map_err(|e| anyhow!("{field}: {e}"))?),
+            Key::DataDir => {
+                let s = text()?;
+                Value::Path(s.clone(), self.dir.join(&s))
+            }
+            Key::Config => {
+                let s = text()?;
+                QConfig::load(&self.config_path(&s)).map_err(|e| anyhow!("{field}: {e}"))?;
+                Value::Text(s)
+            }
+            Key::Epochs | Key::Batch | Key::TrainLimit => Value::Count(count(1)?),
+            Key::Seed => Value::Count(count(0)?),
+            Key::Lr => {
+                let x = v
+                    .as_float()
+                    .or_else(|| v.as_integer().map(|n| n as f64))
+                    .ok_or_else(|| anyhow!("{field}: expected a number, got {v}"))?;
+                if !(x.is_finite() && x > 0.0) {
+                    bail!("{field}: the learning rate must be positive and finite, got {x}");
+                }
+                Value::Real(x)
+            }
+            Key::Quant(_) | Key::Format => Value::Quant(quant_value(v, field)?),
+            Key::Category => {
+                let s = text()?;
+                Value::Categories(match s.as_str() {
+                    "all" => CategoryChoice::All,
+                    _ => CategoryChoice::One(s.parse().map_err(|_| {
+                        let keys: Vec<&str> = Category::ALL.iter().map(|c| c.key()).collect();
+                        anyhow!(
+                            "{field}: unknown category `{s}`; categories: {}, all",
+                            keys.join(", ")
+                        )
+                    })?),
+                })
+            }
+        })
+    }
+
+    /// A config value as [`QConfig::load`] takes it: presets and formats as they are, a
+    /// relative file path joined to the spec's directory.
+    fn config_path(&self, s: &str) -> String {
+        config_path(self.dir, s)
+    }
+}
+
+/// A config value resolved against the spec's directory `dir`: a preset or a format string
+/// as it is, a relative file path joined to `dir`.
+pub fn config_path(dir: &Path, s: &str) -> String {
+    let is_preset = crate::nn::config::presets().iter().any(|(n, _)| *n == s);
+    if is_preset || s.parse::<Format>().is_ok() || Path::new(s).is_absolute() {
+        s.to_string()
+    } else {
+        dir.join(s).to_string_lossy().into_owned()
+    }
+}
+
+/// A category's value: `"float32"` or `"none"` (not rounded), a format string, or a table
+/// `{ format, rounding }` as in config files.
+fn quant_value(v: &Toml, field: &str) -> Result<Option<QuantSpec>> {
+    if v.as_str() == Some("float32") {
+        return Ok(None);
+    }
+    let json = serde_json::to_value(v).with_context(|| format!("{field}: unreadable value"))?;
+    parse_quant_spec(&json, field).map_err(|e| anyhow!("{}: {}", e.field, e.message))
+}
+
+/// `cpu`, `cuda` or `cuda:N`, in that spelling.
+fn check_device(s: &str) -> Result<String> {
+    let ok = s == "cpu"
+        || s == "cuda"
+        || s
+            .strip_prefix("cuda:")
+            .is_some_and(|n| n.parse::<usize>().is_ok());
+    if !ok {
+        bail!("unknown device `{s}`; devices: cpu, cuda, cuda:N");
+    }
+    Ok(s.to_string())
+}
