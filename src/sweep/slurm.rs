@@ -94,9 +94,9 @@ pub struct SubmitOptions {
     pub extra_args: Vec<String>,
 }
 
-/// The batch script that runs the sweep points `indices` of the sweep `spec` in `dir` as
-/// the tasks of one array job: `#SBATCH` lines for the job name (the spec file's name
-/// without extension), the array ([`array_spec`]), the log files
+/// The batch script that runs the sweep points `indices` of the sweep `spec` (named
+/// `name`) in `dir` as the tasks of one array job: `#SBATCH` lines for the job name (the
+/// sweep's name, see [`job_name`]), the array ([`array_spec`]), the log files
 /// (`DIR/slurm/%A_%a.out`: job id, task index), the working directory (`dir`) and each
 /// option of `opts` that is set, then a body that sets `RAYON_NUM_THREADS` from
 /// `SLURM_CPUS_PER_TASK` (when Slurm sets it) and runs
@@ -112,6 +112,7 @@ pub fn sbatch_script(
     opts: &SubmitOptions,
     exe: &Path,
     spec: &Path,
+    name: &str,
     dir: &Path,
     indices: &[usize],
 ) -> Result<String> {
@@ -132,7 +133,7 @@ pub fn sbatch_script(
 
     let mut lines = vec![
         "#!/bin/bash".to_string(),
-        sbatch_line("job-name", &job_name(spec)),
+        sbatch_line("job-name", &job_name(name)),
         sbatch_line("array", &array),
         sbatch_line("output", &output),
         sbatch_line("chdir", &dir_text),
@@ -200,14 +201,10 @@ fn absolute_text(path: &Path, what: &str) -> Result<String> {
     Ok(text.to_string())
 }
 
-/// The job's name: the spec file's name without its extension, with every character but
-/// ASCII letters, digits, `.`, `_` and `-` replaced by `_` (a name is a label, not a path).
-fn job_name(spec: &Path) -> String {
-    let stem = spec
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let name: String = stem
+/// The job's name: the sweep's name with every character but ASCII letters, digits, `.`,
+/// `_` and `-` replaced by `_` (a job name is a label, not a path), or `sweep` when empty.
+pub fn job_name(sweep: &str) -> String {
+    let name: String = sweep
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
@@ -537,6 +534,7 @@ mod tests {
             opts,
             Path::new("/opt/bin/qcandle"),
             Path::new("/home/u/sweeps/lr grid.toml"),
+            "lr grid",
             Path::new(dir),
             &[0, 1, 2, 4],
         )
@@ -674,7 +672,7 @@ mod tests {
             (exe, Path::new("s.toml"), dir, "sweep spec"),
             (exe, spec, Path::new("runs"), "sweep directory"),
         ] {
-            let e = message(sbatch_script(&opts, exe, spec, dir, &[0]).unwrap_err());
+            let e = message(sbatch_script(&opts, exe, spec, "s", dir, &[0]).unwrap_err());
             assert!(e.contains(expected) && e.contains("absolute"), "{e}");
         }
         let e = message(script_for(&opts, r"/scratch/a\b").unwrap_err());
@@ -690,13 +688,10 @@ mod tests {
     }
 
     #[test]
-    fn job_name_is_the_spec_name_as_a_label() {
-        assert_eq!(job_name(Path::new("/a/smoke.toml")), "smoke");
-        assert_eq!(
-            job_name(Path::new("/a/lr grid;rm.v2.toml")),
-            "lr_grid_rm.v2"
-        );
-        assert_eq!(job_name(Path::new("/")), "sweep");
+    fn job_name_is_the_sweep_name_as_a_label() {
+        assert_eq!(job_name("smoke"), "smoke");
+        assert_eq!(job_name("lr grid;rm.v2"), "lr_grid_rm.v2");
+        assert_eq!(job_name(""), "sweep");
     }
 
     /// Runs the script's body with bash the way a task would, with a fake qcandle that
@@ -716,7 +711,8 @@ mod tests {
             ),
         );
         let spec = dir.join("spec 'one'.toml");
-        let script = sbatch_script(&SubmitOptions::default(), &exe, &spec, &dir, &[3]).unwrap();
+        let script =
+            sbatch_script(&SubmitOptions::default(), &exe, &spec, "one", &dir, &[3]).unwrap();
         let script_path = dir.join("sweep.sbatch");
         fs::write(&script_path, script).unwrap();
         let mut command = Command::new("bash");
