@@ -307,22 +307,18 @@ fn in_queue(job: &str, conf: &Path) -> bool {
     o.status.success() && !text(&o.stdout).trim().is_empty()
 }
 
-/// A CSV file without its `seconds` column (the one thing that may differ between runs).
+/// A CSV file without its last column, `seconds` (the one thing that may differ between
+/// runs). The last field is cut rather than a column counted: a method name such as
+/// `posit<8,0> naive` holds a comma.
 fn without_seconds(path: &Path) -> String {
     let csv = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let seconds = header.iter().position(|&c| c == "seconds");
-    let keep = |line: &str| -> String {
-        line.split(',')
-            .enumerate()
-            .filter(|&(i, _)| Some(i) != seconds)
-            .map(|(_, c)| c)
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    std::iter::once(keep(&header.join(",")))
-        .chain(lines.map(keep))
+    assert!(
+        csv.lines().next().is_some_and(|h| h.ends_with(",seconds")),
+        "{} does not end its columns with seconds",
+        path.display()
+    );
+    csv.lines()
+        .map(|line| line.rsplit_once(',').map_or(line, |(rest, _)| rest))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -343,6 +339,14 @@ fn tensor_files(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         }
     }
     files
+}
+
+/// A safetensors file's header (parsed: its keys' order aside) and its tensor data.
+fn safetensors_parts<'a>(bytes: &'a [u8], what: &str) -> (serde_json::Value, &'a [u8]) {
+    let size = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = serde_json::from_slice(&bytes[8..8 + size])
+        .unwrap_or_else(|e| panic!("{what}: not a safetensors header: {e}"));
+    (header, &bytes[8 + size..])
 }
 
 /// The run directories of a sweep directory, by point name.
@@ -459,7 +463,16 @@ fn a_sweep_on_slurm_equals_the_same_sweep_run_locally() {
             "{name}"
         );
         for (file, bytes) in &ta {
-            assert!(bytes == &tb[file], "{name}/{} differs", file.display());
+            let what = format!("{name}/{}", file.display());
+            let (header_a, data_a) = safetensors_parts(bytes, &what);
+            let (header_b, data_b) = safetensors_parts(&tb[file], &what);
+            assert_eq!(header_a, header_b, "{what}: the headers differ");
+            assert!(data_a == data_b, "{what}: the tensor data differs");
+            // The quantized models' metadata has two keys whose order in the file follows a
+            // hash map's, so only the trained files are compared byte for byte.
+            if file.parent() == Some(Path::new("")) {
+                assert!(bytes == &tb[file], "{what} differs");
+            }
         }
     }
 }
