@@ -226,7 +226,8 @@ fn submit_to_slurm(
     let s = &done.selection;
     if let Queue::Unknown(why) = &done.queue {
         note!(
-            "warning: could not ask Slurm's queue about this sweep's earlier jobs ({why}):              points they still hold may be submitted again"
+            "warning: could not ask Slurm's queue about this sweep's earlier jobs ({why}): \
+             points they still hold may be submitted again"
         );
     }
     note!(
