@@ -8,6 +8,8 @@
 //!   local worker and a Slurm array task both do).
 //! - [`local`]: the local backend: N worker processes, a progress bar, clean stops.
 //! - [`slurm`]: the Slurm backend: an array job over the unfinished points.
+//! - [`submit`]: a sweep submitted to Slurm (`sweep submit`) and its queued tasks
+//!   (`sweep status`).
 //! - [`report`]: `report.md`, `report.csv` and plots over the points' results.
 //!
 //! Reproducibility: a point's run is an ordinary `qcandle train` run directory (same
@@ -19,7 +21,9 @@ pub mod local;
 pub mod plan;
 pub mod point;
 pub mod report;
+pub mod slurm;
 pub mod spec;
+pub mod submit;
 
 pub use plan::{Plan, Point, Settings};
 pub use point::{run_point, state, State, SweepDir};

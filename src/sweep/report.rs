@@ -343,7 +343,12 @@ pub fn heatmap_grid(rows: &[Row], a: Key, b: Key) -> Option<crate::plot::Grid> {
     let both: Vec<&Row> = rows
         .iter()
         .filter(|r| r.point.axis(a).is_some() && r.point.axis(b).is_some())
-        .filter(|r| r.point.axes.iter().all(|(k, _)| [a, b, Key::Seed].contains(k)))
+        .filter(|r| {
+            r.point
+                .axes
+                .iter()
+                .all(|(k, _)| [a, b, Key::Seed].contains(k))
+        })
         .collect();
     let distinct = |k: Key| {
         let mut seen: Vec<String> = Vec::new();

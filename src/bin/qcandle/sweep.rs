@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
 use qcandle::device::DeviceSpec;
+use qcandle::sweep::slurm::SubmitOptions;
+use qcandle::sweep::submit::{self, Queue};
 use qcandle::sweep::{local, report, Plan, Spec, SweepDir};
 
 use super::write_stdout;
@@ -44,6 +46,42 @@ pub enum SweepCommand {
         #[arg(long)]
         quiet: bool,
     },
+    /// Submit the unfinished points to Slurm as one array job (task I runs point I); again,
+    /// it submits only what is neither finished, running nor queued.
+    Submit {
+        /// The sweep spec (TOML).
+        spec: PathBuf,
+        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
+        /// the spec's `device`, else cpu); every task is given it.
+        #[arg(long)]
+        device: Option<DeviceSpec>,
+        /// Sweep directory (default: sweeps/<name>); it must be on a filesystem the compute
+        /// nodes share.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Slurm partition (default: the cluster's).
+        #[arg(long)]
+        partition: Option<String>,
+        /// GPUs for each task.
+        #[arg(long)]
+        gpus_per_task: Option<u32>,
+        /// CPUs for each task; the task trains with that many threads.
+        #[arg(long)]
+        cpus_per_task: Option<u32>,
+        /// Time limit of each task, as Slurm reads it (e.g. 2:00:00).
+        #[arg(long)]
+        time: Option<String>,
+        /// At most this many tasks run at once.
+        #[arg(long)]
+        max_parallel: Option<usize>,
+        /// A further sbatch option, written verbatim (e.g. --sbatch-arg=--account=proj);
+        /// repeatable.
+        #[arg(long = "sbatch-arg", allow_hyphen_values = true)]
+        sbatch_args: Vec<String>,
+        /// Write the sweep directory's plan.json and sweep.sbatch; submit nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Run one point (what each local worker and each Slurm array task runs).
     Task {
         /// The sweep spec (TOML).
@@ -62,7 +100,8 @@ pub enum SweepCommand {
         #[arg(long)]
         quiet: bool,
     },
-    /// The state of every point: pending, partial, running, finished, failed.
+    /// The state of every point: pending, partial, running, finished, failed, and queued
+    /// when a submitted Slurm task waits for it.
     Status {
         /// The sweep spec (TOML).
         spec: PathBuf,
@@ -128,6 +167,29 @@ pub fn run(command: SweepCommand) -> Result<()> {
             workers,
             quiet,
         } => run_local(&spec, dir, device, workers, quiet),
+        SweepCommand::Submit {
+            spec,
+            device,
+            dir,
+            partition,
+            gpus_per_task,
+            cpus_per_task,
+            time,
+            max_parallel,
+            sbatch_args,
+            dry_run,
+        } => {
+            let options = SubmitOptions {
+                partition,
+                gpus_per_task,
+                cpus_per_task,
+                time,
+                max_parallel,
+                extra_args: sbatch_args,
+                device,
+            };
+            submit_to_slurm(&spec, dir, options, dry_run)
+        }
         SweepCommand::Task {
             spec,
             device,
@@ -176,8 +238,75 @@ fn plan(spec: &Path, device: Option<DeviceSpec>) -> Result<()> {
     Ok(())
 }
 
+fn submit_to_slurm(
+    spec: &Path,
+    dir: Option<PathBuf>,
+    options: SubmitOptions,
+    dry_run: bool,
+) -> Result<()> {
+    let (plan, dir) = open(spec, dir, options.device)?;
+    for warning in &plan.warnings {
+        note!("warning: {warning}");
+    }
+    let request = submit::Request {
+        exe: std::env::current_exe().context("cannot find the qcandle executable")?,
+        spec: spec.to_path_buf(),
+        options,
+        dry_run,
+    };
+    let done = submit::submit(&plan, &dir, &request)?;
+    let s = &done.selection;
+    if let Queue::Unknown(why) = &done.queue {
+        note!(
+            "warning: could not ask Slurm's queue about this sweep's earlier jobs ({why}): \
+             points they still hold may be submitted again"
+        );
+    }
+    note!(
+        "sweep `{}`: {} points: {} finished, {} running, {} queued in Slurm, {} to submit",
+        plan.spec.name,
+        plan.points.len(),
+        s.finished,
+        s.running.len(),
+        s.queued.len(),
+        s.to_submit.len()
+    );
+    let (Some(script), Some(array)) = (&done.script, &done.array) else {
+        outln!("nothing to submit: every point is finished, running or queued");
+        return Ok(());
+    };
+    let follow = format!(
+        "qcandle sweep status {} --dir {}",
+        spec.display(),
+        dir.root().display()
+    );
+    match &done.job_id {
+        Some(job) => {
+            outln!(
+                "submitted job {job}: array {array} ({} points)",
+                s.to_submit.len()
+            );
+            outln!("follow it with: {follow}");
+            outln!(
+                "task logs: {}",
+                qcandle::sweep::slurm::log_dir(dir.root()).display()
+            );
+        }
+        None => {
+            outln!(
+                "wrote {} (array {array}, {} points); not submitted (--dry-run)",
+                script.display(),
+                s.to_submit.len()
+            );
+            outln!("submit it with `qcandle sweep submit` without --dry-run (which records the job for `sweep status`)");
+        }
+    }
+    Ok(())
+}
+
 fn status(spec: &Path, dir: Option<PathBuf>, device: Option<DeviceSpec>) -> Result<()> {
     let (plan, dir) = open(spec, dir, device)?;
+    let queue = submit::queue(&dir);
     let rows = report::gather(&plan, &dir);
     outln!("| index | run | status | epochs | top-1 % |");
     outln!("|---|---|---|---|---|");
@@ -188,7 +317,7 @@ fn status(spec: &Path, dir: Option<PathBuf>, device: Option<DeviceSpec>) -> Resu
             "| {} | {} | {} | {epochs}/{} | {top1} |",
             row.point.index,
             row.point.name,
-            row.state,
+            submit::status_text(&row.state, queue.task(row.point.index)),
             row.point.settings.options.epochs
         );
     }
@@ -196,11 +325,20 @@ fn status(spec: &Path, dir: Option<PathBuf>, device: Option<DeviceSpec>) -> Resu
         .iter()
         .filter(|r| r.state == qcandle::sweep::State::Finished)
         .count();
+    let queued = rows
+        .iter()
+        .filter(|r| {
+            r.state != qcandle::sweep::State::Finished && queue.task(r.point.index).is_some()
+        })
+        .count();
     outln!(
-        "\n{finished} of {} points finished ({})",
+        "\n{finished} of {} points finished, {queued} queued in Slurm ({})",
         rows.len(),
         dir.root().display()
     );
+    if let Queue::Unknown(why) = &queue {
+        outln!("could not ask Slurm's queue about the submitted jobs ({why}): the states are from the sweep directory only");
+    }
     Ok(())
 }
 
