@@ -40,6 +40,7 @@ use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -57,6 +58,36 @@ use crate::optim::{
 };
 use crate::philox::Stream;
 use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
+
+/// Set by [`request_stop`]; checked before every training step.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Asks every training run of this process to stop before its next step (a program calls it
+/// from its Ctrl-C/SIGTERM handler). A run stopped this way loses only its unfinished epoch:
+/// results are saved between epochs, never interrupted by it, so the run directory stays
+/// consistent and resumes. The run returns a [`Stopped`] error.
+pub fn request_stop() {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// The error of a run stopped by [`request_stop`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// The epoch that was stopped (not saved).
+    pub epoch: usize,
+}
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stopped during epoch {}; the finished epochs are saved and running again resumes",
+            self.epoch
+        )
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 /// The optimizers `train` can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -369,6 +400,9 @@ impl Trainer {
         let count = batches.len();
         let mut total = 0.0;
         for (i, batch) in batches.enumerate() {
+            if STOP.load(Ordering::SeqCst) {
+                return Err(Stopped { epoch }.into());
+            }
             let (images, labels) = batch?;
             let loss = f64::from(self.step(&images, &labels)?);
             if !loss.is_finite() {

@@ -258,6 +258,8 @@ fn sigterm_stops_the_workers_and_the_next_run_resumes() {
         .epochs
         .len();
     assert!((1..40).contains(&done), "{done} epochs");
+    // Stopped, not failed: the worker stopped between two steps, never while saving.
+    assert!(!sweep.join("failed/s0.txt").exists());
     // The worker is gone: the run directory's lock is free, so the state is not "running".
     let o = qcandle(
         &[

@@ -264,7 +264,15 @@ fn peak_rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Ctrl-C and SIGTERM stop training between two steps, never while an epoch's results are
+/// being written (see [`qcandle::train::request_stop`]).
+fn stop_training_on_signals() -> Result<()> {
+    ctrlc::set_handler(qcandle::train::request_stop)
+        .context("cannot install the Ctrl-C/SIGTERM handler")
+}
+
 fn run_train(args: TrainArgs) -> Result<()> {
+    stop_training_on_signals()?;
     let config = QConfig::load(&args.config)?;
     let options = TrainOptions {
         // The model's canonical name when it has one; `validate` names an unknown one.
@@ -557,7 +565,7 @@ fn main() -> ExitCode {
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<ClosedPipe>() => ExitCode::from(CLOSED_PIPE_STATUS),
-        Err(e) if e.is::<sweep::Stopped>() => {
+        Err(e) if e.is::<sweep::Stopped>() || e.is::<qcandle::train::Stopped>() => {
             note!("{e}");
             ExitCode::from(sweep::STOPPED_STATUS)
         }

@@ -270,6 +270,8 @@ pub fn run_point(dir: &SweepDir, plan: &Plan, index: usize, quiet: bool) -> Resu
                     .with_context(|| format!("cannot remove {}", failure.display()))?;
             }
         }
+        // A stop asked for is not the point's failure: it resumes next time.
+        Err(e) if e.is::<crate::train::Stopped>() => {}
         Err(e) => {
             // The error is returned either way; a failure to record it is secondary.
             let _ = write_text(&failure, &format!("{e:#}\n"));

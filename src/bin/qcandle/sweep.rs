@@ -197,6 +197,7 @@ pub fn run(command: SweepCommand) -> Result<()> {
             index,
             quiet,
         } => {
+            super::stop_training_on_signals()?;
             let (plan, dir) = open(&spec, dir, device)?;
             qcandle::sweep::run_point(&dir, &plan, index, quiet)
         }
