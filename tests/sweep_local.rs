@@ -472,7 +472,10 @@ fn the_ptq_step_is_part_of_finished() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let csv = sweep.join("runs/t/ptq/ptq.csv");
     let first = std::fs::read_to_string(&csv).unwrap();
-    assert!(first.contains("posit<8,0> quire,"), "{first}");
+    // Methods whose format holds a comma are quoted, so every row has the header's columns.
+    assert!(first.contains("\n\"posit<8,0> quire\","), "{first}");
+    let columns = |l: &str| qcandle::io::csv_fields(l).len();
+    assert!(first.lines().all(|l| columns(l) == 7), "{first}");
     let model = std::fs::read(sweep.join("runs/t/model.safetensors")).unwrap();
     // Without its PTQ rows the point is not finished; running again redoes only the PTQ step.
     std::fs::remove_file(&csv).unwrap();

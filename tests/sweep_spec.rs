@@ -403,3 +403,14 @@ fn mean_and_sample_standard_deviation() {
     assert!((s.unwrap() - direct.sqrt()).abs() < 1e-12);
     assert_eq!(mean_std(&[5.0]), (5.0, None));
 }
+
+#[test]
+fn csv_fields_read_back_what_csv_field_writes() {
+    use qcandle::io::{csv_field, csv_fields};
+    let fields = ["posit<8,0> quire", "plain", "say \"hi\", twice", "", "a\"b"];
+    let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+    let line = line.join(",");
+    assert_eq!(csv_fields(&line), fields);
+    assert_eq!(csv_field("posit<8,0>"), "\"posit<8,0>\"");
+    assert_eq!(csv_field("e4m3"), "e4m3");
+}

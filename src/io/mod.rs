@@ -304,3 +304,32 @@ mod tests {
         }
     }
 }
+
+/// A CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote or a
+/// line break (format names hold commas: `posit<8,0>`); as it is otherwise.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The fields of one CSV line written with [`csv_field`] (quoted fields unquoted).
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                fields.last_mut().expect("one field").push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(String::new()),
+            (c, _) => fields.last_mut().expect("one field").push(c),
+        }
+    }
+    fields
+}

@@ -224,13 +224,20 @@ pub fn markdown(rows: &[(Method, Score)]) -> String {
     s
 }
 
-/// The rows as CSV: `method,top1,top5,tied,top1_ties_lost,top1_ties_won,seconds`.
+/// The rows as CSV: `method,top1,top5,tied,top1_ties_lost,top1_ties_won,seconds` (a method
+/// whose format holds a comma is quoted: `"posit<8,0> quire"`).
 pub fn csv(rows: &[(Method, Score)]) -> String {
     let mut s = String::from("method,top1,top5,tied,top1_ties_lost,top1_ties_won,seconds\n");
     for (m, r) in rows {
         s.push_str(&format!(
-            "{m},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3}\n",
-            r.top1, r.top5, r.tied, r.top1_range.0, r.top1_range.1, r.seconds
+            "{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3}\n",
+            crate::io::csv_field(&m.to_string()),
+            r.top1,
+            r.top5,
+            r.tied,
+            r.top1_range.0,
+            r.top1_range.1,
+            r.seconds
         ));
     }
     s

@@ -201,8 +201,9 @@ fn ptq_done(run_dir: &Path, point: &Point) -> bool {
         return false;
     };
     point.settings.ptq.iter().all(|f| {
-        let naive = format!("{f} naive,");
-        csv.lines().any(|l| l.starts_with(&naive))
+        let naive = format!("{f} naive");
+        csv.lines()
+            .any(|l| crate::io::csv_fields(l).first() == Some(&naive))
     })
 }
 

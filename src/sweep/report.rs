@@ -25,6 +25,7 @@ use super::plan::{Plan, Point};
 use super::point::{state, State, SweepDir};
 use super::spec::{Key, Value};
 use crate::format::Format;
+use crate::io::csv_field;
 use crate::plot::Series;
 use crate::train::RunRecord;
 
@@ -81,19 +82,8 @@ fn read_ptq(run_dir: &Path) -> Vec<(String, f64)> {
     text.lines()
         .skip(1)
         .filter_map(|line| {
-            let mut fields = line.split(',');
-            let method = fields.next()?;
-            // Formats hold commas (`posit<8,0> naive`): the method is everything before
-            // the first field that is a number.
-            let mut method = method.to_string();
-            for field in fields {
-                if let Ok(top1) = field.parse::<f64>() {
-                    return Some((method, top1));
-                }
-                method.push(',');
-                method.push_str(field);
-            }
-            None
+            let fields = crate::io::csv_fields(line);
+            Some((fields.first()?.clone(), fields.get(1)?.parse().ok()?))
         })
         .collect()
 }
@@ -107,15 +97,6 @@ fn ptq_methods(rows: &[Row]) -> Vec<String> {
         }
     }
     methods
-}
-
-/// A CSV field, quoted when it holds a comma, a quote or a line break.
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
 }
 
 /// The per-point table as CSV (see the module docs for its columns).
