@@ -290,21 +290,6 @@ fn write_through_temporary(path: &Path, write: impl FnOnce(&Path) -> Result<()>)
     result
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_temporary_files_written_are_the_ones_recognised_as_leftovers() {
-        for name in ["model.safetensors", "run.json", "curves.png", "noext"] {
-            let tmp = temporary_beside(Path::new("dir").join(name).as_path());
-            let tmp = tmp.file_name().unwrap().to_string_lossy();
-            assert!(is_temporary_name(&tmp), "{tmp}");
-            assert!(!is_temporary_name(name), "{name}");
-        }
-    }
-}
-
 /// A CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote or a
 /// line break (format names hold commas: `posit<8,0>`); as it is otherwise.
 pub fn csv_field(s: &str) -> String {
@@ -332,4 +317,19 @@ pub fn csv_fields(line: &str) -> Vec<String> {
         }
     }
     fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_temporary_files_written_are_the_ones_recognised_as_leftovers() {
+        for name in ["model.safetensors", "run.json", "curves.png", "noext"] {
+            let tmp = temporary_beside(Path::new("dir").join(name).as_path());
+            let tmp = tmp.file_name().unwrap().to_string_lossy();
+            assert!(is_temporary_name(&tmp), "{tmp}");
+            assert!(!is_temporary_name(name), "{name}");
+        }
+    }
 }
