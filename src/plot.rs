@@ -116,14 +116,14 @@ fn render(title: &str, loss: &[Series], accuracy: &[Series], file: &Path) -> Res
     panel(
         &left,
         "train loss",
-        "loss",
+        ("epoch", "loss"),
         loss,
         SeriesLabelPosition::UpperRight,
     )?;
     panel(
         &right,
         "test top-1 accuracy (%)",
-        "accuracy (%)",
+        ("epoch", "accuracy (%)"),
         accuracy,
         SeriesLabelPosition::LowerRight,
     )?;
@@ -135,7 +135,7 @@ fn render(title: &str, loss: &[Series], accuracy: &[Series], file: &Path) -> Res
 fn panel(
     area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
     caption: &str,
-    y_desc: &str,
+    (x_desc, y_desc): (&str, &str),
     series: &[Series],
     legend: SeriesLabelPosition,
 ) -> Result<()> {
@@ -156,7 +156,7 @@ fn panel(
         .build_cartesian_2d(x, y)?;
     chart
         .configure_mesh()
-        .x_desc("epoch")
+        .x_desc(x_desc)
         .x_label_formatter(&|x| {
             if x.fract() == 0.0 {
                 format!("{x:.0}")
@@ -418,59 +418,8 @@ pub fn lines(
         } else {
             root.titled(title, ("sans-serif", 20))?
         };
-        let finite = || {
-            series
-                .iter()
-                .flat_map(|s| s.points.iter().copied())
-                .filter(|&(x, y)| x.is_finite() && y.is_finite())
-        };
-        let x = axis_range(finite().map(|p| p.0), Some(0.5));
-        let y = axis_range(finite().map(|p| p.1), None);
-        let mut chart = ChartBuilder::on(&body)
-            .margin(14)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x, y)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .light_line_style(RGBColor(235, 235, 235))
-            .label_style(("sans-serif", 13))
-            .axis_desc_style(("sans-serif", 14))
-            .draw()?;
-        let mut labelled = false;
-        for (i, s) in series.iter().enumerate() {
-            let colour = PALETTE[i % PALETTE.len()];
-            let segments = finite_segments(&s.points);
-            for (j, segment) in segments.iter().enumerate() {
-                let drawn = chart.draw_series(LineSeries::new(
-                    segment.iter().copied(),
-                    colour.stroke_width(2),
-                ))?;
-                if j == 0 && !s.label.is_empty() {
-                    drawn.label(s.label.as_str()).legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                    });
-                    labelled = true;
-                }
-            }
-            chart.draw_series(
-                segments
-                    .iter()
-                    .flatten()
-                    .map(|&p| Circle::new(p, 4, colour.filled())),
-            )?;
-        }
-        if labelled {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .label_font(("sans-serif", 13))
-                .background_style(WHITE.mix(0.85))
-                .border_style(RGBColor(160, 160, 160))
-                .draw()?;
-        }
+        let legend = SeriesLabelPosition::LowerRight;
+        panel(&body, "", (x_desc, y_desc), series, legend)?;
         root.present()?;
         Ok(())
     })
