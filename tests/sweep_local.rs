@@ -532,3 +532,29 @@ fn a_device_that_cannot_be_opened_stops_the_sweep_before_any_point() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("gpu"), "{}", text(&o.stderr));
 }
+
+#[test]
+fn status_and_report_refuse_a_sweep_directory_that_does_not_exist() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "epochs = 1\n");
+    let missing = tmp.path().join("typo");
+    for command in ["status", "report"] {
+        let o = qcandle(
+            &[
+                "sweep",
+                command,
+                spec.to_str().unwrap(),
+                "--dir",
+                missing.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        assert_eq!(o.status.code(), Some(1), "{command}");
+        assert!(
+            text(&o.stderr).contains("no such sweep directory"),
+            "{}",
+            text(&o.stderr)
+        );
+        assert!(!missing.exists(), "{command} created it");
+    }
+}

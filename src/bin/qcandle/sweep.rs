@@ -204,6 +204,7 @@ pub fn run(command: SweepCommand) -> Result<()> {
         SweepCommand::Status { spec, device, dir } => status(&spec, dir, device),
         SweepCommand::Report { spec, device, dir } => {
             let (plan, dir) = open(&spec, dir, device)?;
+            require_dir(&dir)?;
             for path in report::write(&plan, &dir)? {
                 outln!("wrote {}", path.display());
             }
@@ -305,8 +306,22 @@ fn submit_to_slurm(
     Ok(())
 }
 
+/// Refuses a sweep directory that does not exist (a mistyped `--dir` would otherwise report
+/// every point as pending).
+fn require_dir(dir: &SweepDir) -> Result<()> {
+    if !dir.root().is_dir() {
+        bail!(
+            "{}: no such sweep directory; run the sweep first (`qcandle sweep run` or `sweep \
+             submit`) or pass the --dir it used",
+            dir.root().display()
+        );
+    }
+    Ok(())
+}
+
 fn status(spec: &Path, dir: Option<PathBuf>, device: Option<DeviceSpec>) -> Result<()> {
     let (plan, dir) = open(spec, dir, device)?;
+    require_dir(&dir)?;
     let queue = submit::queue(&dir);
     let rows = report::gather(&plan, &dir);
     outln!("| index | run | status | epochs | top-1 % |");
