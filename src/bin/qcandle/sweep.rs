@@ -15,6 +15,20 @@ use qcandle::sweep::{local, report, Plan, Spec, SweepDir};
 
 use super::write_stdout;
 
+/// The sweep a subcommand works on: its spec, the device of its points, its directory.
+#[derive(clap::Args)]
+pub struct Target {
+    /// The sweep spec (TOML).
+    spec: PathBuf,
+    /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default: the
+    /// spec's `device`, else cpu).
+    #[arg(long)]
+    device: Option<DeviceSpec>,
+    /// Sweep directory (default: sweeps/<name>).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
 /// The sweep subcommands.
 #[derive(Subcommand)]
 pub enum SweepCommand {
@@ -30,15 +44,8 @@ pub enum SweepCommand {
     /// Run the unfinished points on this machine, N at a time; again, it skips finished
     /// points and resumes interrupted ones.
     Run {
-        /// The sweep spec (TOML).
-        spec: PathBuf,
-        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
-        /// the spec's `device`, else cpu).
-        #[arg(long)]
-        device: Option<DeviceSpec>,
-        /// Sweep directory (default: sweeps/<name>).
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
         /// Points run at once; the machine's cores are split between them.
         #[arg(long, default_value_t = 1)]
         workers: usize,
@@ -49,16 +56,10 @@ pub enum SweepCommand {
     /// Submit the unfinished points to Slurm as one array job (task I runs point I); again,
     /// it submits only what is neither finished, running nor queued.
     Submit {
-        /// The sweep spec (TOML).
-        spec: PathBuf,
-        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
-        /// the spec's `device`, else cpu); every task is given it.
-        #[arg(long)]
-        device: Option<DeviceSpec>,
-        /// Sweep directory (default: sweeps/<name>); it must be on a filesystem the compute
-        /// nodes share.
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        /// The spec, device and directory; the directory must be on a filesystem the
+        /// compute nodes share, and every task is given the device.
+        #[command(flatten)]
+        target: Target,
         /// Slurm partition (default: the cluster's).
         #[arg(long)]
         partition: Option<String>,
@@ -84,15 +85,8 @@ pub enum SweepCommand {
     },
     /// Run one point (what each local worker and each Slurm array task runs).
     Task {
-        /// The sweep spec (TOML).
-        spec: PathBuf,
-        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
-        /// the spec's `device`, else cpu).
-        #[arg(long)]
-        device: Option<DeviceSpec>,
-        /// Sweep directory (default: sweeps/<name>).
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
         /// The point's index (`qcandle sweep plan` lists them).
         #[arg(long)]
         index: usize,
@@ -103,28 +97,14 @@ pub enum SweepCommand {
     /// The state of every point: pending, partial, running, finished, failed, and queued
     /// when a submitted Slurm task waits for it.
     Status {
-        /// The sweep spec (TOML).
-        spec: PathBuf,
-        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
-        /// the spec's `device`, else cpu).
-        #[arg(long)]
-        device: Option<DeviceSpec>,
-        /// Sweep directory (default: sweeps/<name>).
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
     },
     /// Write report.md, report.csv and plots of the points' results into the sweep
     /// directory.
     Report {
-        /// The sweep spec (TOML).
-        spec: PathBuf,
-        /// Device of every point whose spec does not vary it: cpu, cuda, cuda:N (default:
-        /// the spec's `device`, else cpu).
-        #[arg(long)]
-        device: Option<DeviceSpec>,
-        /// Sweep directory (default: sweeps/<name>).
-        #[arg(long)]
-        dir: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
     },
 }
 
@@ -161,16 +141,12 @@ pub fn run(command: SweepCommand) -> Result<()> {
     match command {
         SweepCommand::Plan { spec, device } => plan(&spec, device),
         SweepCommand::Run {
-            spec,
-            device,
-            dir,
+            target: Target { spec, device, dir },
             workers,
             quiet,
         } => run_local(&spec, dir, device, workers, quiet),
         SweepCommand::Submit {
-            spec,
-            device,
-            dir,
+            target: Target { spec, device, dir },
             partition,
             gpus_per_task,
             cpus_per_task,
@@ -191,9 +167,7 @@ pub fn run(command: SweepCommand) -> Result<()> {
             submit_to_slurm(&spec, dir, options, dry_run)
         }
         SweepCommand::Task {
-            spec,
-            device,
-            dir,
+            target: Target { spec, device, dir },
             index,
             quiet,
         } => {
@@ -201,8 +175,12 @@ pub fn run(command: SweepCommand) -> Result<()> {
             let (plan, dir) = open(&spec, dir, device)?;
             qcandle::sweep::run_point(&dir, &plan, index, quiet)
         }
-        SweepCommand::Status { spec, device, dir } => status(&spec, dir, device),
-        SweepCommand::Report { spec, device, dir } => {
+        SweepCommand::Status {
+            target: Target { spec, device, dir },
+        } => status(&spec, dir, device),
+        SweepCommand::Report {
+            target: Target { spec, device, dir },
+        } => {
             let (plan, dir) = open(&spec, dir, device)?;
             require_dir(&dir)?;
             for path in report::write(&plan, &dir)? {
