@@ -18,6 +18,19 @@ fn qcandle(args: &[&str], cwd: &Path) -> Output {
         .expect("the binary runs")
 }
 
+/// `qcandle sweep COMMAND SPEC --dir DIR EXTRA...`, run in `cwd`.
+fn run_sweep(cwd: &Path, command: &str, spec: &Path, dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "sweep",
+        command,
+        spec.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    qcandle(&args, cwd)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -52,17 +65,7 @@ fn a_sweep_point_equals_the_same_train_run_bit_for_bit() {
         "epochs = 2\n[grid]\nconfig = [\"posit<16,1>\"]\nseed = [3]\n",
     );
     let sweep = tmp.path().join("sw");
-    let o = qcandle(
-        &[
-            "sweep",
-            "run",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-            "--quiet",
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let by_hand = tmp.path().join("by-hand");
     let o = qcandle(
@@ -162,48 +165,20 @@ fn a_failing_point_is_recorded_and_the_others_finish() {
     )
     .unwrap();
     let sweep = tmp.path().join("sw");
-    let o = qcandle(
-        &[
-            "sweep",
-            "run",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-            "--quiet",
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("1 of 2 points failed"), "{err}");
     let failure = std::fs::read_to_string(sweep.join("failed/mnist-no-data.txt")).unwrap();
     assert!(failure.contains("no-data"), "{failure}");
     assert!(sweep.join("runs/embedded/run.json").exists());
-    let o = qcandle(
-        &[
-            "sweep",
-            "status",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "status", &spec, &sweep, &[]);
     let out = text(&o.stdout);
     assert!(out.contains("| embedded | finished |"), "{out}");
     assert!(out.contains("| mnist-no-data | failed: "), "{out}");
     assert!(out.contains("1 of 2 points finished"), "{out}");
     // The report lists both, the failure with its status.
-    let o = qcandle(
-        &[
-            "sweep",
-            "report",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "report", &spec, &sweep, &[]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let csv = std::fs::read_to_string(sweep.join("report.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
@@ -261,16 +236,7 @@ fn sigterm_stops_the_workers_and_the_next_run_resumes() {
     // Stopped, not failed: the worker stopped between two steps, never while saving.
     assert!(!sweep.join("failed/s0.txt").exists());
     // The worker is gone: the run directory's lock is free, so the state is not "running".
-    let o = qcandle(
-        &[
-            "sweep",
-            "status",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "status", &spec, &sweep, &[]);
     assert!(
         text(&o.stdout).contains("| s0 | partial"),
         "{}",
@@ -282,17 +248,7 @@ fn sigterm_stops_the_workers_and_the_next_run_resumes() {
         tmp.path(),
         &format!("epochs = {}\n[grid]\nseed = [0]\n", done + 1),
     );
-    let o = qcandle(
-        &[
-            "sweep",
-            "run",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-            "--quiet",
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let after = metrics_without_time(&sweep.join("runs/s0"));
     assert_eq!(after.len(), before.len() + 1);
@@ -314,19 +270,7 @@ fn a_task_checks_its_index_against_the_recorded_plan() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = write_spec(tmp.path(), "epochs = 1\n[grid]\nseed = [0, 1]\n");
     let sweep = tmp.path().join("sw");
-    let dir = sweep.to_str().unwrap();
-    let o = qcandle(
-        &[
-            "sweep",
-            "task",
-            spec.to_str().unwrap(),
-            "--dir",
-            dir,
-            "--index",
-            "2",
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "task", &spec, &sweep, &["--index", "2"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         text(&o.stderr).contains("index 2 is beyond the plan's 2 points"),
@@ -339,18 +283,7 @@ fn a_task_checks_its_index_against_the_recorded_plan() {
         r#"{"sweep":"t","points":[{"index":0,"name":"s0","digest":"0000"}]}"#,
     )
     .unwrap();
-    let o = qcandle(
-        &[
-            "sweep",
-            "task",
-            spec.to_str().unwrap(),
-            "--dir",
-            dir,
-            "--index",
-            "0",
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "task", &spec, &sweep, &["--index", "0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         text(&o.stderr).contains("no longer gives the point 0"),
@@ -382,17 +315,7 @@ fn two_sweeps_cannot_share_a_directory() {
         assert!(start.elapsed() < Duration::from_secs(60));
         std::thread::sleep(Duration::from_millis(20));
     }
-    let o = qcandle(
-        &[
-            "sweep",
-            "run",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-            "--quiet",
-        ],
-        tmp.path(),
-    );
+    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
     sigterm(first.id());
     let _ = first.wait();
     assert_eq!(o.status.code(), Some(1));
@@ -419,18 +342,12 @@ fn plan_lists_every_point_and_report_draws_the_heatmap() {
     );
     let sweep = tmp.path().join("sw");
     let dir = sweep.to_str().unwrap();
-    let o = qcandle(
-        &[
-            "sweep",
-            "run",
-            spec.to_str().unwrap(),
-            "--dir",
-            dir,
-            "--workers",
-            "2",
-            "--quiet",
-        ],
+    let o = run_sweep(
         tmp.path(),
+        "run",
+        &spec,
+        &sweep,
+        &["--workers", "2", "--quiet"],
     );
     assert!(o.status.success(), "{}", text(&o.stderr));
     let o = qcandle(
@@ -503,18 +420,12 @@ fn a_device_that_cannot_be_opened_stops_the_sweep_before_any_point() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = write_spec(tmp.path(), "epochs = 1\n[grid]\nseed = [0, 1]\n");
     let sweep = tmp.path().join("sw");
-    let o = qcandle(
-        &[
-            "sweep",
-            "run",
-            spec.to_str().unwrap(),
-            "--dir",
-            sweep.to_str().unwrap(),
-            "--device",
-            "cuda:7",
-            "--quiet",
-        ],
+    let o = run_sweep(
         tmp.path(),
+        "run",
+        &spec,
+        &sweep,
+        &["--device", "cuda:7", "--quiet"],
     );
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
