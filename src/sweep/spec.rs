@@ -607,7 +607,7 @@ impl Reader<'_> {
             }
             Key::Config => {
                 let s = text()?;
-                QConfig::load(&self.config_path(&s)).map_err(|e| anyhow!("{field}: {e}"))?;
+                QConfig::load(&config_path(self.dir, &s)).map_err(|e| anyhow!("{field}: {e}"))?;
                 // A format in its canonical spelling (`posit<16, 1>` is `posit<16,1>`).
                 let is_preset = crate::nn::config::presets().iter().any(|(n, _)| *n == s);
                 match s.parse::<Format>() {
@@ -642,12 +642,6 @@ impl Reader<'_> {
                 })
             }
         })
-    }
-
-    /// A config value as [`QConfig::load`] takes it: presets and formats as they are, a
-    /// relative file path joined to the spec's directory.
-    fn config_path(&self, s: &str) -> String {
-        config_path(self.dir, s)
     }
 }
 
