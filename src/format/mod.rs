@@ -17,6 +17,7 @@ pub mod block;
 pub mod fixed;
 pub mod float;
 pub mod grid;
+pub mod lns;
 mod pattern;
 pub mod posit;
 pub mod rounding;
@@ -27,6 +28,7 @@ use std::str::FromStr;
 pub use block::{Block, BlockScope};
 pub use fixed::Fixed;
 pub use float::{Float, Overflow, Specials};
+pub use lns::Lns;
 pub use posit::Posit;
 pub use rounding::{Rounding, RoundingRule};
 
