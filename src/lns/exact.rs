@@ -1,0 +1,349 @@
+//! Exact decisions by interval arithmetic on big integers: bounds on `2^(j / 2^s)`, the sign
+//! of `1 ± 2^(z/2^f) - 2^(c/2^(f+1))`, and from them the Gaussian logarithms rounded to
+//! nearest or toward -inf, `2^(k/2^f)` correctly rounded to f64 and the nearest code of an f64.
+//!
+//! # Bounds on `2^(j/2^s)`
+//!
+//! At precision `p` every quantity is a pair of integers `lo <= v * 2^p <= hi`. The roots
+//! `2^(2^-t)` come from a chain of integer square roots (`floor(sqrt(2^(2p+1)))`, then
+//! `floor(sqrt(lo * 2^p))` and `floor(sqrt(hi * 2^p)) + 1`), and `2^(j/2^s)` with `j = q 2^s + r`,
+//! `0 <= r < 2^s`, is `2^q` times the product of the roots `2^(2^-(s-i))` of the set bits `i`
+//! of `r`, each product rounded down in `lo` and up in `hi`. Every step keeps the true value
+//! inside `[lo, hi]`, so a comparison decided by disjoint intervals is exact. An undecided
+//! comparison is repeated at twice the precision (128, 256, 512, ... bits); it terminates
+//! because the two sides are never equal except in the cases that are tested for up front:
+//!
+//! With `y = 2^(1/2^(f+1))`, whose minimal polynomial is `t^(2^(f+1)) - 2` (Eisenstein at 2),
+//! the powers `1, y, ..., y^(2^(f+1)-1)` are linearly independent over the rationals. So
+//! `1 ± y^(2z) = y^c` forces both exponents to be multiples of `2^(f+1)`, which leaves
+//! `1 + 2^a = 2^b` and `1 - 2^a = 2^b` in integers: only `1 + 1 = 2` (`z = 0`, `sb = 2^f`)
+//! and `1 - 1/2 = 1/2` (`z = -2^f`, `db = -2^f`). In particular sb and db are never an odd
+//! multiple of a half unit, so rounding to nearest never meets a tie, and an f64 `x` (a
+//! rational) is never `2^(c/2^(f+1))` with `c` odd.
+
+use std::cmp::Ordering;
+use std::sync::OnceLock;
+
+use num_bigint::BigUint;
+
+/// Bits of precision of the first attempt at every decision.
+const FIRST_PRECISION: u32 = 128;
+/// The precision at which a decision gives up. Never reached: the sides differ (see the
+/// module docs) by far more than `2^-65536` for every argument this module accepts.
+const LAST_PRECISION: u32 = 1 << 16;
+/// Most fraction bits `s` of an exponent `j / 2^s` that the root chain covers.
+const MAX_ROOT_BITS: u32 = 64;
+/// Most fraction bits `f` of the logarithm the Gaussian-log functions accept.
+pub(crate) const MAX_GAUSS_F: u32 = 40;
+
+/// `lo <= v * 2^p <= hi` for a positive real `v`.
+struct Bounds {
+    lo: BigUint,
+    hi: BigUint,
+}
+
+/// `ceil(x / 2^n)`.
+fn ceil_shr(x: BigUint, n: u32) -> BigUint {
+    let round = (BigUint::from(1u32) << n) - 1u32;
+    (x + round) >> n
+}
+
+/// Bounds on the roots `2^(2^-t)`, `t = 1..=MAX_ROOT_BITS`, at precision `p` (index `t - 1`).
+fn roots(p: u32) -> Vec<Bounds> {
+    let mut out: Vec<Bounds> = Vec::with_capacity(MAX_ROOT_BITS as usize);
+    let lo = (BigUint::from(1u32) << (2 * p + 1)).sqrt();
+    // sqrt(2) * 2^p is irrational, so it lies strictly above its floor.
+    let hi = &lo + 1u32;
+    out.push(Bounds { lo, hi });
+    for _ in 1..MAX_ROOT_BITS {
+        let prev = out.last().expect("the chain starts with one root");
+        // sqrt(v) 2^p = sqrt(v 2^p * 2^p).
+        let lo = (&prev.lo << p).sqrt();
+        let hi = (&prev.hi << p).sqrt() + 1u32;
+        out.push(Bounds { lo, hi });
+    }
+    out
+}
+
+/// The roots at the first precision, computed once.
+fn first_roots() -> &'static [Bounds] {
+    static ROOTS: OnceLock<Vec<Bounds>> = OnceLock::new();
+    ROOTS.get_or_init(|| roots(FIRST_PRECISION))
+}
+
+/// Bounds on `2^(j / 2^s) * 2^p` from the roots at precision `p`. Needs `s <= 64`.
+fn pow2(j: i64, s: u32, p: u32, roots: &[Bounds]) -> Bounds {
+    debug_assert!(s <= MAX_ROOT_BITS);
+    let q = if s == 64 { if j < 0 { -1 } else { 0 } } else { j >> s };
+    let r = (j as i128 - ((q as i128) << s)) as u128;
+    let one = BigUint::from(1u32) << p;
+    let (mut lo, mut hi) = (one.clone(), one);
+    for i in 0..s {
+        if (r >> i) & 1 == 1 {
+            // Bit i weighs 2^(i - s): the root 2^(2^-(s - i)).
+            let c = &roots[(s - i - 1) as usize];
+            lo = (lo * &c.lo) >> p;
+            hi = ceil_shr(hi * &c.hi, p);
+        }
+    }
+    if q >= 0 {
+        Bounds {
+            lo: lo << q as u64,
+            hi: hi << q as u64,
+        }
+    } else {
+        let n = u32::try_from(-q).unwrap_or(u32::MAX);
+        Bounds {
+            lo: lo >> n,
+            hi: ceil_shr(hi, n),
+        }
+    }
+}
+
+/// Runs `decide` at precisions 128, 256, ... bits until it returns an answer.
+fn refine<T>(mut decide: impl FnMut(u32, &[Bounds]) -> Option<T>) -> T {
+    if let Some(t) = decide(FIRST_PRECISION, first_roots()) {
+        return t;
+    }
+    let mut p = 2 * FIRST_PRECISION;
+    while p <= LAST_PRECISION {
+        if let Some(t) = decide(p, &roots(p)) {
+            return t;
+        }
+        p *= 2;
+    }
+    unreachable!("an exact comparison stayed undecided at {LAST_PRECISION} bits")
+}
+
+/// Orders two intervals; `None` when they overlap.
+fn order(a_lo: &BigUint, a_hi: &BigUint, b_lo: &BigUint, b_hi: &BigUint) -> Option<Ordering> {
+    if a_hi < b_lo {
+        Some(Ordering::Less)
+    } else if a_lo > b_hi {
+        Some(Ordering::Greater)
+    } else {
+        None
+    }
+}
+
+/// Which Gaussian logarithm: `sb` for `1 + B^z`, `db` for `|1 - B^z|`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gauss {
+    /// `sb(z) = log_B(1 + B^z)`.
+    Sum,
+    /// `db(z) = log_B |1 - B^z|`.
+    Difference,
+}
+
+/// Rounding of a Gaussian logarithm to an integer number of units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// To the nearest integer (never a tie, see the module docs).
+    Nearest,
+    /// Toward -inf.
+    Floor,
+}
+
+/// Orders `1 ± 2^(z / 2^f)` against `2^(c / 2^(f+1))` exactly, for `z <= 0` (`z < 0` for the
+/// difference) and `f <= MAX_GAUSS_F`.
+fn cmp_gauss(op: Gauss, z: i64, f: u32, c: i64) -> Ordering {
+    match op {
+        Gauss::Sum if z == 0 && c == 1i64 << (f + 1) => return Ordering::Equal,
+        Gauss::Difference if z == -(1i64 << f) && c == -(1i64 << (f + 1)) => {
+            return Ordering::Equal
+        }
+        _ => {}
+    }
+    refine(|p, roots| {
+        let t = pow2(z, f, p, roots);
+        let one = BigUint::from(1u32) << p;
+        let (lo, hi) = match op {
+            Gauss::Sum => (&one + &t.lo, &one + &t.hi),
+            Gauss::Difference => {
+                // 0 < 1 - 2^x, so 0 is a valid lower bound when t.hi reaches 1.
+                let lo = if t.hi < one {
+                    &one - &t.hi
+                } else {
+                    BigUint::default()
+                };
+                (lo, &one - &t.lo)
+            }
+        };
+        let r = pow2(c, f + 1, p, roots);
+        order(&lo, &hi, &r.lo, &r.hi)
+    })
+}
+
+/// `2^f * log2(1 ± 2^(z/2^f))` in f64: a starting guess within a few units.
+fn estimate(op: Gauss, z: i64, f: u32) -> f64 {
+    let scale = (f as f64).exp2();
+    let x = z as f64 / scale;
+    let ln = match op {
+        Gauss::Sum => x.exp2().ln_1p(),
+        Gauss::Difference => (-(x * std::f64::consts::LN_2).exp_m1()).ln(),
+    };
+    scale * ln / std::f64::consts::LN_2
+}
+
+/// The Gaussian logarithm `op` at `z` (units of `2^-f`) rounded to an integer number of
+/// units. Needs `z <= 0` (`z < 0` for the difference) and `f <= MAX_GAUSS_F`.
+///
+/// For `z <= -(f+2) 2^f` the value lies in `(0, 1/(4 ln 2))` for the sum and in
+/// `(-1/(3 ln 2), 0)` for the difference (from `ln(1+u) <= u` and `-ln(1-u) <= u/(1-u)` with
+/// `u = 2^(z/2^f) <= 2^-(f+2)`), both inside half a unit of 0, so the answer is known without
+/// evaluation.
+pub(crate) fn gauss_log(op: Gauss, z: i64, f: u32, dir: Direction) -> i64 {
+    debug_assert!(f <= MAX_GAUSS_F);
+    debug_assert!(z < 0 || (z == 0 && op == Gauss::Sum));
+    if z <= -((f as i64 + 2) << f) {
+        return match (op, dir) {
+            (Gauss::Difference, Direction::Floor) => -1,
+            _ => 0,
+        };
+    }
+    let guess = estimate(op, z, f);
+    let mut m = match dir {
+        Direction::Nearest => guess.round(),
+        Direction::Floor => guess.floor(),
+    } as i64;
+    // The answer m satisfies lower(m) <= value < upper(m) in half units:
+    // nearest: (2m - 1, 2m + 1); floor: [2m, 2m + 2).
+    let (below, above) = match dir {
+        Direction::Nearest => (-1, 1),
+        Direction::Floor => (0, 2),
+    };
+    loop {
+        if cmp_gauss(op, z, f, 2 * m + above) != Ordering::Less {
+            m += 1;
+        } else if cmp_gauss(op, z, f, 2 * m + below) == Ordering::Less {
+            m -= 1;
+        } else {
+            return m;
+        }
+    }
+}
+
+/// `2^e` for `-1074 <= e <= 1023`, exactly.
+fn exp2i(e: i64) -> f64 {
+    debug_assert!((-1074..=1023).contains(&e));
+    if e >= -1022 {
+        f64::from_bits(((e + 1023) as u64) << 52)
+    } else {
+        f64::from_bits(1u64 << (e + 1074))
+    }
+}
+
+/// `2^(k / 2^f)` correctly rounded to f64 (nearest, ties to even; beyond the largest f64 it
+/// is `+inf`, below half the smallest subnormal `0`). Needs `f <= 64`.
+pub(crate) fn pow2_to_f64(k: i64, f: u32) -> f64 {
+    let q = if f == 64 { if k < 0 { -1 } else { 0 } } else { k >> f };
+    let r = (k as i128 - ((q as i128) << f)) as i64;
+    if q > 1023 {
+        return f64::INFINITY;
+    }
+    // Significant bits the result keeps: 53 for a normal number, fewer for a subnormal.
+    let bits = if q >= -1022 { 53 } else { q + 1075 };
+    if bits < 0 {
+        return 0.0;
+    }
+    if bits == 0 {
+        // 2^q M with M in [1, 2): exactly half the smallest subnormal when M = 1 (a tie,
+        // to even: 0), above it otherwise.
+        return if r == 0 { 0.0 } else { exp2i(-1074) };
+    }
+    let bits = bits as u32;
+    // r < 2^f, but for f = 64 the low part is read as an unsigned fraction.
+    let mantissa = refine(|p, roots| {
+        let t = pow2(r, f, p, roots);
+        let shift = p - (bits - 1);
+        let half = BigUint::from(1u32) << (shift - 1);
+        let a = (&t.lo + &half) >> shift;
+        let b = (&t.hi + &half) >> shift;
+        (a == b).then_some(a)
+    });
+    let n = mantissa.to_u64_digits().first().copied().unwrap_or(0);
+    n as f64 * exp2i(q - (bits as i64 - 1))
+}
+
+/// Orders a positive finite f64 `x` against `2^(c / 2^s)` exactly (`s <= 64`).
+fn cmp_f64_pow2(x: f64, c: i64, s: u32) -> Ordering {
+    let bits = x.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i64;
+    let (mant, ex) = if biased == 0 {
+        (bits & ((1 << 52) - 1), -1074)
+    } else {
+        ((bits & ((1 << 52) - 1)) | (1 << 52), biased - 1075)
+    };
+    let q = c >> s;
+    let r = c - (q << s);
+    // x = mant 2^ex, compared with 2^q 2^(r/2^s): x 2^-q 2^p against 2^(r/2^s) 2^p.
+    refine(|p, roots| {
+        let e = ex - q + p as i64;
+        let m = BigUint::from(mant);
+        let (lo, hi) = if e >= 0 {
+            let v = m << e as u64;
+            (v.clone(), v)
+        } else {
+            let n = u32::try_from(-e).unwrap_or(u32::MAX);
+            (&m >> n, ceil_shr(m, n))
+        };
+        let t = pow2(r, s, p, roots);
+        order(&lo, &hi, &t.lo, &t.hi)
+    })
+}
+
+/// The integer `k` nearest to `2^f log2(x)` for a positive finite f64 `x` (never a tie),
+/// `f <= 63`.
+pub(crate) fn nearest_log(x: f64, f: u32) -> i64 {
+    debug_assert!(x > 0.0 && x.is_finite());
+    let mut k = (x.log2() * (f as f64).exp2()).round() as i64;
+    loop {
+        if cmp_f64_pow2(x, 2 * k + 1, f + 1) != Ordering::Less {
+            k += 1;
+        } else if cmp_f64_pow2(x, 2 * k - 1, f + 1) != Ordering::Greater {
+            k -= 1;
+        } else {
+            return k;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_bounds_contain_the_f64_roots() {
+        for (i, b) in first_roots().iter().enumerate() {
+            let t = i as i32 + 1;
+            let want = (2f64).powf((2f64).powi(-t));
+            let scale = (FIRST_PRECISION as f64).exp2();
+            let lo = b.lo.to_string().parse::<f64>().unwrap() / scale;
+            let hi = b.hi.to_string().parse::<f64>().unwrap() / scale;
+            assert!(lo <= want * (1.0 + 1e-15) && hi >= want * (1.0 - 1e-15), "t = {t}");
+            assert!(&b.hi - &b.lo <= BigUint::from(64u32), "t = {t}: bounds too wide");
+        }
+    }
+
+    #[test]
+    fn the_exact_integer_cases_are_found() {
+        for f in [0, 1, 5, 23, 40] {
+            for dir in [Direction::Nearest, Direction::Floor] {
+                assert_eq!(gauss_log(Gauss::Sum, 0, f, dir), 1 << f);
+                assert_eq!(gauss_log(Gauss::Difference, -(1 << f), f, dir), -(1 << f));
+            }
+        }
+    }
+
+    #[test]
+    fn powers_of_two_and_square_roots_convert_exactly() {
+        assert_eq!(pow2_to_f64(0, 3), 1.0);
+        assert_eq!(pow2_to_f64(-8 * 1074, 3), exp2i(-1074));
+        assert_eq!(pow2_to_f64(-8 * 1075, 3), 0.0);
+        assert_eq!(pow2_to_f64(1 << 20, 10), f64::INFINITY);
+        let top = pow2_to_f64((1 << 20) - 1, 10);
+        assert!((top / (1023.0 + 1023.0 / 1024.0f64).exp2() - 1.0).abs() < 1e-15);
+        assert_eq!(pow2_to_f64(1, 1), std::f64::consts::SQRT_2);
+        assert_eq!(pow2_to_f64(-1, 1), std::f64::consts::FRAC_1_SQRT_2);
+    }
+}
