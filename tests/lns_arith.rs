@@ -39,7 +39,7 @@ fn documented_tables(f: u32) -> Vec<GaussLog> {
             guard_bits: 4,
         },
         GaussLog::Table {
-            grid_bits: g + 2,
+            grid_bits: (g + 2).min(f),
             guard_bits: 4,
         },
     ]
@@ -173,6 +173,374 @@ fn gaussian_logs_far_below_zero_vanish() {
                 assert_eq!(a.sb(z), 0, "{g:?} sb({z})");
                 assert_eq!(a.db(z), Some(if floor { -1 } else { 0 }), "{g:?} db({z})");
             }
+        }
+    }
+}
+
+/// The magnitude `2^(k/2^f)` of a code in the reference's fixed point.
+fn magnitude(k: i32, f: u32) -> BigInt {
+    reference::pow2(k as i64, f)
+}
+
+/// The expected `a + b` under `GaussLog::Ideal` (`floor = false`) or `Truncated`
+/// (`floor = true`), from the exact sum of the two values in the reference's arithmetic.
+fn expected_sum(l: Lns, a: LnsValue, b: LnsValue, floor: bool) -> LnsValue {
+    let f = l.f();
+    let (sa, ka, sb, kb) = match (a, b) {
+        (LnsValue::NaN, _) | (_, LnsValue::NaN) => return LnsValue::NaN,
+        (LnsValue::Zero, x) | (x, LnsValue::Zero) => return x,
+        (
+            LnsValue::Finite {
+                negative: sa,
+                k: ka,
+            },
+            LnsValue::Finite {
+                negative: sb,
+                k: kb,
+            },
+        ) => (sa, ka, sb, kb),
+    };
+    let va = if sa { -magnitude(ka, f) } else { magnitude(ka, f) };
+    let vb = if sb { -magnitude(kb, f) } else { magnitude(kb, f) };
+    let sum = va + vb;
+    if sum == BigInt::from(0) {
+        return LnsValue::Zero;
+    }
+    let negative = sum < BigInt::from(0);
+    let logk = reference::log_units(&if negative { -sum } else { sum }, f);
+    let k = if floor {
+        match reference::place(&logk) {
+            // Exact only for x + x (doubling) and 2x - x.
+            Place::AtInteger(n) => n,
+            Place::Between(n) => n,
+        }
+    } else {
+        reference::nearest(&logk)
+    };
+    if k > l.k_max() {
+        LnsValue::Finite {
+            negative,
+            k: l.k_max() as i32,
+        }
+    } else if k < l.k_min() {
+        LnsValue::Zero
+    } else {
+        LnsValue::Finite {
+            negative,
+            k: k as i32,
+        }
+    }
+}
+
+/// Every pattern of `l`.
+fn all_codes(l: Lns) -> Vec<LnsValue> {
+    (0..1u32 << l.w())
+        .map(|b| LnsValue::from_bits(l, b).unwrap())
+        .collect()
+}
+
+/// Checks `add` and `sub` of every pair of codes of `l` for Ideal and Truncated.
+fn check_all_sums(l: Lns) {
+    let ideal = arith(l, GaussLog::Ideal);
+    let trunc = arith(l, GaussLog::Truncated);
+    let codes = all_codes(l);
+    for &a in &codes {
+        for &b in &codes {
+            let want = expected_sum(l, a, b, false);
+            assert_eq!(ideal.add(a, b), want, "{l:?} Ideal {a:?} + {b:?}");
+            assert_eq!(ideal.sub(a, b.neg()), want, "{l:?} Ideal {a:?} - -{b:?}");
+            let want = expected_sum(l, a, b, true);
+            assert_eq!(trunc.add(a, b), want, "{l:?} Truncated {a:?} + {b:?}");
+        }
+    }
+}
+
+#[test]
+fn sums_of_every_pair_of_lns_7_3_codes_are_the_reference_roundings() {
+    check_all_sums(lns(7, 3));
+}
+
+#[test]
+fn sums_with_f_zero_and_f_w_minus_2() {
+    check_all_sums(lns(8, 0));
+    check_all_sums(lns(8, 6));
+}
+
+#[test]
+fn sums_at_the_narrowest_width() {
+    check_all_sums(lns(3, 0));
+    check_all_sums(lns(3, 1));
+}
+
+#[test]
+fn products_and_quotients_of_every_pair_of_lns_6_2_codes() {
+    let l = lns(6, 2);
+    let a = arith(l, GaussLog::Ideal);
+    let codes = all_codes(l);
+    for &x in &codes {
+        for &y in &codes {
+            let (p, q) = (a.mul(x, y), a.div(x, y));
+            match (x, y) {
+                (LnsValue::NaN, _) | (_, LnsValue::NaN) => {
+                    assert!(p.is_nan() && q.is_nan(), "{x:?}, {y:?}");
+                }
+                (_, LnsValue::Zero) => {
+                    assert!(p.is_zero() && q.is_nan(), "{x:?} * / 0");
+                }
+                (LnsValue::Zero, _) => assert!(p.is_zero() && q.is_zero(), "0 * / {y:?}"),
+                (
+                    LnsValue::Finite {
+                        negative: sx,
+                        k: kx,
+                    },
+                    LnsValue::Finite {
+                        negative: sy,
+                        k: ky,
+                    },
+                ) => {
+                    let (mx, my) = (magnitude(kx, 2), magnitude(ky, 2));
+                    let prod = reference::log_units(&((&mx * &my) >> reference::P), 2);
+                    let quot = reference::log_units(&((&mx << reference::P) / &my), 2);
+                    for (got, exact, what) in [(p, prod, "*"), (q, quot, "/")] {
+                        let k = match reference::place(&exact) {
+                            Place::AtInteger(k) => k,
+                            Place::Between(_) => panic!("{x:?} {what} {y:?} is not a code"),
+                        };
+                        let want = if k > l.k_max() {
+                            LnsValue::Finite {
+                                negative: sx != sy,
+                                k: l.k_max() as i32,
+                            }
+                        } else if k < l.k_min() {
+                            LnsValue::Zero
+                        } else {
+                            LnsValue::Finite {
+                                negative: sx != sy,
+                                k: k as i32,
+                            }
+                        };
+                        assert_eq!(got, want, "{x:?} {what} {y:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every implementation, for `l`: the tables only for `f <= 20` (they are built from exact
+/// evaluations of sb and db at up to a million grid points, too slow for a test beyond that).
+fn every_impl(l: Lns) -> Vec<LnsArith> {
+    let f = l.f();
+    let mut v = vec![arith(l, GaussLog::Ideal), arith(l, GaussLog::Truncated)];
+    if f <= 20 {
+        v.extend(documented_tables(f).into_iter().map(|g| arith(l, g)));
+    }
+    v
+}
+
+/// A sample of codes of `l`: the extremes, ±1 and random ones.
+fn some_finite(l: Lns, n: usize, seed: u64) -> Vec<LnsValue> {
+    let mut rng = SplitMix(seed);
+    let span = (l.k_max() - l.k_min() + 1) as u64;
+    let mut v: Vec<LnsValue> = [l.k_min(), l.k_min() + 1, -1, 0, 1, l.k_max() - 1, l.k_max()]
+        .into_iter()
+        .map(|k| LnsValue::finite(l, false, k).unwrap())
+        .collect();
+    v.extend((0..n).map(|_| {
+        let k = l.k_min() + rng.below(span) as i64;
+        LnsValue::finite(l, rng.coin(), k).unwrap()
+    }));
+    let negs: Vec<LnsValue> = v.iter().map(|x| x.neg()).collect();
+    v.extend(negs);
+    v
+}
+
+#[test]
+fn zero_operands() {
+    let l = lns(10, 4);
+    for a in every_impl(l) {
+        for x in some_finite(l, 20, 1) {
+            assert_eq!(a.add(LnsValue::Zero, x), x);
+            assert_eq!(a.add(x, LnsValue::Zero), x);
+            assert_eq!(a.sub(LnsValue::Zero, x), x.neg());
+            assert_eq!(a.mul(LnsValue::Zero, x), LnsValue::Zero);
+            assert_eq!(a.mul(x, LnsValue::Zero), LnsValue::Zero);
+            assert_eq!(a.div(LnsValue::Zero, x), LnsValue::Zero);
+            assert_eq!(a.div(x, LnsValue::Zero), LnsValue::NaN, "x / 0 has no infinity");
+        }
+        assert_eq!(a.add(LnsValue::Zero, LnsValue::Zero), LnsValue::Zero);
+        assert_eq!(a.div(LnsValue::Zero, LnsValue::Zero), LnsValue::NaN);
+    }
+}
+
+#[test]
+fn nan_operands() {
+    let l = lns(10, 4);
+    let nan = LnsValue::NaN;
+    for a in every_impl(l) {
+        let mut xs = some_finite(l, 10, 2);
+        xs.extend([LnsValue::Zero, nan]);
+        for x in xs {
+            for r in [
+                a.add(nan, x),
+                a.add(x, nan),
+                a.sub(x, nan),
+                a.mul(nan, x),
+                a.mul(x, nan),
+                a.div(nan, x),
+                a.div(x, nan),
+            ] {
+                assert_eq!(r, nan, "{:?} with {x:?}", a.gauss());
+            }
+        }
+    }
+}
+
+#[test]
+fn x_plus_minus_x_is_zero() {
+    for l in [lns(10, 4), lns(3, 1), lns(32, 30)] {
+        for a in every_impl(l) {
+            for x in some_finite(l, 20, 3) {
+                assert_eq!(a.add(x, x.neg()), LnsValue::Zero, "{:?} {x:?}", a.gauss());
+                assert_eq!(a.sub(x, x), LnsValue::Zero, "{:?} {x:?}", a.gauss());
+            }
+        }
+    }
+}
+
+#[test]
+fn equal_operands_double_exactly() {
+    // z = 0: sb(0) = 2^f exactly in every implementation.
+    for l in [lns(10, 4), lns(8, 0), lns(8, 6), lns(32, 30)] {
+        let f = l.f() as i64;
+        for a in every_impl(l) {
+            let ks = [l.k_min(), -3, 0, 5, l.k_max() - (1 << f)];
+            for k in ks.into_iter().filter(|&k| k >= l.k_min() && k + (1 << f) <= l.k_max()) {
+                let x = LnsValue::finite(l, true, k).unwrap();
+                let want = LnsValue::finite(l, true, k + (1 << f)).unwrap();
+                assert_eq!(a.add(x, x), want, "{:?} {x:?}", a.gauss());
+            }
+        }
+    }
+}
+
+/// `2^e` as a code of `l`, when it is one.
+fn power_of_two(l: Lns, e: i64) -> Option<LnsValue> {
+    LnsValue::finite(l, false, e << l.f()).ok()
+}
+
+#[test]
+fn overflow_saturates_to_the_largest_magnitude() {
+    for l in [lns(10, 4), lns(32, 0), lns(32, 30)] {
+        let max = LnsValue::finite(l, false, l.k_max()).unwrap();
+        let min = LnsValue::finite(l, false, l.k_min()).unwrap();
+        for a in every_impl(l) {
+            assert_eq!(a.add(max, max), max, "{:?}", a.gauss());
+            assert_eq!(a.add(max.neg(), max.neg()), max.neg());
+            assert_eq!(a.mul(max, max), max);
+            assert_eq!(a.mul(max.neg(), max), max.neg());
+            assert_eq!(a.div(max, min.neg()), max.neg());
+            if let (Some(two), Some(half)) = (power_of_two(l, 1), power_of_two(l, -1)) {
+                assert_eq!(a.mul(max, two), max);
+                assert_eq!(a.div(max, half), max);
+            }
+        }
+    }
+}
+
+#[test]
+fn underflow_flushes_to_zero() {
+    for l in [lns(10, 4), lns(32, 0), lns(32, 30)] {
+        let min = LnsValue::finite(l, false, l.k_min()).unwrap();
+        let max = LnsValue::finite(l, false, l.k_max()).unwrap();
+        let next = LnsValue::finite(l, false, l.k_min() + 1).unwrap();
+        for a in every_impl(l) {
+            assert_eq!(a.mul(min, min.neg()), LnsValue::Zero, "{:?}", a.gauss());
+            assert_eq!(a.div(min, max), LnsValue::Zero);
+            if let Some(half) = power_of_two(l, -1) {
+                assert_eq!(a.mul(min, half), LnsValue::Zero);
+            }
+            // B^(k_min+1) - B^k_min = B^(k_min + 1 + db(-1)), below k_min when f > 0
+            // (db(-1) = -1 for f = 0: the difference is B^k_min itself).
+            let want = if l.f() > 0 { LnsValue::Zero } else { min };
+            assert_eq!(a.sub(next, min), want, "{:?}", a.gauss());
+        }
+    }
+}
+
+#[test]
+fn a_far_smaller_operand_leaves_the_sum_unchanged() {
+    // Very negative z: sb(z) -> 0 and db(z) -> 0, the sum is the larger operand (one unit
+    // below it when db is truncated).
+    for l in [lns(10, 4), lns(16, 8), lns(32, 0), lns(32, 20)] {
+        let big = LnsValue::finite(l, false, l.k_max()).unwrap();
+        let tiny = LnsValue::finite(l, true, l.k_min()).unwrap();
+        for a in every_impl(l) {
+            let floor = a.gauss() == GaussLog::Truncated;
+            assert_eq!(a.add(big, tiny.neg()), big, "{:?}", a.gauss());
+            assert_eq!(a.add(tiny.neg(), big), big);
+            let below = LnsValue::finite(l, false, l.k_max() - 1).unwrap();
+            assert_eq!(a.add(big, tiny), if floor { below } else { big });
+        }
+    }
+}
+
+#[test]
+fn widest_formats_add_as_the_reference_on_samples() {
+    // w = 32: f = 0 (values up to 2^(2^30)) and f = w - 2 = 30. The reference sum is
+    // B^k_a (1 ± B^z) with 1 ± B^z in the reference's arithmetic.
+    for l in [lns(32, 0), lns(32, 30), lns(32, 16)] {
+        let f = l.f();
+        let ideal = arith(l, GaussLog::Ideal);
+        let trunc = arith(l, GaussLog::Truncated);
+        let mut rng = SplitMix(u64::from(f) + 7);
+        let xs = some_finite(l, 200, 5);
+        for _ in 0..400 {
+            let x = xs[rng.below(xs.len() as u64) as usize];
+            // Close exponents half of the time, so sb and db are not all zero.
+            let y = if rng.coin() {
+                xs[rng.below(xs.len() as u64) as usize]
+            } else if let LnsValue::Finite { k, .. } = x {
+                let k = (k as i64 - rng.below(3 << f) as i64).max(l.k_min());
+                LnsValue::finite(l, rng.coin(), k).unwrap()
+            } else {
+                unreachable!()
+            };
+            let (LnsValue::Finite { negative: sx, k: kx }, LnsValue::Finite { negative: sy, k: ky }) =
+                (x, y)
+            else {
+                unreachable!()
+            };
+            let (big, sign, z) = if kx >= ky {
+                (kx as i64, sx, ky as i64 - kx as i64)
+            } else {
+                (ky as i64, sy, kx as i64 - ky as i64)
+            };
+            let (want_n, want_f) = if z == 0 && sx != sy {
+                (None, None)
+            } else if z < -(40i64 << f) {
+                (Some(big), Some(big - (sx != sy) as i64))
+            } else {
+                let g = if sx == sy {
+                    reference::sb(z, f)
+                } else {
+                    reference::db(z, f)
+                };
+                (
+                    Some(big + reference::nearest(&g)),
+                    Some(big + reference::floor(&g).0),
+                )
+            };
+            let bring = |k: Option<i64>| match k {
+                None => LnsValue::Zero,
+                Some(k) if k < l.k_min() => LnsValue::Zero,
+                Some(k) => LnsValue::Finite {
+                    negative: sign,
+                    k: k.min(l.k_max()) as i32,
+                },
+            };
+            assert_eq!(ideal.add(x, y), bring(want_n), "{l:?} {x:?} + {y:?}");
+            assert_eq!(trunc.add(x, y), bring(want_f), "{l:?} {x:?} + {y:?}");
         }
     }
 }
