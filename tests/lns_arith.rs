@@ -544,3 +544,327 @@ fn widest_formats_add_as_the_reference_on_samples() {
         }
     }
 }
+
+/// The neighbouring f64 above or below `x > 0`.
+fn neighbour(x: f64, up: bool) -> f64 {
+    f64::from_bits(if up { x.to_bits() + 1 } else { x.to_bits() - 1 })
+}
+
+/// Checks that `to_f64` of `±B^k` is the f64 nearest to it (normal results only): the f64
+/// scaled by `2^-q` is compared with the reference's `2^(r/2^f)`, as are its neighbours.
+fn check_to_f64(l: Lns, k: i64) {
+    let f = l.f();
+    let v = LnsValue::finite(l, k % 2 != 0, k).unwrap();
+    let x = v.to_f64(l);
+    assert_eq!(x.is_sign_negative(), k % 2 != 0);
+    let q = k.div_euclid(1 << f);
+    let m = reference::pow2(k.rem_euclid(1 << f), f);
+    let scale = 2f64.powi(-q as i32);
+    let dist = |y: f64| (reference::from_f64(y * scale) - &m).magnitude().clone();
+    let d = dist(x.abs());
+    for up in [true, false] {
+        let n = neighbour(x.abs(), up);
+        assert!(d < dist(n), "{l:?} k = {k}: {x} is not the nearest f64 ({n} is nearer)");
+    }
+}
+
+#[test]
+fn to_f64_is_correctly_rounded() {
+    let l = lns(16, 8);
+    for k in l.k_min()..=l.k_max() {
+        check_to_f64(l, k);
+    }
+    let mut rng = SplitMix(64);
+    for (w, f) in [(32, 20), (32, 30), (24, 22)] {
+        let l = lns(w, f);
+        // Normal results: 2^-1000 .. 2^1000.
+        let lo = l.k_min().max(-1000 << f);
+        let hi = l.k_max().min(1000 << f);
+        for _ in 0..3000 {
+            check_to_f64(l, lo + rng.below((hi - lo + 1) as u64) as i64);
+        }
+        check_to_f64(l, lo);
+        check_to_f64(l, hi);
+    }
+}
+
+#[test]
+fn to_f64_is_correctly_rounded_in_the_subnormal_range() {
+    // lns<32,20> reaches 2^-1024: x 2^1074 is the integer N in x's bits, and the exact
+    // value times 2^1074 must be within half a unit of N.
+    let l = lns(32, 20);
+    let mut rng = SplitMix(1074);
+    let ks = (0..2000).map(|_| l.k_min() + rng.below(2 << 20) as i64);
+    for k in ks.chain([l.k_min(), l.k_min() + 1]) {
+        let x = LnsValue::finite(l, false, k).unwrap().to_f64(l);
+        assert!(x < f64::MIN_POSITIVE);
+        let n = BigInt::from(x.to_bits()) << reference::P;
+        let t = reference::pow2(k + (1074 << 20), 20);
+        let half = reference::one() >> 1u32;
+        assert!((n - t).magnitude() < half.magnitude(), "k = {k}: {x:e}");
+    }
+}
+
+#[test]
+fn to_f64_at_the_ends_of_the_f64_range() {
+    let l = lns(32, 0);
+    let v = |k: i64| LnsValue::finite(l, false, k).unwrap().to_f64(l);
+    assert_eq!(v(1023), f64::MAX / (2.0 - f64::EPSILON));
+    assert_eq!(v(1024), f64::INFINITY, "beyond the largest f64");
+    assert_eq!(v(-1022), f64::MIN_POSITIVE);
+    assert_eq!(v(-1074), f64::from_bits(1), "the smallest subnormal");
+    assert_eq!(v(-1075), 0.0, "half the smallest subnormal: a tie, to even");
+    assert_eq!(v(-1076), 0.0);
+    let l = lns(32, 1);
+    let v = |k: i64| LnsValue::finite(l, true, k).unwrap().to_f64(l);
+    assert_eq!(v(2047), -std::f64::consts::SQRT_2 * 2f64.powi(1023));
+    assert_eq!(v(2048), f64::NEG_INFINITY);
+    assert_eq!(v(-2149), -f64::from_bits(1), "2^-1074.5 is above the tie");
+    assert_eq!(v(-2150), -0.0);
+    // 2^-1069.5 = 22.63 * 2^-1074: a subnormal with 5 significant bits.
+    assert_eq!(v(-2139), -f64::from_bits(23));
+    assert_eq!(LnsValue::Zero.to_f64(l), 0.0);
+    assert!(LnsValue::NaN.to_f64(l).is_nan());
+}
+
+/// The reference's nearest code to `x` (log domain), saturated or flushed.
+fn reference_nearest(l: Lns, x: f64) -> LnsValue {
+    let logk = reference::log_units(&reference::from_f64(x.abs()), l.f());
+    let k = reference::nearest(&logk);
+    if k < l.k_min() {
+        LnsValue::Zero
+    } else {
+        LnsValue::Finite {
+            negative: x < 0.0,
+            k: k.min(l.k_max()) as i32,
+        }
+    }
+}
+
+#[test]
+fn nearest_is_the_nearest_code_in_the_logarithm() {
+    let mut rng = SplitMix(99);
+    for (w, f, span) in [(16, 8, 70), (10, 4, 10), (32, 20, 260), (32, 30, 2), (8, 0, 70)] {
+        let l = lns(w, f);
+        for _ in 0..3000 {
+            let x = rng.float_between(-span, span);
+            assert_eq!(LnsValue::nearest(l, x), reference_nearest(l, x), "{l:?} {x:e}");
+        }
+    }
+}
+
+#[test]
+fn nearest_edge_cases() {
+    let l = lns(10, 4);
+    let max = LnsValue::finite(l, false, l.k_max()).unwrap();
+    assert_eq!(LnsValue::nearest(l, f64::INFINITY), max, "no infinity: saturates");
+    assert_eq!(LnsValue::nearest(l, f64::NEG_INFINITY), max.neg());
+    assert_eq!(LnsValue::nearest(l, 1e300), max);
+    assert_eq!(LnsValue::nearest(l, f64::NAN), LnsValue::NaN);
+    assert_eq!(LnsValue::nearest(l, -0.0), LnsValue::Zero);
+    // k_min = -255: 2^-16 has k = -256 (the reserved field), below the range: flushed;
+    // the boundary is the logarithm's midpoint k_min - 1/2.
+    assert_eq!(LnsValue::nearest(l, 2f64.powi(-16)), LnsValue::Zero);
+    assert_eq!(LnsValue::nearest(l, (-255.6f64 / 16.0).exp2()), LnsValue::Zero);
+    assert_eq!(
+        LnsValue::nearest(l, (-255.4f64 / 16.0).exp2()),
+        LnsValue::finite(l, false, -255).unwrap()
+    );
+    assert_eq!(LnsValue::nearest(l, f64::from_bits(1)), LnsValue::Zero);
+    let min = LnsValue::finite(l, true, l.k_min()).unwrap();
+    assert_eq!(LnsValue::nearest(l, min.to_f64(l)), min);
+}
+
+#[test]
+fn nearest_inverts_to_f64_for_every_code() {
+    for l in [lns(12, 6), lns(8, 0), lns(16, 14), lns(3, 1)] {
+        for v in all_codes(l).into_iter().filter(|v| !v.is_nan()) {
+            assert_eq!(LnsValue::nearest(l, v.to_f64(l)), v, "{l:?}");
+        }
+    }
+}
+
+#[test]
+fn patterns_at_the_width_limits() {
+    for l in [lns(3, 0), lns(3, 1)] {
+        let codes = all_codes(l);
+        assert_eq!(codes.len(), 8);
+        assert_eq!(codes[0b010], LnsValue::Zero);
+        assert_eq!(codes[0b110], LnsValue::NaN);
+        let finite: Vec<i32> = codes
+            .iter()
+            .filter_map(|v| match v {
+                LnsValue::Finite { negative: false, k } => Some(*k),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(finite, [0, 1, -1], "lns<3,f> codes 0b000, 0b001, 0b011");
+        for (bits, v) in codes.iter().enumerate() {
+            assert_eq!(v.to_bits(l).unwrap(), bits as u32);
+        }
+        assert!(LnsValue::from_bits(l, 8).is_err());
+    }
+    let l = lns(32, 30);
+    for bits in [0, 1, 0x3fff_ffff, 0x4000_0000, 0x7fff_ffff, 0x8000_0000, 0xc000_0000, u32::MAX] {
+        let v = LnsValue::from_bits(l, bits).unwrap();
+        assert_eq!(v.to_bits(l).unwrap(), bits);
+    }
+    assert_eq!(LnsValue::from_bits(l, 0x4000_0000).unwrap(), LnsValue::Zero);
+    assert_eq!(LnsValue::from_bits(l, 0xc000_0000).unwrap(), LnsValue::NaN);
+    assert_eq!(
+        LnsValue::from_bits(l, u32::MAX).unwrap(),
+        LnsValue::Finite {
+            negative: true,
+            k: -1
+        }
+    );
+    assert!(matches!(
+        LnsValue::finite(l, false, l.k_reserved()),
+        Err(LnsError::Exponent { .. })
+    ));
+    let out_of_range = LnsValue::Finite {
+        negative: false,
+        k: i32::MIN,
+    };
+    assert!(out_of_range.to_bits(l).is_err());
+}
+
+#[test]
+fn table_parameters_the_format_cannot_use_are_refused() {
+    let l = lns(24, 20);
+    for (grid_bits, guard_bits) in [(21, 0), (3, 0), (20, 21)] {
+        let e = LnsArith::new(l, GaussLog::Table { grid_bits, guard_bits }).unwrap_err();
+        assert!(matches!(e, LnsError::Table { .. }), "{e}");
+        assert!(e.to_string().contains("valid"), "{e}");
+    }
+    let e = LnsArith::new(lns(32, 30), GaussLog::Table { grid_bits: 20, guard_bits: 0 });
+    assert!(e.is_err(), "(30 + 2) 2^20 grid entries");
+}
+
+/// A plain triple loop: `c[i][j] = (((0 + a[i][0] b[0][j]) + a[i][1] b[1][j]) + ...)`.
+fn scalar_matmul(
+    ar: &LnsArith,
+    a: &[LnsValue],
+    b: &[LnsValue],
+    (m, k, n): (usize, usize, usize),
+) -> Vec<LnsValue> {
+    let mut c = Vec::new();
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = LnsValue::Zero;
+            for p in 0..k {
+                let prod = ar.mul(a[i * k + p], b[p * n + j]);
+                acc = ar.add(acc, prod);
+            }
+            c.push(acc);
+        }
+    }
+    c
+}
+
+/// `len` random codes of `l` within `±2^spread` of 1, one in ten zero.
+fn random_codes(l: Lns, len: usize, spread: i64, rng: &mut SplitMix) -> Vec<LnsValue> {
+    (0..len)
+        .map(|_| {
+            if rng.below(10) == 0 {
+                LnsValue::Zero
+            } else {
+                let span = (2 * spread) << l.f();
+                let k = rng.below(span as u64 + 1) as i64 - (spread << l.f());
+                LnsValue::finite(l, rng.coin(), k).unwrap()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn lns_matmul_equals_a_scalar_reference_loop() {
+    let l = lns(12, 6);
+    let mut rng = SplitMix(5);
+    for ar in every_impl(l) {
+        for shape @ (m, k, n) in [(5, 7, 3), (1, 40, 1), (4, 1, 6)] {
+            let a = random_codes(l, m * k, 3, &mut rng);
+            let b = random_codes(l, k * n, 3, &mut rng);
+            let c = lns_matmul(&ar, &a, &b, m, k, n).unwrap();
+            assert_eq!(c, scalar_matmul(&ar, &a, &b, shape), "{:?} {shape:?}", ar.gauss());
+        }
+    }
+}
+
+#[test]
+fn lns_matmul_refuses_mismatched_shapes() {
+    let l = lns(12, 6);
+    let ar = arith(l, GaussLog::Ideal);
+    let x = vec![LnsValue::ONE; 6];
+    for (a, b, m, k, n) in [(&x[..5], &x[..], 2, 3, 2), (&x[..], &x[..4], 2, 3, 2)] {
+        let e = lns_matmul(&ar, a, b, m, k, n).unwrap_err();
+        assert!(matches!(e, LnsError::Shape { .. }), "{e}");
+    }
+    let e = lns_matmul(&ar, &x, &x, usize::MAX, 2, 1).unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+    assert!(lns_matmul_f64(&ar, &[1.0; 3], &[1.0; 2], 1, 2, 1).is_err());
+}
+
+#[test]
+fn lns_matmul_of_empty_shapes() {
+    let ar = arith(lns(12, 6), GaussLog::Ideal);
+    let x = vec![LnsValue::ONE; 6];
+    assert!(lns_matmul(&ar, &[], &x[..0], 0, 3, 0).unwrap().is_empty());
+    assert!(lns_matmul(&ar, &x[..3], &[], 1, 3, 0).unwrap().is_empty());
+    // k = 0: every dot product is the empty sum, zero.
+    assert_eq!(lns_matmul(&ar, &[], &[], 2, 0, 3).unwrap(), vec![LnsValue::Zero; 6]);
+}
+
+/// Per-operation relative error bound `2^(e/2^f) - 1` for an error of `e` units of k.
+fn relative(e: f64, f: u32) -> f64 {
+    (e / (f as f64).exp2()).exp2() - 1.0
+}
+
+#[test]
+fn lns_matmul_drift_from_the_f64_product() {
+    // lns<20,12> (magnitudes 2^-64..2^64), entries uniform in [-1, 1], 16x64x16. The a priori
+    // bound of recursive summation: |c - c_f64| <= ((1+d_in)^2 (1+d)^k - 1) sum_p |a||b|,
+    // with d_in = 2^(0.5/2^f) - 1 (rounding the inputs in) and d = 2^(e/2^f) - 1 for an
+    // implementation whose sb and db are at most e units off.
+    let l = lns(20, 12);
+    let f = l.f();
+    let (m, k, n) = (16, 64, 16);
+    let mut rng = SplitMix(2024);
+    let mut uniform = |len: usize| -> Vec<f64> {
+        (0..len)
+            .map(|_| (rng.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0)
+            .collect()
+    };
+    let (a, b) = (uniform(m * k), uniform(k * n));
+    let d_in = relative(0.5, f);
+    let tables = documented_tables(f);
+    let mut impls = vec![(GaussLog::Ideal, 0.5), (GaussLog::Truncated, 1.0)];
+    for (i, &t) in tables.iter().enumerate() {
+        let (sb, db) = documented_bound(f, i);
+        impls.push((t, sb.max(db)));
+    }
+    for (g, e) in impls {
+        let c = lns_matmul_f64(&arith(l, g), &a, &b, m, k, n).unwrap();
+        let bound_factor = (1.0 + d_in).powi(2) * (1.0 + relative(e, f)).powi(k as i32) - 1.0;
+        let (mut worst, mut mean) = (0.0f64, 0.0f64);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut exact, mut scale) = (0.0, 0.0);
+                for p in 0..k {
+                    exact += a[i * k + p] * b[p * n + j];
+                    scale += (a[i * k + p] * b[p * n + j]).abs();
+                }
+                let rel = (c[i * n + j] - exact).abs() / scale;
+                assert!(
+                    rel <= bound_factor * (1.0 + 1e-9),
+                    "{g:?} c[{i}][{j}]: {rel:e} above the bound {bound_factor:e}"
+                );
+                worst = worst.max(rel);
+                mean += rel / (m * n) as f64;
+            }
+        }
+        eprintln!(
+            "lns<20,12> 16x64x16 {g:?}: |c - c_f64| / sum|a||b|: worst {worst:.3e}, mean {mean:.3e} (bound {bound_factor:.3e})"
+        );
+    }
+}
