@@ -63,9 +63,16 @@ fn check_gauss(f: u32, zs: &[i64], tables: &[GaussLog]) -> Vec<Worst> {
     let mut worst = vec![Worst::default(); tabs.len()];
     for &z in zs {
         let sb = reference::sb(z, f);
-        assert_eq!(ideal.sb(z), reference::nearest(&sb), "f = {f}: Ideal sb({z})");
+        assert_eq!(
+            ideal.sb(z),
+            reference::nearest(&sb),
+            "f = {f}: Ideal sb({z})"
+        );
         let (fl, exact) = reference::floor(&sb);
-        assert!(!exact || z == 0, "f = {f}: sb({z}) is an integer only at z = 0");
+        assert!(
+            !exact || z == 0,
+            "f = {f}: sb({z}) is an integer only at z = 0"
+        );
         assert_eq!(trunc.sb(z), fl, "f = {f}: Truncated sb({z})");
         for (t, wst) in tabs.iter().zip(worst.iter_mut()) {
             wst.sb = wst.sb.max(reference::error(t.sb(z), &sb).abs());
@@ -74,7 +81,11 @@ fn check_gauss(f: u32, zs: &[i64], tables: &[GaussLog]) -> Vec<Worst> {
             continue;
         }
         let db = reference::db(z, f);
-        assert_eq!(ideal.db(z), Some(reference::nearest(&db)), "f = {f}: Ideal db({z})");
+        assert_eq!(
+            ideal.db(z),
+            Some(reference::nearest(&db)),
+            "f = {f}: Ideal db({z})"
+        );
         let (fl, exact) = reference::floor(&db);
         assert!(
             !exact || z == -(1 << f),
@@ -86,10 +97,7 @@ fn check_gauss(f: u32, zs: &[i64], tables: &[GaussLog]) -> Vec<Worst> {
         }
     }
     for (g, wst) in tables.iter().zip(&worst) {
-        eprintln!(
-            "| {g:?} | {f} | {:.4} | {:.4} |",
-            wst.sb, wst.db
-        );
+        eprintln!("| {g:?} | {f} | {:.4} | {:.4} |", wst.sb, wst.db);
     }
     worst
 }
@@ -200,8 +208,16 @@ fn expected_sum(l: Lns, a: LnsValue, b: LnsValue, floor: bool) -> LnsValue {
             },
         ) => (sa, ka, sb, kb),
     };
-    let va = if sa { -magnitude(ka, f) } else { magnitude(ka, f) };
-    let vb = if sb { -magnitude(kb, f) } else { magnitude(kb, f) };
+    let va = if sa {
+        -magnitude(ka, f)
+    } else {
+        magnitude(ka, f)
+    };
+    let vb = if sb {
+        -magnitude(kb, f)
+    } else {
+        magnitude(kb, f)
+    };
     let sum = va + vb;
     if sum == BigInt::from(0) {
         return LnsValue::Zero;
@@ -248,7 +264,7 @@ fn check_all_sums(l: Lns) {
         for &b in &codes {
             let want = expected_sum(l, a, b, false);
             assert_eq!(ideal.add(a, b), want, "{l:?} Ideal {a:?} + {b:?}");
-            assert_eq!(ideal.sub(a, b.neg()), want, "{l:?} Ideal {a:?} - -{b:?}");
+            assert_eq!(ideal.sub(a, -b), want, "{l:?} Ideal {a:?} - -{b:?}");
             let want = expected_sum(l, a, b, true);
             assert_eq!(trunc.add(a, b), want, "{l:?} Truncated {a:?} + {b:?}");
         }
@@ -350,7 +366,7 @@ fn some_finite(l: Lns, n: usize, seed: u64) -> Vec<LnsValue> {
         let k = l.k_min() + rng.below(span) as i64;
         LnsValue::finite(l, rng.coin(), k).unwrap()
     }));
-    let negs: Vec<LnsValue> = v.iter().map(|x| x.neg()).collect();
+    let negs: Vec<LnsValue> = v.iter().map(|&x| -x).collect();
     v.extend(negs);
     v
 }
@@ -362,11 +378,15 @@ fn zero_operands() {
         for x in some_finite(l, 20, 1) {
             assert_eq!(a.add(LnsValue::Zero, x), x);
             assert_eq!(a.add(x, LnsValue::Zero), x);
-            assert_eq!(a.sub(LnsValue::Zero, x), x.neg());
+            assert_eq!(a.sub(LnsValue::Zero, x), -x);
             assert_eq!(a.mul(LnsValue::Zero, x), LnsValue::Zero);
             assert_eq!(a.mul(x, LnsValue::Zero), LnsValue::Zero);
             assert_eq!(a.div(LnsValue::Zero, x), LnsValue::Zero);
-            assert_eq!(a.div(x, LnsValue::Zero), LnsValue::NaN, "x / 0 has no infinity");
+            assert_eq!(
+                a.div(x, LnsValue::Zero),
+                LnsValue::NaN,
+                "x / 0 has no infinity"
+            );
         }
         assert_eq!(a.add(LnsValue::Zero, LnsValue::Zero), LnsValue::Zero);
         assert_eq!(a.div(LnsValue::Zero, LnsValue::Zero), LnsValue::NaN);
@@ -401,7 +421,7 @@ fn x_plus_minus_x_is_zero() {
     for l in [lns(10, 4), lns(3, 1), lns(32, 30)] {
         for a in every_impl(l) {
             for x in some_finite(l, 20, 3) {
-                assert_eq!(a.add(x, x.neg()), LnsValue::Zero, "{:?} {x:?}", a.gauss());
+                assert_eq!(a.add(x, -x), LnsValue::Zero, "{:?} {x:?}", a.gauss());
                 assert_eq!(a.sub(x, x), LnsValue::Zero, "{:?} {x:?}", a.gauss());
             }
         }
@@ -415,7 +435,10 @@ fn equal_operands_double_exactly() {
         let f = l.f() as i64;
         for a in every_impl(l) {
             let ks = [l.k_min(), -3, 0, 5, l.k_max() - (1 << f)];
-            for k in ks.into_iter().filter(|&k| k >= l.k_min() && k + (1 << f) <= l.k_max()) {
+            for k in ks
+                .into_iter()
+                .filter(|&k| k >= l.k_min() && k + (1 << f) <= l.k_max())
+            {
                 let x = LnsValue::finite(l, true, k).unwrap();
                 let want = LnsValue::finite(l, true, k + (1 << f)).unwrap();
                 assert_eq!(a.add(x, x), want, "{:?} {x:?}", a.gauss());
@@ -436,10 +459,10 @@ fn overflow_saturates_to_the_largest_magnitude() {
         let min = LnsValue::finite(l, false, l.k_min()).unwrap();
         for a in every_impl(l) {
             assert_eq!(a.add(max, max), max, "{:?}", a.gauss());
-            assert_eq!(a.add(max.neg(), max.neg()), max.neg());
+            assert_eq!(a.add(-max, -max), -max);
             assert_eq!(a.mul(max, max), max);
-            assert_eq!(a.mul(max.neg(), max), max.neg());
-            assert_eq!(a.div(max, min.neg()), max.neg());
+            assert_eq!(a.mul(-max, max), -max);
+            assert_eq!(a.div(max, -min), -max);
             if let (Some(two), Some(half)) = (power_of_two(l, 1), power_of_two(l, -1)) {
                 assert_eq!(a.mul(max, two), max);
                 assert_eq!(a.div(max, half), max);
@@ -455,7 +478,7 @@ fn underflow_flushes_to_zero() {
         let max = LnsValue::finite(l, false, l.k_max()).unwrap();
         let next = LnsValue::finite(l, false, l.k_min() + 1).unwrap();
         for a in every_impl(l) {
-            assert_eq!(a.mul(min, min.neg()), LnsValue::Zero, "{:?}", a.gauss());
+            assert_eq!(a.mul(min, -min), LnsValue::Zero, "{:?}", a.gauss());
             assert_eq!(a.div(min, max), LnsValue::Zero);
             if let Some(half) = power_of_two(l, -1) {
                 assert_eq!(a.mul(min, half), LnsValue::Zero);
@@ -477,8 +500,8 @@ fn a_far_smaller_operand_leaves_the_sum_unchanged() {
         let tiny = LnsValue::finite(l, true, l.k_min()).unwrap();
         for a in every_impl(l) {
             let floor = a.gauss() == GaussLog::Truncated;
-            assert_eq!(a.add(big, tiny.neg()), big, "{:?}", a.gauss());
-            assert_eq!(a.add(tiny.neg(), big), big);
+            assert_eq!(a.add(big, -tiny), big, "{:?}", a.gauss());
+            assert_eq!(a.add(-tiny, big), big);
             let below = LnsValue::finite(l, false, l.k_max() - 1).unwrap();
             assert_eq!(a.add(big, tiny), if floor { below } else { big });
         }
@@ -506,8 +529,16 @@ fn widest_formats_add_as_the_reference_on_samples() {
             } else {
                 unreachable!()
             };
-            let (LnsValue::Finite { negative: sx, k: kx }, LnsValue::Finite { negative: sy, k: ky }) =
-                (x, y)
+            let (
+                LnsValue::Finite {
+                    negative: sx,
+                    k: kx,
+                },
+                LnsValue::Finite {
+                    negative: sy,
+                    k: ky,
+                },
+            ) = (x, y)
             else {
                 unreachable!()
             };
@@ -564,7 +595,10 @@ fn check_to_f64(l: Lns, k: i64) {
     let d = dist(x.abs());
     for up in [true, false] {
         let n = neighbour(x.abs(), up);
-        assert!(d < dist(n), "{l:?} k = {k}: {x} is not the nearest f64 ({n} is nearer)");
+        assert!(
+            d < dist(n),
+            "{l:?} k = {k}: {x} is not the nearest f64 ({n} is nearer)"
+        );
     }
 }
 
@@ -644,11 +678,21 @@ fn reference_nearest(l: Lns, x: f64) -> LnsValue {
 #[test]
 fn nearest_is_the_nearest_code_in_the_logarithm() {
     let mut rng = SplitMix(99);
-    for (w, f, span) in [(16, 8, 70), (10, 4, 10), (32, 20, 260), (32, 30, 2), (8, 0, 70)] {
+    for (w, f, span) in [
+        (16, 8, 70),
+        (10, 4, 10),
+        (32, 20, 260),
+        (32, 30, 2),
+        (8, 0, 70),
+    ] {
         let l = lns(w, f);
         for _ in 0..3000 {
             let x = rng.float_between(-span, span);
-            assert_eq!(LnsValue::nearest(l, x), reference_nearest(l, x), "{l:?} {x:e}");
+            assert_eq!(
+                LnsValue::nearest(l, x),
+                reference_nearest(l, x),
+                "{l:?} {x:e}"
+            );
         }
     }
 }
@@ -657,15 +701,22 @@ fn nearest_is_the_nearest_code_in_the_logarithm() {
 fn nearest_edge_cases() {
     let l = lns(10, 4);
     let max = LnsValue::finite(l, false, l.k_max()).unwrap();
-    assert_eq!(LnsValue::nearest(l, f64::INFINITY), max, "no infinity: saturates");
-    assert_eq!(LnsValue::nearest(l, f64::NEG_INFINITY), max.neg());
+    assert_eq!(
+        LnsValue::nearest(l, f64::INFINITY),
+        max,
+        "no infinity: saturates"
+    );
+    assert_eq!(LnsValue::nearest(l, f64::NEG_INFINITY), -max);
     assert_eq!(LnsValue::nearest(l, 1e300), max);
     assert_eq!(LnsValue::nearest(l, f64::NAN), LnsValue::NaN);
     assert_eq!(LnsValue::nearest(l, -0.0), LnsValue::Zero);
     // k_min = -255: 2^-16 has k = -256 (the reserved field), below the range: flushed;
     // the boundary is the logarithm's midpoint k_min - 1/2.
     assert_eq!(LnsValue::nearest(l, 2f64.powi(-16)), LnsValue::Zero);
-    assert_eq!(LnsValue::nearest(l, (-255.6f64 / 16.0).exp2()), LnsValue::Zero);
+    assert_eq!(
+        LnsValue::nearest(l, (-255.6f64 / 16.0).exp2()),
+        LnsValue::Zero
+    );
     assert_eq!(
         LnsValue::nearest(l, (-255.4f64 / 16.0).exp2()),
         LnsValue::finite(l, false, -255).unwrap()
@@ -705,7 +756,16 @@ fn patterns_at_the_width_limits() {
         assert!(LnsValue::from_bits(l, 8).is_err());
     }
     let l = lns(32, 30);
-    for bits in [0, 1, 0x3fff_ffff, 0x4000_0000, 0x7fff_ffff, 0x8000_0000, 0xc000_0000, u32::MAX] {
+    for bits in [
+        0,
+        1,
+        0x3fff_ffff,
+        0x4000_0000,
+        0x7fff_ffff,
+        0x8000_0000,
+        0xc000_0000,
+        u32::MAX,
+    ] {
         let v = LnsValue::from_bits(l, bits).unwrap();
         assert_eq!(v.to_bits(l).unwrap(), bits);
     }
@@ -733,11 +793,24 @@ fn patterns_at_the_width_limits() {
 fn table_parameters_the_format_cannot_use_are_refused() {
     let l = lns(24, 20);
     for (grid_bits, guard_bits) in [(21, 0), (3, 0), (20, 21)] {
-        let e = LnsArith::new(l, GaussLog::Table { grid_bits, guard_bits }).unwrap_err();
+        let e = LnsArith::new(
+            l,
+            GaussLog::Table {
+                grid_bits,
+                guard_bits,
+            },
+        )
+        .unwrap_err();
         assert!(matches!(e, LnsError::Table { .. }), "{e}");
         assert!(e.to_string().contains("valid"), "{e}");
     }
-    let e = LnsArith::new(lns(32, 30), GaussLog::Table { grid_bits: 20, guard_bits: 0 });
+    let e = LnsArith::new(
+        lns(32, 30),
+        GaussLog::Table {
+            grid_bits: 20,
+            guard_bits: 0,
+        },
+    );
     assert!(e.is_err(), "(30 + 2) 2^20 grid entries");
 }
 
@@ -786,7 +859,12 @@ fn lns_matmul_equals_a_scalar_reference_loop() {
             let a = random_codes(l, m * k, 3, &mut rng);
             let b = random_codes(l, k * n, 3, &mut rng);
             let c = lns_matmul(&ar, &a, &b, m, k, n).unwrap();
-            assert_eq!(c, scalar_matmul(&ar, &a, &b, shape), "{:?} {shape:?}", ar.gauss());
+            assert_eq!(
+                c,
+                scalar_matmul(&ar, &a, &b, shape),
+                "{:?} {shape:?}",
+                ar.gauss()
+            );
         }
     }
 }
@@ -795,7 +873,7 @@ fn lns_matmul_equals_a_scalar_reference_loop() {
 fn lns_matmul_refuses_mismatched_shapes() {
     let l = lns(12, 6);
     let ar = arith(l, GaussLog::Ideal);
-    let x = vec![LnsValue::ONE; 6];
+    let x = [LnsValue::ONE; 6];
     for (a, b, m, k, n) in [(&x[..5], &x[..], 2, 3, 2), (&x[..], &x[..4], 2, 3, 2)] {
         let e = lns_matmul(&ar, a, b, m, k, n).unwrap_err();
         assert!(matches!(e, LnsError::Shape { .. }), "{e}");
@@ -808,11 +886,14 @@ fn lns_matmul_refuses_mismatched_shapes() {
 #[test]
 fn lns_matmul_of_empty_shapes() {
     let ar = arith(lns(12, 6), GaussLog::Ideal);
-    let x = vec![LnsValue::ONE; 6];
+    let x = [LnsValue::ONE; 6];
     assert!(lns_matmul(&ar, &[], &x[..0], 0, 3, 0).unwrap().is_empty());
     assert!(lns_matmul(&ar, &x[..3], &[], 1, 3, 0).unwrap().is_empty());
     // k = 0: every dot product is the empty sum, zero.
-    assert_eq!(lns_matmul(&ar, &[], &[], 2, 0, 3).unwrap(), vec![LnsValue::Zero; 6]);
+    assert_eq!(
+        lns_matmul(&ar, &[], &[], 2, 0, 3).unwrap(),
+        vec![LnsValue::Zero; 6]
+    );
 }
 
 /// Per-operation relative error bound `2^(e/2^f) - 1` for an error of `e` units of k.

@@ -124,7 +124,7 @@ impl LnsArith {
 
     /// `a - b = a + (-b)`.
     pub fn sub(&self, a: LnsValue, b: LnsValue) -> LnsValue {
-        self.add(a, b.neg())
+        self.add(a, -b)
     }
 
     /// An operand brought into the format (saturated or flushed) as a result.

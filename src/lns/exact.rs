@@ -74,7 +74,15 @@ fn first_roots() -> &'static [Bounds] {
 /// Bounds on `2^(j / 2^s) * 2^p` from the roots at precision `p`. Needs `s <= 64`.
 fn pow2(j: i64, s: u32, p: u32, roots: &[Bounds]) -> Bounds {
     debug_assert!(s <= MAX_ROOT_BITS);
-    let q = if s == 64 { if j < 0 { -1 } else { 0 } } else { j >> s };
+    let q = if s == 64 {
+        if j < 0 {
+            -1
+        } else {
+            0
+        }
+    } else {
+        j >> s
+    };
     let r = (j as i128 - ((q as i128) << s)) as u128;
     let one = BigUint::from(1u32) << p;
     let (mut lo, mut hi) = (one.clone(), one);
@@ -236,7 +244,15 @@ fn exp2i(e: i64) -> f64 {
 /// `2^(k / 2^f)` correctly rounded to f64 (nearest, ties to even; beyond the largest f64 it
 /// is `+inf`, below half the smallest subnormal `0`). Needs `f <= 64`.
 pub(crate) fn pow2_to_f64(k: i64, f: u32) -> f64 {
-    let q = if f == 64 { if k < 0 { -1 } else { 0 } } else { k >> f };
+    let q = if f == 64 {
+        if k < 0 {
+            -1
+        } else {
+            0
+        }
+    } else {
+        k >> f
+    };
     let r = (k as i128 - ((q as i128) << f)) as i64;
     if q > 1023 {
         return f64::INFINITY;
@@ -320,8 +336,14 @@ mod tests {
             let scale = (FIRST_PRECISION as f64).exp2();
             let lo = b.lo.to_string().parse::<f64>().unwrap() / scale;
             let hi = b.hi.to_string().parse::<f64>().unwrap() / scale;
-            assert!(lo <= want * (1.0 + 1e-15) && hi >= want * (1.0 - 1e-15), "t = {t}");
-            assert!(&b.hi - &b.lo <= BigUint::from(64u32), "t = {t}: bounds too wide");
+            assert!(
+                lo <= want * (1.0 + 1e-15) && hi >= want * (1.0 - 1e-15),
+                "t = {t}"
+            );
+            assert!(
+                &b.hi - &b.lo <= BigUint::from(64u32),
+                "t = {t}: bounds too wide"
+            );
         }
     }
 

@@ -148,17 +148,6 @@ impl LnsValue {
         }
     }
 
-    /// The value with the opposite sign (zero and NaN are their own negation).
-    pub fn neg(self) -> Self {
-        match self {
-            LnsValue::Finite { negative, k } => LnsValue::Finite {
-                negative: !negative,
-                k,
-            },
-            other => other,
-        }
-    }
-
     /// True for NaN.
     pub fn is_nan(self) -> bool {
         self == LnsValue::NaN
@@ -167,6 +156,21 @@ impl LnsValue {
     /// True for zero.
     pub fn is_zero(self) -> bool {
         self == LnsValue::Zero
+    }
+}
+
+impl std::ops::Neg for LnsValue {
+    type Output = LnsValue;
+
+    /// The value with the opposite sign (zero and NaN are their own negation).
+    fn neg(self) -> Self {
+        match self {
+            LnsValue::Finite { negative, k } => LnsValue::Finite {
+                negative: !negative,
+                k,
+            },
+            other => other,
+        }
     }
 }
 
