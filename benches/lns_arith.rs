@@ -1,11 +1,13 @@
 //! LNS additions per second (`qcandle::lns::LnsArith::add`) for each Gaussian-log
 //! implementation, against f64 additions of the same values (the baseline, first entry).
 //!
-//! Format lns<16,10>; 4096 pairs of positive and negative codes whose exponents differ by
-//! `|z| <= (f+2) 2^f` (where sb and db are nonzero, so no pair takes the far-apart shortcut).
-//! Throughput is in additions; the ratio of each entry's elem/s to `f64-add`'s is the figure
-//! of merit. `Ideal` and `Truncated` decide every rounding by big-integer interval arithmetic;
-//! the tables are built before timing.
+//! Formats lns<16,10> and lns<24,16>; 4096 pairs of positive and negative codes whose
+//! exponents differ by `|z| < (f+2) 2^f` (where sb and db are not yet at their far value, so
+//! no pair takes the far-apart shortcut). Throughput is in additions; the ratio of each
+//! entry's elem/s to `f64-add`'s is the figure of merit. For lns<16,10> `Ideal` and
+//! `Truncated` are table lookups (tabulated for `f <= 10`); for lns<24,16> they decide every
+//! rounding by big-integer interval arithmetic. The tables are built before timing. The
+//! `Table` entries are xlns's default grid (`(f - 5) / 2` bits) and a finer one with guards.
 //!
 //! Run: `cargo bench --bench lns_arith`.
 
@@ -43,13 +45,18 @@ fn pairs(lns: Lns) -> Vec<(LnsValue, LnsValue)> {
 }
 
 fn bench_add(c: &mut Criterion) {
-    let lns = Lns::new(16, 10).unwrap();
+    for (w, f) in [(16, 10), (24, 16)] {
+        bench_format(c, Lns::new(w, f).unwrap());
+    }
+}
+
+fn bench_format(c: &mut Criterion, lns: Lns) {
     let codes = pairs(lns);
     let values: Vec<(f64, f64)> = codes
         .iter()
         .map(|&(a, b)| (a.to_f64(lns), b.to_f64(lns)))
         .collect();
-    let mut g = c.benchmark_group("lns<16,10>-add");
+    let mut g = c.benchmark_group(format!("lns<{},{}>-add", lns.w(), lns.f()));
     g.throughput(Throughput::Elements(PAIRS as u64));
     g.sample_size(10)
         .measurement_time(Duration::from_secs(3))
@@ -67,11 +74,11 @@ fn bench_add(c: &mut Criterion) {
         GaussLog::Ideal,
         GaussLog::Truncated,
         GaussLog::Table {
-            grid_bits: 2,
+            grid_bits: (lns.f() - 5) / 2,
             guard_bits: 0,
         },
         GaussLog::Table {
-            grid_bits: 4,
+            grid_bits: (lns.f() - 5) / 2 + 2,
             guard_bits: 4,
         },
     ];

@@ -193,20 +193,68 @@ impl Tables {
     }
 }
 
+/// sb and db at every `z` where they can differ from their far value, rounded exactly: the
+/// evaluation of [`GaussLog::Ideal`] and [`GaussLog::Truncated`] for small `f`.
+#[derive(Debug)]
+pub(crate) struct ExactTables {
+    /// `sb[-z]` for `-(f+2) 2^f < z <= 0`.
+    sb: Vec<i64>,
+    /// `db[-z]` for `-(f+2) 2^f < z < 0` (entry 0 unused).
+    db: Vec<i64>,
+    /// sb and db below the tables (0, and -1 for a truncated db).
+    sb_far: i64,
+    db_far: i64,
+}
+
+impl ExactTables {
+    /// Largest `f` tabulated: `(f+2) 2^f` entries per function, 12 288 for `f = 10`.
+    const MAX_F: u32 = 10;
+
+    fn new(f: u32, dir: Direction) -> Self {
+        let len = (f as i64 + 2) << f;
+        let sb = (0..len)
+            .into_par_iter()
+            .map(|u| exact::gauss_log(Gauss::Sum, -u, f, dir))
+            .collect();
+        let db = (0..len)
+            .into_par_iter()
+            .map(|u| match u {
+                0 => 0,
+                u => exact::gauss_log(Gauss::Difference, -u, f, dir),
+            })
+            .collect();
+        ExactTables {
+            sb,
+            db,
+            sb_far: exact::gauss_log(Gauss::Sum, -len, f, dir),
+            db_far: exact::gauss_log(Gauss::Difference, -len, f, dir),
+        }
+    }
+}
+
 /// A [`GaussLog`] ready to evaluate for one format (with its tables built).
 #[derive(Debug, Clone)]
 pub(crate) enum GaussEval {
-    Ideal,
-    Truncated,
+    /// sb and db rounded exactly in direction `dir`, from tables for `f <= 10`, evaluated
+    /// on every call above.
+    Exact {
+        dir: Direction,
+        tables: Option<Arc<ExactTables>>,
+    },
     Table(Arc<Tables>),
 }
 
 impl GaussEval {
     /// Builds the tables `gauss` needs for `lns`; refuses table parameters it cannot use.
     pub(crate) fn new(lns: Lns, gauss: GaussLog) -> Result<Self, LnsError> {
+        let exact = |dir| GaussEval::Exact {
+            dir,
+            tables: (lns.f() <= ExactTables::MAX_F)
+                .then(|| Arc::new(ExactTables::new(lns.f(), dir))),
+        };
         Ok(match gauss {
-            GaussLog::Ideal => GaussEval::Ideal,
-            GaussLog::Truncated => GaussEval::Truncated,
+            GaussLog::Ideal => exact(Direction::Nearest),
+            GaussLog::Truncated => exact(Direction::Floor),
             GaussLog::Table {
                 grid_bits,
                 guard_bits,
@@ -216,16 +264,17 @@ impl GaussEval {
 
     /// sb at any `z` in units of `2^-f`.
     pub(crate) fn sb(&self, z: i64, f: u32) -> i64 {
-        if z > 0 {
-            return match self {
-                GaussEval::Table(t) => t.sb(z),
-                _ => z + self.sb(-z, f),
-            };
-        }
         match self {
-            GaussEval::Ideal => exact::gauss_log(Gauss::Sum, z, f, Direction::Nearest),
-            GaussEval::Truncated => exact::gauss_log(Gauss::Sum, z, f, Direction::Floor),
             GaussEval::Table(t) => t.sb(z),
+            _ if z > 0 => z + self.sb(-z, f),
+            GaussEval::Exact {
+                tables: Some(t), ..
+            } => {
+                t.sb.get(z.unsigned_abs() as usize)
+                    .copied()
+                    .unwrap_or(t.sb_far)
+            }
+            GaussEval::Exact { dir, tables: None } => exact::gauss_log(Gauss::Sum, z, f, *dir),
         }
     }
 
@@ -236,9 +285,17 @@ impl GaussEval {
             return z + self.db(-z, f);
         }
         match self {
-            GaussEval::Ideal => exact::gauss_log(Gauss::Difference, z, f, Direction::Nearest),
-            GaussEval::Truncated => exact::gauss_log(Gauss::Difference, z, f, Direction::Floor),
             GaussEval::Table(t) => t.db(z),
+            GaussEval::Exact {
+                tables: Some(t), ..
+            } => {
+                t.db.get(z.unsigned_abs() as usize)
+                    .copied()
+                    .unwrap_or(t.db_far)
+            }
+            GaussEval::Exact { dir, tables: None } => {
+                exact::gauss_log(Gauss::Difference, z, f, *dir)
+            }
         }
     }
 }

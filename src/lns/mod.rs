@@ -50,8 +50,11 @@
 //!   db by cotransformation, as the `xlns` project's `xlnsconf` does (details in the module
 //!   `gauss`).
 //!
-//! These two evaluate sb and db by big-integer interval arithmetic on every call (a few
-//! microseconds); the table's evaluation is a few integer operations after its construction.
+//! These two evaluate sb and db by big-integer interval arithmetic (a few microseconds per
+//! call); for `f <= 10` [`LnsArith::new`] tabulates them at every `z` where they are not yet
+//! at their far value (`(f+2) 2^f` entries each, the same exact evaluation), so an addition
+//! is a lookup. The table implementation's evaluation is a few integer operations after its
+//! construction.
 //!
 //! Measured worst error of sb and db, in units of the last place of `k`, against a
 //! high-precision reference (series evaluation at 320 bits in `tests/lns_arith.rs`), over
@@ -73,7 +76,7 @@
 //!
 //! (Figures rounded up at the third decimal; `grid_bits = (f - 5) / 2` is xlns's default.)
 //! Ideal and Truncated are checked to equal the reference's rounding at every `z` for
-//! `f` = 0 to 6, 8 and 12, and on samples for `f` = 20, 23 and 30. Guard bits alone do not help a coarse
+//! `f` = 0 to 6, 8, 10 and 12, and on samples for `f` = 20, 23 and 30. Guard bits alone do not help a coarse
 //! grid: the chord of the convex sb lies above it, and the truncation of the unguarded
 //! interpolation happens to pull the result back down; a finer grid does.
 //!
