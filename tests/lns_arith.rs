@@ -949,3 +949,27 @@ fn lns_matmul_drift_from_the_f64_product() {
         );
     }
 }
+
+#[test]
+fn sb_and_db_take_any_z() {
+    // z > 0 by sb(z) = z + sb(-z), db(z) = z + db(-z); z = 0 has no db; the extremes of i64
+    // are far values.
+    let l = lns(12, 8);
+    for a in every_impl(l) {
+        let floor = a.gauss() == GaussLog::Truncated;
+        for z in [1, 5, 255, 256, 3000, 1 << 20] {
+            assert_eq!(a.sb(z), z + a.sb(-z), "{:?} sb({z})", a.gauss());
+            assert_eq!(
+                a.db(z),
+                Some(z + a.db(-z).unwrap()),
+                "{:?} db({z})",
+                a.gauss()
+            );
+        }
+        assert_eq!(a.db(0), None, "1 - B^0 is exactly zero");
+        assert_eq!(a.sb(i64::MIN), 0);
+        assert_eq!(a.db(i64::MIN), Some(if floor { -1 } else { 0 }));
+        assert_eq!(a.sb(i64::MAX), i64::MAX);
+        assert_eq!(a.db(i64::MAX), Some(i64::MAX - floor as i64));
+    }
+}

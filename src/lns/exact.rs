@@ -28,8 +28,9 @@ use num_bigint::BigUint;
 
 /// Bits of precision of the first attempt at every decision.
 const FIRST_PRECISION: u32 = 128;
-/// The precision at which a decision gives up. Never reached: the sides differ (see the
-/// module docs) by far more than `2^-65536` for every argument this module accepts.
+/// The precision at which a decision gives up with a panic: a guard against an internal error
+/// (the two sides of every comparison differ, see the module docs, so refinement ends; no
+/// input in the tests needs more than the first precision's doublings).
 const LAST_PRECISION: u32 = 1 << 16;
 /// Most fraction bits `s` of an exponent `j / 2^s` that the root chain covers.
 const MAX_ROOT_BITS: u32 = 64;

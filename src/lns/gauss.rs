@@ -27,8 +27,8 @@
 //!   (the special cases xlns adds to its flawed first version).
 //!
 //! xlns's own defaults are `grid_bits = (f - 5) / 2` and no guard bits; its `_g2`, `_g4`,
-//! `_g6` variants are `guard_bits` 2, 4, 6 (their "extra table" variants, which also refine the
-//! grid, are `grid_bits + guard_bits`). Differences from xlns: the table entries are rounded
+//! `_g6` variants are `guard_bits` 2, 4, 6 (their `extra` variants, which also refine the
+//! grid, are `grid_bits = (f + guard_bits - 5) / 2`). Differences from xlns: the table entries are rounded
 //! exactly (xlns rounds an f64 evaluation), and the tables stop where the entries become 0
 //! (xlns evaluates its "ideal" function everywhere).
 
@@ -146,8 +146,15 @@ impl Tables {
         })
     }
 
+    /// Below this `z` every table has ended (they reach `-(f+g+2) 2^f > -2^46`): sb and db
+    /// are 0 there.
+    const FAR: i64 = -(1 << 50);
+
     /// sb at `z <= 0`, with `g` guard bits, by interpolation.
     fn sb_fine(&self, z: i64) -> i64 {
+        if z < Self::FAR {
+            return 0;
+        }
         let i = -(z >> self.j); // grid point zh = -i 2^J <= z
         let zl = z - ((z >> self.j) << self.j);
         let at = |i: i64| self.sb.get(i as usize).copied().unwrap_or(0);
@@ -174,6 +181,9 @@ impl Tables {
 
     /// db at `z < 0` by cotransformation.
     fn db(&self, z: i64) -> i64 {
+        if z < Self::FAR {
+            return 0;
+        }
         let u = -z;
         let z2 = (u >> self.j) << self.j;
         let z1 = u - z2;
