@@ -50,7 +50,7 @@
 //!   db by cotransformation, as the `xlns` project's `xlnsconf` does (details in the module
 //!   `gauss`).
 //!
-//! These two evaluate sb and db by big-integer interval arithmetic (a few microseconds per
+//! Ideal and Truncated evaluate sb and db by big-integer interval arithmetic (a few microseconds per
 //! call); for `f <= 10` [`LnsArith::new`] tabulates them at every `z` where they are not yet
 //! at their far value (`(f+2) 2^f` entries each, the same exact evaluation), so an addition
 //! is a lookup. The table implementation's evaluation is a few integer operations after its
@@ -76,15 +76,30 @@
 //!
 //! (Figures rounded up at the third decimal; `grid_bits = (f - 5) / 2` is xlns's default.)
 //! Ideal and Truncated are checked to equal the reference's rounding at every `z` for
-//! `f` = 0 to 6, 8, 10 and 12, and on samples for `f` = 20, 23 and 30. Guard bits alone do not help a coarse
-//! grid: the chord of the convex sb lies above it, and the truncation of the unguarded
-//! interpolation happens to pull the result back down; a finer grid does.
+//! `f` = 0 to 6, 8, 10 and 12, and on samples for `f` = 20, 23 and 30. Guard bits alone do
+//! not lower the worst error on a coarse grid, where the interpolation error dominates; a
+//! finer grid does.
 //!
 //! # Matrix product
 //!
 //! [`lns_matmul`] is the naive product of row-major code matrices: products exact, each dot
 //! product accumulated from zero through [`LnsArith::add`] in the order of the inner index.
 //! [`lns_matmul_f64`] rounds f64 matrices in and the result out.
+//!
+//! Drift from the f64 product, `|c - c_f64| / sum_p |a_ip b_pj|` over the 256 outputs of a
+//! 16x64x16 product of uniform [-1, 1] entries in lns<20,12> (`tests/lns_arith.rs`, seeded;
+//! every figure is below the a priori bound of recursive summation the test asserts):
+//!
+//! | implementation | worst | mean |
+//! |---|---|---|
+//! | Ideal | 1.69e-4 | 3.13e-5 |
+//! | Truncated | 1.37e-3 | 4.22e-4 |
+//! | Table { grid_bits: 3, guard_bits: 0 } | 5.98e-4 | 1.19e-4 |
+//! | Table { grid_bits: 3, guard_bits: 4 } | 5.00e-4 | 1.77e-4 |
+//! | Table { grid_bits: 5, guard_bits: 4 } | 2.77e-4 | 3.89e-5 |
+//!
+//! Truncation is biased (every sum rounds down in magnitude), so its error grows with `k`;
+//! the others' errors partly cancel.
 //!
 //! # Relation to other implementations
 //!
