@@ -880,6 +880,11 @@ fn lns_matmul_refuses_mismatched_shapes() {
     }
     let e = lns_matmul(&ar, &x, &x, usize::MAX, 2, 1).unwrap_err();
     assert!(e.to_string().contains("overflow"), "{e}");
+    // k = 0: both operands are empty, the product would still have m n elements.
+    let e = lns_matmul(&ar, &[], &[], usize::MAX, 0, 2).unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+    let e = lns_matmul(&ar, &[], &[], 1 << 31, 0, 1 << 31).unwrap_err();
+    assert!(e.to_string().contains("allocate"), "{e}");
     assert!(lns_matmul_f64(&ar, &[1.0; 3], &[1.0; 2], 1, 2, 1).is_err());
 }
 

@@ -35,7 +35,14 @@ pub fn lns_matmul(
 ) -> Result<Vec<LnsValue>, LnsError> {
     check_shape("a", a.len(), m, k)?;
     check_shape("b", b.len(), k, n)?;
-    let mut c = vec![LnsValue::Zero; m * n];
+    let len = m.checked_mul(n).ok_or_else(|| LnsError::Shape {
+        reason: format!("the {m}x{n} product's elements overflow usize"),
+    })?;
+    let mut c = Vec::new();
+    c.try_reserve_exact(len).map_err(|e| LnsError::Shape {
+        reason: format!("cannot allocate the {m}x{n} product: {e}"),
+    })?;
+    c.resize(len, LnsValue::Zero);
     if n == 0 {
         return Ok(c);
     }
