@@ -6,7 +6,7 @@
 //! no pair takes the far-apart shortcut). Throughput is in additions; the ratio of each
 //! entry's elem/s to `f64-add`'s is the figure of merit. For lns<16,10> `Ideal` and
 //! `Truncated` are table lookups (tabulated for `f <= 10`); for lns<24,16> they decide every
-//! rounding by big-integer interval arithmetic. The tables are built before timing. The
+//! rounding by interval arithmetic (u128 fixed point, big integers when undecided). The tables are built before timing. The
 //! `Table` entries are xlns's default grid (`(f - 5) / 2` bits) and a finer one with guards.
 //!
 //! Run: `cargo bench --bench lns_arith`.

@@ -9,8 +9,10 @@
 //! `floor(sqrt(lo * 2^p))` and `floor(sqrt(hi * 2^p)) + 1`), and `2^(j/2^s)` with `j = q 2^s + r`,
 //! `0 <= r < 2^s`, is `2^q` times the product of the roots `2^(2^-(s-i))` of the set bits `i`
 //! of `r`, each product rounded down in `lo` and up in `hi`. Every step keeps the true value
-//! inside `[lo, hi]`, so a comparison decided by disjoint intervals is exact. An undecided
-//! comparison is repeated at twice the precision (128, 256, 512, ... bits); it terminates
+//! inside `[lo, hi]`, so a comparison decided by disjoint intervals is exact. The Gaussian-log
+//! comparisons run first in u128 at `p = 126` (values below 4; the roots are the 128-bit
+//! ones rounded outward), then with big integers at 128 bits, and an undecided comparison
+//! is repeated at twice the precision (256, 512, ... bits); it terminates
 //! because the two sides are never equal except in the cases that are tested for up front:
 //!
 //! With `y = 2^(1/2^(f+1))`, whose minimal polynomial is `t^(2^(f+1)) - 2` (Eisenstein at 2),
@@ -153,8 +155,96 @@ pub(crate) enum Direction {
     Floor,
 }
 
+/// Fraction bits of the fast first stage's fixed point (values below 4 fit a u128).
+const FAST_P: u32 = 126;
+
+/// The roots `2^(2^-t)` as u128 bounds at [`FAST_P`] bits (from the big-integer chain).
+fn fast_roots() -> &'static [(u128, u128)] {
+    static ROOTS: OnceLock<Vec<(u128, u128)>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let to_u128 = |x: &BigUint| {
+            let d = x.to_u64_digits();
+            assert!(d.len() <= 2, "a root below 2 fits 128 bits");
+            d.iter()
+                .rev()
+                .fold(0u128, |acc, &w| (acc << 64) | w as u128)
+        };
+        let shift = FIRST_PRECISION - FAST_P;
+        first_roots()
+            .iter()
+            .map(|b| {
+                let lo = &b.lo >> shift;
+                let hi = ceil_shr(b.hi.clone(), shift);
+                (to_u128(&lo), to_u128(&hi))
+            })
+            .collect()
+    })
+}
+
+/// `floor(a b / 2^FAST_P)` and whether it was exact, for a product below `4 * 2^FAST_P`.
+fn fast_mul(a: u128, b: u128) -> (u128, bool) {
+    const M: u128 = (1 << 64) - 1;
+    let (a1, a0, b1, b0) = (a >> 64, a & M, b >> 64, b & M);
+    let (p00, p01, p10, p11) = (a0 * b0, a0 * b1, a1 * b0, a1 * b1);
+    let mid = (p00 >> 64) + (p01 & M) + (p10 & M);
+    let lo = (p00 & M) | (mid << 64);
+    let hi = p11 + (p01 >> 64) + (p10 >> 64) + (mid >> 64);
+    debug_assert!(hi < 1 << FAST_P, "a product below 4");
+    let q = (hi << (128 - FAST_P)) | (lo >> FAST_P);
+    (q, lo & ((1 << FAST_P) - 1) == 0)
+}
+
+/// Bounds on `2^(j / 2^s) * 2^FAST_P` in u128, or `None` when the value is not in
+/// `[2^-100, 2)` (the fast stage leaves it to the big integers).
+fn fast_pow2(j: i64, s: u32) -> Option<(u128, u128)> {
+    let q = j >> s;
+    if !(-100..=0).contains(&q) {
+        return None;
+    }
+    let r = (j - (q << s)) as u64;
+    let roots = fast_roots();
+    let (mut lo, mut hi) = (1u128 << FAST_P, 1u128 << FAST_P);
+    for i in 0..s {
+        if (r >> i) & 1 == 1 {
+            let (clo, chi) = roots[(s - i - 1) as usize];
+            lo = fast_mul(lo, clo).0;
+            let (h, exact) = fast_mul(hi, chi);
+            hi = h + u128::from(!exact);
+        }
+    }
+    let n = (-q) as u32;
+    let up = u128::from(hi & ((1u128 << n) - 1) != 0);
+    Some((lo >> n, (hi >> n) + up))
+}
+
+/// [`cmp_gauss`] in u128 fixed point; `None` when the bounds overlap or a value is out of the
+/// fast stage's range.
+fn fast_cmp_gauss(op: Gauss, z: i64, f: u32, c: i64) -> Option<Ordering> {
+    let (tlo, thi) = fast_pow2(z, f)?;
+    let one = 1u128 << FAST_P;
+    let (lo, hi) = match op {
+        Gauss::Sum => (one + tlo, one + thi),
+        Gauss::Difference => (one.saturating_sub(thi), one - tlo),
+    };
+    // 2^(c/2^(f+1)) may reach [2, 4): compare half of both sides then.
+    let (lo, hi, c) = if c > 0 {
+        (lo >> 1, (hi >> 1) + (hi & 1), c - (1i64 << (f + 1)))
+    } else {
+        (lo, hi, c)
+    };
+    let (rlo, rhi) = fast_pow2(c, f + 1)?;
+    if hi < rlo {
+        Some(Ordering::Less)
+    } else if lo > rhi {
+        Some(Ordering::Greater)
+    } else {
+        None
+    }
+}
+
 /// Orders `1 ± 2^(z / 2^f)` against `2^(c / 2^(f+1))` exactly, for `z <= 0` (`z < 0` for the
-/// difference) and `f <= MAX_GAUSS_F`.
+/// difference) and `f <= MAX_GAUSS_F`: by 126-bit fixed point in u128 first, then by big
+/// integers at 128, 256, ... bits when that leaves it undecided.
 fn cmp_gauss(op: Gauss, z: i64, f: u32, c: i64) -> Ordering {
     match op {
         Gauss::Sum if z == 0 && c == 1i64 << (f + 1) => return Ordering::Equal,
@@ -163,6 +253,14 @@ fn cmp_gauss(op: Gauss, z: i64, f: u32, c: i64) -> Ordering {
         }
         _ => {}
     }
+    if let Some(o) = fast_cmp_gauss(op, z, f, c) {
+        return o;
+    }
+    slow_cmp_gauss(op, z, f, c)
+}
+
+/// [`cmp_gauss`] by big integers only.
+fn slow_cmp_gauss(op: Gauss, z: i64, f: u32, c: i64) -> Ordering {
     refine(|p, roots| {
         let t = pow2(z, f, p, roots);
         let one = BigUint::from(1u32) << p;
@@ -346,6 +444,36 @@ mod tests {
                 "t = {t}: bounds too wide"
             );
         }
+    }
+
+    #[test]
+    fn the_fast_stage_agrees_with_the_big_integers() {
+        // SplitMix64 over z in [-(f+3) 2^f, 0] and c near 2 sb(z) or 2 db(z).
+        let mut s = 3u64;
+        let mut next = || {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = s;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        let mut decided = 0;
+        for f in [0u32, 1, 4, 10, 23, 30, 40] {
+            for _ in 0..400 {
+                let span = (f as u64 + 3) << f;
+                let z = -((next() % span) as i64) - 1;
+                for op in [Gauss::Sum, Gauss::Difference] {
+                    let guess = (2.0 * estimate(op, z, f)).round() as i64;
+                    for c in guess - 2..=guess + 2 {
+                        if let Some(o) = fast_cmp_gauss(op, z, f, c) {
+                            decided += 1;
+                            assert_eq!(o, slow_cmp_gauss(op, z, f, c), "{op:?} {z} {f} {c}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(decided > 20_000, "the fast stage decided only {decided}");
     }
 
     #[test]

@@ -40,8 +40,8 @@
 //!
 //! * [`GaussLog::Ideal`] rounds the exact sb, db to the nearest integer, so `a + b` is the
 //!   code nearest to the exact sum in the logarithm: correctly rounded. Decided exactly:
-//!   interval bounds on `1 ± 2^(z/2^f)` and `2^((2m ± 1)/2^(f+1))` in 128-bit fixed point,
-//!   repeated at 256, 512, ... bits when they overlap (the module `exact` proves that they
+//!   interval bounds on `1 ± 2^(z/2^f)` and `2^((2m ± 1)/2^(f+1))` in 126-bit fixed point,
+//!   repeated with big integers at 128, 256, 512, ... bits when they overlap (the module `exact` proves that they
 //!   never meet: the sum of two codes is never exactly halfway between two codes in the
 //!   logarithm, so there are no ties). Worst error: under 0.5 units of `k`.
 //! * [`GaussLog::Truncated`] truncates the exact sb, db toward -inf (a datapath that drops the
@@ -50,7 +50,8 @@
 //!   db by cotransformation, as the `xlns` project's `xlnsconf` does (details in the module
 //!   `gauss`).
 //!
-//! Ideal and Truncated evaluate sb and db by big-integer interval arithmetic (a few microseconds per
+//! Ideal and Truncated evaluate sb and db by interval arithmetic, in 126-bit fixed point
+//! first and with big integers when that leaves a decision open (under a microsecond per
 //! call); for `f <= 10` [`LnsArith::new`] tabulates them at every `z` where they are not yet
 //! at their far value (`(f+2) 2^f` entries each, the same exact evaluation), so an addition
 //! is a lookup. The table implementation's evaluation is a few integer operations after its
