@@ -18,6 +18,8 @@ pub mod fixed;
 pub mod float;
 pub mod grid;
 pub mod lns;
+mod lns_approx;
+mod lns_exact;
 mod pattern;
 pub mod posit;
 pub mod rounding;
