@@ -26,6 +26,12 @@
 //! nearest modes give the same `k`. Likewise `x` equals a value `2^(k/2^f)` of the format only
 //! when that value is a power of two (`k` a multiple of `2^f`); toward-zero keeps those.
 //!
+//! Kept values: the stored value of a code (an f64, or the f32 of that f64 in an f32 tensor)
+//! can lie a fraction of an ulp below `2^(k/2^f)`, where `floor(t)` is `k - 1`. Toward-zero
+//! and stochastic rounding keep such an input at `k` (an input equal to the stored value of
+//! `floor(t) + 1` keeps that code), so rounding a rounded tensor again changes nothing in
+//! every mode.
+//!
 //! Every decision is exact. `t >= j / 2^h` (the boundary of floor, nearest with `h = 1`, or
 //! the stochastic threshold with `h = b`) is decided by a fast `log2` estimate with a proven
 //! error bound ([`lns_approx`](super::lns_approx)) when the estimate is farther than the
@@ -172,9 +178,24 @@ impl Lns {
         value_of(k, self.f)
     }
 
-    /// The code of `x` rounded with `rule` (see the module docs for the policy).
+    /// The code of `x` rounded with `rule` (see the module docs for the policy), for an f64
+    /// result.
     #[inline]
     pub fn round_code<R: RoundingRule>(&self, x: f64, rule: R, random: u32) -> LnsCode {
+        self.round_code_stored(x, rule, random, |v| v)
+    }
+
+    /// [`Lns::round_code`] for a result stored through `stored` (f64 to the storage type
+    /// and back: `|v| v as f32 as f64` for f32 tensors): toward-zero and stochastic rounding
+    /// keep an input equal to the stored value of the code above `floor(t)`.
+    #[inline]
+    pub fn round_code_stored<R: RoundingRule>(
+        &self,
+        x: f64,
+        rule: R,
+        random: u32,
+        stored: impl Fn(f64) -> f64,
+    ) -> LnsCode {
         if x.is_nan() {
             return LnsCode::Nan;
         }
@@ -199,6 +220,19 @@ impl Lns {
             return LnsCode::Value {
                 negative,
                 k: self.k_max(),
+            };
+        }
+        // Kept values: the stored value of floor(t) + 1 can lie a fraction of an ulp below
+        // 2^((floor t + 1)/2^f); an input equal to it keeps that code (so rounding twice
+        // changes nothing). Nearest modes keep it anyway.
+        if matches!(R::KIND, RuleKind::TowardZero | RuleKind::Stochastic)
+            && phi > 0.5
+            && floor_t < self.k_max()
+            && stored(self.value(floor_t + 1)) == x.abs()
+        {
+            return LnsCode::Value {
+                negative,
+                k: floor_t + 1,
             };
         }
         let k = match R::KIND {
@@ -317,6 +351,18 @@ impl Lns {
     #[inline]
     pub fn round<R: RoundingRule>(&self, x: f64, rule: R, random: u32) -> f64 {
         self.code_value(self.round_code(x, rule, random))
+    }
+
+    /// [`Lns::round`] for a result stored through `stored` (see [`Lns::round_code_stored`]).
+    #[inline]
+    pub fn round_stored<R: RoundingRule>(
+        &self,
+        x: f64,
+        rule: R,
+        random: u32,
+        stored: impl Fn(f64) -> f64,
+    ) -> f64 {
+        self.code_value(self.round_code_stored(x, rule, random, stored))
     }
 
     /// Bit pattern of `x` rounded to nearest.
