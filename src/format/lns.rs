@@ -34,9 +34,9 @@
 //!
 //! Every decision is exact. `t >= j / 2^h` (the boundary of floor, nearest with `h = 1`, or
 //! the stochastic threshold with `h = b`) is decided by a fast `log2` estimate with a proven
-//! error bound ([`lns_approx`](super::lns_approx)) when the estimate is farther than the
+//! error bound (`lns_approx.rs`) when the estimate is farther than the
 //! bound from the boundary, and otherwise by comparing `m^(2^(f+h))` with a power of two
-//! exactly ([`lns_exact`](super::lns_exact)), `m` the 53-bit significand of `x`.
+//! exactly (`lns_exact.rs`), `m` the 53-bit significand of `x`.
 //!
 //! # Range
 //!

@@ -1,5 +1,5 @@
 //! Fast approximations for lns rounding, each with a proven error bound that the exact
-//! comparison of [`lns_exact`](super::lns_exact) backs up near a decision boundary.
+//! comparison of `lns_exact.rs` backs up near a decision boundary.
 //!
 //! # `log2` of a significand
 //! [`log2_significand`] estimates `L = log2(m / 2^52)` for `2^52 <= m < 2^53`. With
