@@ -30,6 +30,10 @@ const CASES: &[(&str, &str)] = &[
     ("bf16", "stochastic"),
     ("fixed<8,4>", "stochastic"),
     ("block<8>", "stochastic"),
+    ("lns<8,3>", "nearest-even"),
+    ("lns<16,10>", "nearest-even"),
+    ("lns<8,3>", "stochastic"),
+    ("lns<16,10>", "stochastic"),
 ];
 
 fn bench_quantize(c: &mut Criterion) {

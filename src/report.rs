@@ -20,7 +20,7 @@ pub struct FormatRow {
 
 /// Formats that are not presets but worth a row: the posits used before the 2022 Posit
 /// Standard fixed es = 2, and one example of each other family.
-const OTHER_FORMATS: [(&str, &str); 4] = [
+const OTHER_FORMATS: [(&str, &str); 5] = [
     (
         "posit<8,0>",
         "8-bit posit with es = 0 (before the 2022 standard)",
@@ -31,6 +31,10 @@ const OTHER_FORMATS: [(&str, &str); 4] = [
     ),
     ("fixed<8,4>", "example of the family"),
     ("block<8>", "example of the family"),
+    (
+        "lns<8,3>",
+        "example of the family (logarithmic, base 2^(1/8))",
+    ),
 ];
 
 /// The table of every preset and of a few formats that are not (posits with the es of

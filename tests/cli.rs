@@ -583,3 +583,31 @@ fn ptq_refuses_bad_models_and_formats_with_clear_errors() {
         assert!(!stderr(&o).contains("panicked"), "{args:?}");
     }
 }
+
+#[test]
+fn quantize_takes_an_lns_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("w.npy"), dir.path().join("q.npy"));
+    sample().write_npy(&input).unwrap();
+    let (i, o) = (input.to_str().unwrap(), output.to_str().unwrap());
+    let run = qcandle(&["quantize", "--format", "lns<8,3>", i, o]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let got = Tensor::read_npy(&output).unwrap();
+    let want = quantize(&sample(), &Quant::new("lns<8,3>".parse().unwrap())).unwrap();
+    assert_eq!(
+        got.to_vec2::<f32>().unwrap(),
+        want.to_vec2::<f32>().unwrap()
+    );
+    let bad = qcandle(&["quantize", "--format", "lns<8,7>", i, o]);
+    // clap refuses the argument (exit 2) with the format's own message, no panic.
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("f <= w - 2 = 6"), "{}", stderr(&bad));
+    assert!(!stderr(&bad).contains("panicked"));
+    let listed = String::from_utf8(qcandle(&["formats"]).stdout).unwrap();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("lns<8,3>")),
+        "{listed}"
+    );
+}

@@ -426,6 +426,7 @@ fn values(f: &Format) -> Vec<f64> {
                 .collect()
         }
         Format::Block(_) => unreachable!("block values depend on the block maximum"),
+        Format::Lns(_) => unreachable!("the CUDA header has no lns rounding to compare"),
     };
     v.retain(|x| x.is_finite());
     sorted(v)
@@ -642,6 +643,9 @@ fn boundary_inputs(s: &Subject) -> Vec<f64> {
                 v.extend(powers_of_two(hi.max(-lo)));
             }
             v
+        }
+        Subject::Format(Format::Lns(_)) => {
+            unreachable!("the CUDA header has no lns rounding to compare")
         }
         Subject::Format(Format::Block(_)) => {
             // A lone value is its own block: powers of two and their neighbours are the edges.

@@ -382,6 +382,25 @@ fn a_quantized_model_holds_u8_patterns_a_quarter_of_the_size_and_reads_back_to_t
     Ok(())
 }
 
+/// The safetensors crate writes metadata in a `HashMap`'s order, which differs between maps
+/// (and processes): with two metadata keys, 16 writes in one order by chance has odds 2^-15.
+#[test]
+fn a_quantized_model_file_has_the_same_bytes_every_time_it_is_written() -> R {
+    let weights = trained_weights();
+    let dir = tempfile::tempdir()?;
+    let format: Format = "posit<8,0>".parse()?;
+    let first = dir.path().join("first.safetensors");
+    write_quantized(&first, &weights, &format)?;
+    let expected = std::fs::read(&first)?;
+    for i in 0..15 {
+        let path = dir.path().join(format!("{i}.safetensors"));
+        write_quantized(&path, &weights, &format)?;
+        assert!(std::fs::read(&path)? == expected, "write {i} differs");
+    }
+    assert_eq!(read_weights(&first, None)?.format, Some(format));
+    Ok(())
+}
+
 fn write_model(path: &Path, tensors: Vec<(String, Tensor)>) -> R {
     write_tensors(path, &tensors)
 }

@@ -447,6 +447,9 @@ fn run_rule<T: Element, R: RoundingRule>(
         Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),
         Format::Float(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
         Format::Fixed(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
+        Format::Lns(l) => map_elements(src, dst, stream, |_, x, r| {
+            l.round_stored(x, rule, r, |v| T::from_f64(v).to_f64())
+        }),
         Format::Block(b) if T::FITS_F32 => {
             let grid = BlockGrid::new(b.scope(), dims)?;
             let maxima = block_maxima(src.unwrap_or(dst), grid);

@@ -99,6 +99,17 @@ struct Plan {
     block: Option<(u64, u64)>,
 }
 
+/// The CUDA kernels do not round lns<w,f> yet: a clear error rather than a kernel that
+/// does not know the format.
+fn refuse_lns(format: &Format) -> Result<()> {
+    if matches!(format, Format::Lns(_)) {
+        candle_core::bail!(
+            "{format} has no CUDA kernel yet; quantize, pack and unpack it on the CPU"
+        );
+    }
+    Ok(())
+}
+
 impl Plan {
     fn new(
         format: &Format,
@@ -106,6 +117,7 @@ impl Plan {
         stream: Option<Stream>,
         dims: &[usize],
     ) -> Result<Self> {
+        refuse_lns(format)?;
         // As cpu::quantize_slice: stochastic rounding without a stream uses (seed 0, call 0).
         let stream = match rounding {
             Rounding::Stochastic { .. } => Some(stream.unwrap_or_else(|| Stream::new(0, 0))),
@@ -356,6 +368,7 @@ pub fn pack(
     let dev = &storage.device;
     let n = layout.shape().elem_count();
     let start = layout.start_offset();
+    refuse_lns(format)?;
     let f = QcFormat::new(format);
     let mut failed = dev.alloc_zeros::<u32>(1)?;
     let (src_suffix, dst_suffix) = (
@@ -431,6 +444,7 @@ pub fn unpack(
     let dev = &storage.device;
     let n = layout.shape().elem_count();
     let start = layout.start_offset();
+    refuse_lns(format)?;
     let f = QcFormat::new(format);
     let bits = format.bits();
     let mut first_bad = dev.clone_htod(&[u64::MAX])?;

@@ -172,7 +172,7 @@ impl F32Plan {
             Format::Posit(p) => Self::posit(p, kind),
             Format::Float(f) => Self::float(f, kind),
             Format::Fixed(f) => Self::fixed(f),
-            Format::Block(_) => return None,
+            Format::Block(_) | Format::Lns(_) => return None,
         };
         for (packed, entry) in plan.packed.iter_mut().zip(&plan.table) {
             let (s, tiny_s) = match entry.case {

@@ -8,11 +8,11 @@ use crate::format::{Format, Rounding};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QcFormat {
-    /// 0 posit, 1 float, 2 fixed, 3 block.
+    /// 0 posit, 1 float, 2 fixed, 3 block, 4 lns.
     pub family: i32,
-    /// posit n, float exponent bits, fixed/block word length.
+    /// posit n, float exponent bits, fixed/block word length, lns width.
     pub a: i32,
-    /// posit es, float mantissa bits, fixed fraction length.
+    /// posit es, float mantissa bits, fixed fraction length, lns fraction bits of the log.
     pub b: i32,
     /// float: bit 0 subnormals, bit 1 saturate, bits 2-3 specials (0 ieee, 1 fn, 2 fin);
     /// fixed: bit 0 clamp, bit 1 symmetric.
@@ -54,6 +54,12 @@ impl QcFormat {
                 family: 3,
                 a: b.wl() as i32,
                 b: 0,
+                flags: 0,
+            },
+            Format::Lns(l) => QcFormat {
+                family: 4,
+                a: l.w() as i32,
+                b: l.f() as i32,
                 flags: 0,
             },
         }

@@ -1,13 +1,13 @@
 //! Number formats: what values exist, and how an f64 is rounded to one of them.
 //!
 //! Each family lives in its own file with pure scalar functions ([`Posit`], [`Float`],
-//! [`Fixed`], [`Block`]); they share the integer rounding step in [`grid`] and the rounding
+//! [`Fixed`], [`Block`], [`Lns`]); they share the integer rounding step in [`grid`] and the rounding
 //! modes in [`rounding`]. No tensors here: the CPU kernels, the CUDA header
 //! `cuda/quant.cuh` and the tests all call or mirror these functions.
 //!
 //! A [`Format`] is validated when it is built and prints as a string that parses back to
 //! the same format: `posit<8,0>`, `float<5,2>`, `float<4,3,fn,sat>`, `fixed<8,4>`,
-//! `block<8>`, `block<8,dim=0>`, or a preset name (`fp16`, `bf16`, `tf32`, `e5m2`, `e4m3`,
+//! `block<8>`, `block<8,dim=0>`, `lns<8,3>`, or a preset name (`fp16`, `bf16`, `tf32`, `e5m2`, `e4m3`,
 //! `e3m2`, `e2m3`, `e2m1`, `posit8`, `posit16`, `posit32`). Float presets display as their
 //! names. The posit presets follow the 2022 Posit Standard (es = 2 at every width:
 //! `posit8` is `posit<8,2>`); other posits, such as the older `posit<8,0>` and
@@ -18,6 +18,8 @@ pub mod fixed;
 pub mod float;
 pub mod grid;
 pub mod lns;
+mod lns_approx;
+mod lns_exact;
 mod pattern;
 pub mod posit;
 pub mod rounding;
@@ -46,6 +48,8 @@ pub enum Format {
     Fixed(Fixed),
     /// Block floating point with wl-bit elements.
     Block(Block),
+    /// Logarithmic number system lns<w,f>.
+    Lns(Lns),
 }
 
 /// How a named format is defined: a float's (exp, man, overflow, specials) with
@@ -144,6 +148,11 @@ impl Format {
         Block::new(wl, BlockScope::Tensor).map(Format::Block)
     }
 
+    /// Logarithmic number system (w, f); see [`Lns::new`].
+    pub fn lns(w: u32, f: u32) -> Result<Self, FormatError> {
+        Lns::new(w, f).map(Format::Lns)
+    }
+
     /// Every named format with a one-line description, in display order.
     pub fn presets() -> Vec<(&'static str, &'static str, Format)> {
         PRESETS
@@ -159,6 +168,7 @@ impl Format {
             Format::Float(f) => f.bits(),
             Format::Fixed(f) => f.wl(),
             Format::Block(b) => b.wl(),
+            Format::Lns(l) => l.w(),
         }
     }
 
@@ -169,6 +179,7 @@ impl Format {
             Format::Float(f) => Some(f.max_value()),
             Format::Fixed(f) => Some(f.max_value()),
             Format::Block(_) => None,
+            Format::Lns(l) => Some(l.max_value()),
         }
     }
 
@@ -179,6 +190,7 @@ impl Format {
             Format::Float(f) => Some(f.min_positive()),
             Format::Fixed(f) => Some(f.quantum()),
             Format::Block(_) => None,
+            Format::Lns(l) => Some(l.min_positive()),
         }
     }
 
@@ -190,6 +202,7 @@ impl Format {
             Format::Float(f) => f.epsilon(),
             Format::Fixed(f) => f.quantum(),
             Format::Block(b) => grid::pow2(2 - b.wl() as i32),
+            Format::Lns(l) => l.epsilon(),
         }
     }
 
@@ -213,6 +226,7 @@ impl Format {
             Format::Float(f) => f.round(x, rule, random),
             Format::Fixed(f) => f.round(x, rule, random),
             Format::Block(b) => b.round(x, block::block_max([x]), rule, random),
+            Format::Lns(l) => l.round(x, rule, random),
         }
     }
 }
@@ -253,6 +267,7 @@ impl fmt::Display for Format {
                 BlockScope::Tensor => write!(f, "block<{}>", b.wl()),
                 BlockScope::Dim(d) => write!(f, "block<{},dim={}>", b.wl(), d),
             },
+            Format::Lns(l) => write!(f, "lns<{},{}>", l.w(), l.f()),
         }
     }
 }
@@ -274,7 +289,7 @@ impl FromStr for Format {
             .strip_suffix('>')
             .and_then(|t| t.split_once('<'))
             .ok_or_else(|| {
-                err("expected family<args> (posit<8,0>, float<5,2>, fixed<8,4>, block<8>) or a preset name (see `qcandle formats`)".into())
+                err("expected family<args> (posit<8,0>, float<5,2>, fixed<8,4>, block<8>, lns<8,3>) or a preset name (see `qcandle formats`)".into())
             })?;
         let parts: Vec<&str> = args.split(',').collect();
         let int = |i: usize, name: &str| -> Result<i64, FormatError> {
@@ -361,8 +376,14 @@ impl FromStr for Format {
                 };
                 Block::new(wl, scope).map(Format::Block)
             }
+            "lns" => {
+                if parts.len() != 2 {
+                    return Err(err("lns takes exactly <w,f>".into()));
+                }
+                Format::lns(unsigned(0, "w")?, unsigned(1, "f")?)
+            }
             other => Err(err(format!(
-                "unknown format family `{other}` (posit, float, fixed, block)"
+                "unknown format family `{other}` (posit, float, fixed, block, lns)"
             ))),
         }
     }

@@ -1,5 +1,5 @@
-//! Bit patterns of the formats that have them: posits and floats, whose every value is one
-//! pattern of [`Format::bits`] bits. Fixed point and block formats have no patterns here
+//! Bit patterns of the formats that have them: posits, floats and lns, whose every value is
+//! one pattern of [`Format::bits`] bits. Fixed point and block formats have no patterns here
 //! (their values are kept as floats), so encoding or decoding them is an error.
 //!
 //! Packing tensors ([`crate::ops::pack`]) and the operation tables of the naive posit GEMM
@@ -11,22 +11,25 @@ use crate::error::FormatError;
 
 impl Format {
     /// The bit pattern of `x` rounded to the format (nearest, ties to even): posits give NaR
-    /// for NaN and ±Inf; floats fail for NaN when they have no NaN pattern. Fixed point and
+    /// for NaN and ±Inf; floats fail for NaN when they have no NaN pattern; lns gives its NaN
+    /// pattern for NaN and ±max for ±Inf. Fixed point and
     /// block formats have no patterns: an error.
     pub fn encode(&self, x: f64) -> Result<u32, FormatError> {
         match self {
             Format::Posit(p) => Ok(p.encode(x)),
             Format::Float(f) => f.encode(x),
+            Format::Lns(l) => Ok(l.encode(x)),
             Format::Fixed(_) | Format::Block(_) => Err(self.no_patterns()),
         }
     }
 
-    /// The value of a pattern of [`Format::bits`] bits: posits and floats. Fixed point and
+    /// The value of a pattern of [`Format::bits`] bits: posits, floats and lns. Fixed point and
     /// block formats have no patterns: an error.
     pub fn decode(&self, pattern: u32) -> Result<f64, FormatError> {
         match self {
             Format::Posit(p) => Ok(p.decode(pattern)),
             Format::Float(f) => Ok(f.decode(pattern)),
+            Format::Lns(l) => Ok(l.decode(pattern)),
             Format::Fixed(_) | Format::Block(_) => Err(self.no_patterns()),
         }
     }
@@ -48,7 +51,15 @@ mod tests {
 
     #[test]
     fn patterns_round_trip_and_fixed_point_has_none() {
-        for name in ["posit<8,0>", "posit16", "e4m3", "e2m1", "fp16"] {
+        for name in [
+            "posit<8,0>",
+            "posit16",
+            "e4m3",
+            "e2m1",
+            "fp16",
+            "lns<8,3>",
+            "lns<12,0>",
+        ] {
             let f: Format = name.parse().unwrap();
             for p in 0..(1u32 << f.bits().min(12)) {
                 let v = f.decode(p).unwrap();

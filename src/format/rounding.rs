@@ -147,6 +147,13 @@ pub trait RoundingRule: Copy + Send + Sync {
     /// (`2^23 <= m < 2^24`) at bit `s >= 24`, where the kept count is 0 (even). Same decision
     /// as [`RoundingRule::up`].
     fn up_tiny(&self, m: u32, s: u32, random: u32) -> bool;
+
+    /// The random bits a stochastic rule compares (0 for deterministic rules), for
+    /// decisions that are not made on a binary remainder (the log domain of lns).
+    #[inline(always)]
+    fn random_bits(&self) -> u32 {
+        0
+    }
 }
 
 /// `rem` compared with half of `2^s`.
@@ -257,6 +264,10 @@ impl RoundingRule for TowardZero {
 
 impl RoundingRule for Stochastic {
     const KIND: RuleKind = RuleKind::Stochastic;
+    #[inline(always)]
+    fn random_bits(&self) -> u32 {
+        self.bits
+    }
     #[inline(always)]
     fn up(&self, rem: u64, s: u32, _odd: bool, random: u32) -> bool {
         let k = self.bits;

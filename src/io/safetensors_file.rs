@@ -10,7 +10,10 @@
 //! that data, no less (a truncated file) and no more. Any element type of the format is
 //! read, so tensors this crate cannot round are still carried through unchanged.
 //!
-//! The writer is the `safetensors` crate's serializer, with the metadata map kept.
+//! The writer is the `safetensors` crate's serializer, with the metadata map kept and the
+//! header's keys put in sorted order ([`with_sorted_header`]): the crate writes the metadata
+//! in the order of a `HashMap`, which changes from one process to the next, so without it
+//! the same tensors and metadata would not always give the same bytes.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -84,8 +87,50 @@ pub fn encode(file: &RawFile<'_>) -> Result<Vec<u8>> {
                 .map_err(|e| anyhow::anyhow!("tensor `{name}`: {e}"))?;
         views.push((name.as_str(), view));
     }
-    safetensors::serialize(views, file.metadata.clone())
-        .map_err(|e| anyhow::anyhow!("cannot serialize the tensors: {e}"))
+    let bytes = safetensors::serialize(views, file.metadata.clone())
+        .map_err(|e| anyhow::anyhow!("cannot serialize the tensors: {e}"))?;
+    with_sorted_header(bytes)
+}
+
+/// The same safetensors file with every object of its JSON header written with its keys in
+/// sorted order (then padded with spaces to its former length, so the data does not move):
+/// the bytes then depend only on the tensors and the metadata, not on a map's order.
+pub fn with_sorted_header(bytes: Vec<u8>) -> Result<Vec<u8>> {
+    let (header, data) = split_header(&bytes)?;
+    let value: serde_json::Value =
+        serde_json::from_str(header).context("the header is not valid JSON")?;
+    let mut sorted = serde_json::to_string(&sort_keys(value))?.into_bytes();
+    ensure!(
+        sorted.len() <= header.len(),
+        "the sorted header is longer than the one written"
+    );
+    sorted.resize(header.len(), b' ');
+    let mut out = Vec::with_capacity(bytes.len());
+    out.extend_from_slice(&(sorted.len() as u64).to_le_bytes());
+    out.extend_from_slice(&sorted);
+    out.extend_from_slice(data);
+    Ok(out)
+}
+
+/// `value` with the keys of every object inserted in sorted order (so the output is sorted
+/// whether serde_json's map keeps sorted or insertion order).
+fn sort_keys(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sort_keys).collect())
+        }
+        other => other,
+    }
 }
 
 /// Splits a file into its header text and its data, checking the length field.
@@ -260,5 +305,39 @@ impl<'de> Deserialize<'de> for UniqueStrings {
             }
         }
         deserializer.deserialize_map(UniqueVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file with several metadata keys and tensors, rebuilt (so its metadata map is a new
+    /// `HashMap` with its own order) before every encode.
+    fn file() -> RawFile<'static> {
+        let metadata = (0..8).map(|i| (format!("key{i}"), format!("value {i}")));
+        let tensor = |name: &str, bytes: Vec<u8>| {
+            let array = RawArray {
+                dtype: Dtype::U8,
+                shape: vec![bytes.len()],
+                data: Cow::Owned(bytes),
+            };
+            (name.to_string(), array)
+        };
+        RawFile {
+            tensors: vec![tensor("a", vec![1, 2, 3]), tensor("b", vec![4; 9])],
+            metadata: Some(metadata.collect()),
+        }
+    }
+
+    #[test]
+    fn the_same_tensors_and_metadata_encode_to_the_same_bytes_and_read_back() {
+        let first = encode(&file()).unwrap();
+        for _ in 0..16 {
+            assert!(encode(&file()).unwrap() == first);
+        }
+        let header_length = u64::from_le_bytes(first[..8].try_into().unwrap());
+        assert_eq!(header_length % 8, 0, "the header stays padded to 8 bytes");
+        assert_eq!(parse(&first).unwrap(), file());
     }
 }

@@ -3,7 +3,7 @@
 //! `pack` rounds to nearest-even and returns each element's pattern: `u8` for formats of at
 //! most 8 bits, `i16` holding the 16-bit pattern for 9 to 16 bits (candle has no u16 dtype;
 //! read the bits with `as u16`), and `u32` above. `unpack` is its inverse and returns f32
-//! (or f64 with [`unpack_as`]). Posit and float formats have patterns; fixed point and block
+//! (or f64 with [`unpack_as`]). Posit, float and lns formats have patterns; fixed point and block
 //! floating point are refused with an error. NaN packs to the format's canonical NaN pattern
 //! (positive sign; for IEEE formats the quiet-NaN pattern with the top mantissa bit set).
 
@@ -14,9 +14,9 @@ use crate::format::Format;
 /// The candle dtype that holds this format's patterns.
 pub fn pattern_dtype(format: &Format) -> Result<DType> {
     let bits = match format {
-        Format::Posit(_) | Format::Float(_) => format.bits(),
+        Format::Posit(_) | Format::Float(_) | Format::Lns(_) => format.bits(),
         Format::Fixed(_) | Format::Block(_) => bail!(
-            "pack/unpack support posit and float formats, not {format} (values of fixed point and block formats are best kept as floats)"
+            "pack/unpack support posit, float and lns formats, not {format} (values of fixed point and block formats are best kept as floats)"
         ),
     };
     Ok(match bits {

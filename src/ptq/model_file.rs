@@ -28,6 +28,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::format::grid::pow2;
 use crate::format::Fixed;
 use crate::format::Format;
+use crate::io::safetensors_file::with_sorted_header;
 use crate::io::write_atomically;
 use crate::nn::ModelKind;
 use crate::ops::pack::{pattern_dtype, unpack_as};
@@ -147,13 +148,14 @@ pub fn write_encoded(path: &Path, encoded: &Encoded) -> Result<u64> {
         (FORMAT_KEY.to_string(), encoded.format.to_string()),
         (MODEL_KEY.to_string(), encoded.model.to_string()),
     ]);
+    let bytes = safetensors::serialize(
+        encoded.tensors.iter().map(|(n, t)| (n.as_str(), t)),
+        Some(metadata),
+    )
+    .context("cannot serialize the quantized model")?;
+    let bytes = with_sorted_header(bytes)?;
     write_atomically(path, |tmp| {
-        safetensors::serialize_to_file(
-            encoded.tensors.iter().map(|(n, t)| (n.as_str(), t)),
-            Some(metadata),
-            tmp,
-        )
-        .with_context(|| format!("cannot write {}", tmp.display()))
+        std::fs::write(tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))
     })?;
     Ok(std::fs::metadata(path)
         .with_context(|| format!("cannot read back {}", path.display()))?
