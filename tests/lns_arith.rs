@@ -661,22 +661,37 @@ fn to_f64_at_the_ends_of_the_f64_range() {
     assert!(LnsValue::NaN.to_f64(l).is_nan());
 }
 
-/// The reference's nearest code to `x` (log domain), saturated or flushed.
+/// The reference's nearest code to `x`: the log rounded to nearest and saturated, and below
+/// the smallest magnitude `min` the format's value-domain rule (`|x| > min/2` gives `±min`,
+/// `|x| < min/2` zero, the tie, an exact power of two only for `f = 0`, zero).
 fn reference_nearest(l: Lns, x: f64) -> LnsValue {
-    let logk = reference::log_units(&reference::from_f64(x.abs()), l.f());
-    let k = reference::nearest(&logk);
-    if k < l.k_min() {
-        LnsValue::Zero
-    } else {
-        LnsValue::Finite {
+    let f = l.f();
+    let ax = reference::from_f64(x.abs());
+    let k = reference::nearest(&reference::log_units(&ax, f));
+    if k >= l.k_min() {
+        return LnsValue::Finite {
             negative: x < 0.0,
             k: k.min(l.k_max()) as i32,
+        };
+    }
+    let half_min = reference::pow2(l.k_min() - (1 << f), f);
+    let tolerance = BigInt::from(1) << (reference::P - reference::MARGIN);
+    let above = &ax - &half_min;
+    if above.magnitude() <= tolerance.magnitude() {
+        assert_eq!(f, 0, "min/2 is a power of two only for f = 0");
+        LnsValue::Zero
+    } else if above > BigInt::from(0) {
+        LnsValue::Finite {
+            negative: x < 0.0,
+            k: l.k_min() as i32,
         }
+    } else {
+        LnsValue::Zero
     }
 }
 
 #[test]
-fn nearest_is_the_nearest_code_in_the_logarithm() {
+fn nearest_is_the_nearest_code_in_the_logarithm_and_the_value_below_min() {
     let mut rng = SplitMix(99);
     for (w, f, span) in [
         (16, 8, 70),
@@ -710,17 +725,27 @@ fn nearest_edge_cases() {
     assert_eq!(LnsValue::nearest(l, 1e300), max);
     assert_eq!(LnsValue::nearest(l, f64::NAN), LnsValue::NaN);
     assert_eq!(LnsValue::nearest(l, -0.0), LnsValue::Zero);
-    // k_min = -255: 2^-16 has k = -256 (the reserved field), below the range: flushed;
-    // the boundary is the logarithm's midpoint k_min - 1/2.
-    assert_eq!(LnsValue::nearest(l, 2f64.powi(-16)), LnsValue::Zero);
+    // k_min = -255, min = 2^-15.9375: below it the format decides in the value, so 2^-16
+    // (k = -256, the reserved field) is above min/2 = 2^-16.9375 and rounds to min, 2^-17 to
+    // zero.
+    let min = LnsValue::finite(l, false, l.k_min()).unwrap();
+    assert_eq!(LnsValue::nearest(l, 2f64.powi(-16)), min);
+    assert_eq!(LnsValue::nearest(l, -2f64.powi(-17)), LnsValue::Zero);
+    let half_min = min.to_f64(l) / 2.0;
+    assert_eq!(LnsValue::nearest(l, half_min * (1.0 + 1e-12)), min);
     assert_eq!(
-        LnsValue::nearest(l, (-255.6f64 / 16.0).exp2()),
+        LnsValue::nearest(l, half_min * (1.0 - 1e-12)),
         LnsValue::Zero
     );
+    // f = 0: min/2 = 2^-64 is an f64, a tie, to zero (the even pattern).
+    let l0 = lns(8, 0);
+    let min0 = LnsValue::finite(l0, false, l0.k_min()).unwrap();
     assert_eq!(
-        LnsValue::nearest(l, (-255.4f64 / 16.0).exp2()),
-        LnsValue::finite(l, false, -255).unwrap()
+        LnsValue::nearest(l0, 2f64.powi(-64)),
+        LnsValue::Zero,
+        "the tie"
     );
+    assert_eq!(LnsValue::nearest(l0, neighbour(2f64.powi(-64), true)), min0);
     assert_eq!(LnsValue::nearest(l, f64::from_bits(1)), LnsValue::Zero);
     let min = LnsValue::finite(l, true, l.k_min()).unwrap();
     assert_eq!(LnsValue::nearest(l, min.to_f64(l)), min);

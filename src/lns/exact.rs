@@ -1,6 +1,6 @@
-//! Exact decisions by interval arithmetic on big integers: bounds on `2^(j / 2^s)`, the sign
-//! of `1 ± 2^(z/2^f) - 2^(c/2^(f+1))`, and from them the Gaussian logarithms rounded to
-//! nearest or toward -inf, `2^(k/2^f)` correctly rounded to f64 and the nearest code of an f64.
+//! Exact decisions by interval arithmetic: bounds on `2^(j / 2^s)`, the sign of
+//! `1 ± 2^(z/2^f) - 2^(c/2^(f+1))`, and from them the Gaussian logarithms rounded to nearest
+//! or toward -inf.
 //!
 //! # Bounds on `2^(j/2^s)`
 //!
@@ -20,8 +20,7 @@
 //! `1 ± y^(2z) = y^c` forces both exponents to be multiples of `2^(f+1)`, which leaves
 //! `1 + 2^a = 2^b` and `1 - 2^a = 2^b` in integers: only `1 + 1 = 2` (`z = 0`, `sb = 2^f`)
 //! and `1 - 1/2 = 1/2` (`z = -2^f`, `db = -2^f`). In particular sb and db are never an odd
-//! multiple of a half unit, so rounding to nearest never meets a tie, and an f64 `x` (a
-//! rational) is never `2^(c/2^(f+1))` with `c` odd.
+//! multiple of a half unit, so rounding to nearest never meets a tie.
 
 use std::cmp::Ordering;
 use std::sync::OnceLock;
@@ -330,99 +329,6 @@ pub(crate) fn gauss_log(op: Gauss, z: i64, f: u32, dir: Direction) -> i64 {
     }
 }
 
-/// `2^e` for `-1074 <= e <= 1023`, exactly.
-fn exp2i(e: i64) -> f64 {
-    debug_assert!((-1074..=1023).contains(&e));
-    if e >= -1022 {
-        f64::from_bits(((e + 1023) as u64) << 52)
-    } else {
-        f64::from_bits(1u64 << (e + 1074))
-    }
-}
-
-/// `2^(k / 2^f)` correctly rounded to f64 (nearest, ties to even; beyond the largest f64 it
-/// is `+inf`, below half the smallest subnormal `0`). Needs `f <= 64`.
-pub(crate) fn pow2_to_f64(k: i64, f: u32) -> f64 {
-    let q = if f == 64 {
-        if k < 0 {
-            -1
-        } else {
-            0
-        }
-    } else {
-        k >> f
-    };
-    let r = (k as i128 - ((q as i128) << f)) as i64;
-    if q > 1023 {
-        return f64::INFINITY;
-    }
-    // Significant bits the result keeps: 53 for a normal number, fewer for a subnormal.
-    let bits = if q >= -1022 { 53 } else { q + 1075 };
-    if bits < 0 {
-        return 0.0;
-    }
-    if bits == 0 {
-        // 2^q M with M in [1, 2): exactly half the smallest subnormal when M = 1 (a tie,
-        // to even: 0), above it otherwise.
-        return if r == 0 { 0.0 } else { exp2i(-1074) };
-    }
-    let bits = bits as u32;
-    // r < 2^f, but for f = 64 the low part is read as an unsigned fraction.
-    let mantissa = refine(|p, roots| {
-        let t = pow2(r, f, p, roots);
-        let shift = p - (bits - 1);
-        let half = BigUint::from(1u32) << (shift - 1);
-        let a = (&t.lo + &half) >> shift;
-        let b = (&t.hi + &half) >> shift;
-        (a == b).then_some(a)
-    });
-    let n = mantissa.to_u64_digits().first().copied().unwrap_or(0);
-    n as f64 * exp2i(q - (bits as i64 - 1))
-}
-
-/// Orders a positive finite f64 `x` against `2^(c / 2^s)` exactly (`s <= 64`).
-fn cmp_f64_pow2(x: f64, c: i64, s: u32) -> Ordering {
-    let bits = x.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as i64;
-    let (mant, ex) = if biased == 0 {
-        (bits & ((1 << 52) - 1), -1074)
-    } else {
-        ((bits & ((1 << 52) - 1)) | (1 << 52), biased - 1075)
-    };
-    let q = c >> s;
-    let r = c - (q << s);
-    // x = mant 2^ex, compared with 2^q 2^(r/2^s): x 2^-q 2^p against 2^(r/2^s) 2^p.
-    refine(|p, roots| {
-        let e = ex - q + p as i64;
-        let m = BigUint::from(mant);
-        let (lo, hi) = if e >= 0 {
-            let v = m << e as u64;
-            (v.clone(), v)
-        } else {
-            let n = u32::try_from(-e).unwrap_or(u32::MAX);
-            (&m >> n, ceil_shr(m, n))
-        };
-        let t = pow2(r, s, p, roots);
-        order(&lo, &hi, &t.lo, &t.hi)
-    })
-}
-
-/// The integer `k` nearest to `2^f log2(x)` for a positive finite f64 `x` (never a tie),
-/// `f <= 63`.
-pub(crate) fn nearest_log(x: f64, f: u32) -> i64 {
-    debug_assert!(x > 0.0 && x.is_finite());
-    let mut k = (x.log2() * (f as f64).exp2()).round() as i64;
-    loop {
-        if cmp_f64_pow2(x, 2 * k + 1, f + 1) != Ordering::Less {
-            k += 1;
-        } else if cmp_f64_pow2(x, 2 * k - 1, f + 1) != Ordering::Greater {
-            k -= 1;
-        } else {
-            return k;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,17 +390,5 @@ mod tests {
                 assert_eq!(gauss_log(Gauss::Difference, -(1 << f), f, dir), -(1 << f));
             }
         }
-    }
-
-    #[test]
-    fn powers_of_two_and_square_roots_convert_exactly() {
-        assert_eq!(pow2_to_f64(0, 3), 1.0);
-        assert_eq!(pow2_to_f64(-8 * 1074, 3), exp2i(-1074));
-        assert_eq!(pow2_to_f64(-8 * 1075, 3), 0.0);
-        assert_eq!(pow2_to_f64(1 << 20, 10), f64::INFINITY);
-        let top = pow2_to_f64((1 << 20) - 1, 10);
-        assert!((top / (1023.0 + 1023.0 / 1024.0f64).exp2() - 1.0).abs() < 1e-15);
-        assert_eq!(pow2_to_f64(1, 1), std::f64::consts::SQRT_2);
-        assert_eq!(pow2_to_f64(-1, 1), std::f64::consts::FRAC_1_SQRT_2);
     }
 }

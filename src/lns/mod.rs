@@ -6,16 +6,22 @@
 //!
 //! A value ([`LnsValue`]) is zero, NaN or `±B^k` with `B = 2^(2^-f)`: its magnitude is
 //! `2^(k / 2^f)`, `k` an integer in `[k_min, k_max] = [-2^(w-2) + 1, 2^(w-2) - 1]`. Patterns
-//! convert both ways ([`LnsValue::from_bits`], [`LnsValue::to_bits`]); [`LnsValue::to_f64`] is
-//! the exact value correctly rounded to f64, [`LnsValue::nearest`] the value nearest to an
-//! f64 in the logarithm.
+//! convert both ways ([`LnsValue::from_bits`], [`LnsValue::to_bits`]), as do the format's
+//! codes ([`LnsCode`](crate::format::lns::LnsCode), with `From`). Conversions from and to f64
+//! are the format's own: [`LnsValue::to_f64`] is [`Lns::code_value`](crate::format::lns::Lns::code_value)
+//! (correctly rounded), [`LnsValue::nearest`] is [`Lns::round_code`](crate::format::lns::Lns::round_code)
+//! with nearest-even.
 //!
 //! # Results outside the range
 //!
 //! Every operation computes an exact or rounded `k` and then brings it into the format: a `k`
 //! above `k_max` saturates to `k_max` (there is no infinity), a `k` below `k_min` flushes to
-//! zero. The flush threshold is the logarithm's: the rounded `k` must reach `k_min`, so values
-//! from `B^(k_min - 1/2)` up round to the smallest magnitude, and smaller ones to zero.
+//! zero. The flush threshold of the arithmetic is the logarithm's: the rounded `k` must reach
+//! `k_min`, so results from `B^(k_min - 1/2)` up round to the smallest magnitude `min`, and
+//! smaller ones to zero. This differs from the format's rounding of an f64
+//! ([`LnsValue::nearest`]), which decides below `min` in the value (`|x| > min/2` gives
+//! `min`): a product or sum between `min/2` and `B^(k_min - 1/2)` flushes to zero here,
+//! where rounding its exact value would give `min`.
 //!
 //! # Multiplication and division
 //!

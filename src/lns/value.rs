@@ -5,10 +5,10 @@
 //! `w-1` bits as two's complement, the exponent `-2^(w-2)` reserved for zero (sign 0) and NaN
 //! (sign 1).
 
-use crate::format::lns::Lns;
+use crate::format::lns::{Lns, LnsCode};
+use crate::format::rounding::NearestEven;
 
 use super::error::LnsError;
-use super::exact;
 
 /// One value of an lns<w,f> format: `±B^k` with `B = 2^(2^-f)`, zero, or NaN.
 ///
@@ -97,42 +97,19 @@ impl LnsValue {
         }
     }
 
-    /// The value in f64, correctly rounded (nearest, ties to even; `±inf` beyond the largest
-    /// f64 and `±0` below half the smallest subnormal, which only formats with `f` small and
-    /// `w` large reach). Only the format's `f` matters.
+    /// The value in f64: [`Lns::code_value`], correctly rounded (`±inf` beyond the largest
+    /// f64, `±0` below half the smallest subnormal).
     pub fn to_f64(self, lns: Lns) -> f64 {
-        match self {
-            LnsValue::Zero => 0.0,
-            LnsValue::NaN => f64::NAN,
-            LnsValue::Finite { negative, k } => {
-                let m = exact::pow2_to_f64(k as i64, lns.f());
-                if negative {
-                    -m
-                } else {
-                    m
-                }
-            }
-        }
+        lns.code_value(self.into())
     }
 
-    /// The value of `lns` nearest to `x` in the logarithm: `k` is the integer nearest to
-    /// `2^f log2|x|` (never a tie for an f64). A `k` above `k_max` saturates to `k_max`
-    /// (as do `±inf`: the format has no infinity), one below `k_min` flushes to zero, `±0` is
-    /// zero and NaN is NaN.
+    /// The value of `lns` nearest to `x`, exactly as the format rounds
+    /// ([`Lns::round_code`] with nearest-even): `k` is the integer nearest to `2^f log2|x|`
+    /// (never a tie for an f64), above `k_max` (and `±inf`) it saturates to `k_max`, and below
+    /// the smallest magnitude `min` the choice between `±min` and zero is made in the value
+    /// (`|x| > min / 2` gives `±min`). `±0` is zero and NaN is NaN.
     pub fn nearest(lns: Lns, x: f64) -> Self {
-        if x.is_nan() {
-            return LnsValue::NaN;
-        }
-        if x == 0.0 {
-            return LnsValue::Zero;
-        }
-        let negative = x < 0.0;
-        let k = if x.is_infinite() {
-            lns.k_max()
-        } else {
-            exact::nearest_log(x.abs(), lns.f())
-        };
-        LnsValue::saturate(lns, negative, k)
+        lns.round_code(x, NearestEven, 0).into()
     }
 
     /// `±B^k` brought into the format: `k > k_max` saturates to `k_max`, `k < k_min` flushes
@@ -156,6 +133,34 @@ impl LnsValue {
     /// True for zero.
     pub fn is_zero(self) -> bool {
         self == LnsValue::Zero
+    }
+}
+
+impl From<LnsCode> for LnsValue {
+    /// The same value; the format's codes always have `k` inside `i32`.
+    fn from(code: LnsCode) -> Self {
+        match code {
+            LnsCode::Zero => LnsValue::Zero,
+            LnsCode::Nan => LnsValue::NaN,
+            LnsCode::Value { negative, k } => LnsValue::Finite {
+                negative,
+                k: k as i32,
+            },
+        }
+    }
+}
+
+impl From<LnsValue> for LnsCode {
+    /// The same value.
+    fn from(v: LnsValue) -> Self {
+        match v {
+            LnsValue::Zero => LnsCode::Zero,
+            LnsValue::NaN => LnsCode::Nan,
+            LnsValue::Finite { negative, k } => LnsCode::Value {
+                negative,
+                k: k as i64,
+            },
+        }
     }
 }
 
