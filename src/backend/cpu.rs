@@ -7,6 +7,8 @@
 //! output buffer in logical order and then rounded in place, so the op allocates nothing
 //! beyond its output.
 
+mod mx;
+
 use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -447,6 +449,8 @@ fn run_rule<T: Element, R: RoundingRule>(
         Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),
         Format::Float(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
         Format::Fixed(f) => map_elements(src, dst, stream, |_, x, r| f.round(x, rule, r)),
+        Format::Mx(m) => mx::quantize_mx(src, dst, dims, m, rule, stream)?,
+        Format::Nvfp4(n) => mx::quantize_nvfp4(src, dst, dims, n, rule, stream)?,
         Format::Block(b) if T::FITS_F32 => {
             let grid = BlockGrid::new(b.scope(), dims)?;
             let maxima = block_maxima(src.unwrap_or(dst), grid);

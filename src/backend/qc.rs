@@ -8,9 +8,10 @@ use crate::format::{Format, Rounding};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QcFormat {
-    /// 0 posit, 1 float, 2 fixed, 3 block.
+    /// 0 posit, 1 float, 2 fixed, 3 block, 4 MX, 5 NVFP4.
     pub family: i32,
-    /// posit n, float exponent bits, fixed/block word length.
+    /// posit n, float exponent bits, fixed/block word length, MX element
+    /// ([`MxElement::code`](crate::format::MxElement::code)).
     pub a: i32,
     /// posit es, float mantissa bits, fixed fraction length.
     pub b: i32,
@@ -53,6 +54,18 @@ impl QcFormat {
             Format::Block(b) => QcFormat {
                 family: 3,
                 a: b.wl() as i32,
+                b: 0,
+                flags: 0,
+            },
+            Format::Mx(m) => QcFormat {
+                family: 4,
+                a: m.element().code(),
+                b: 0,
+                flags: 0,
+            },
+            Format::Nvfp4(_) => QcFormat {
+                family: 5,
+                a: 0,
                 b: 0,
                 flags: 0,
             },
