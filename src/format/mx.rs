@@ -134,7 +134,10 @@ impl MxElement {
 
     /// The element's number in `QcFormat` of `cuda/quant.cuh` (its index in [`MxElement::ALL`]).
     pub fn code(self) -> i32 {
-        Self::ALL.iter().position(|&e| e == self).expect("ALL lists every element") as i32
+        Self::ALL
+            .iter()
+            .position(|&e| e == self)
+            .expect("ALL lists every element") as i32
     }
 
     /// Bits per element (sign included).
@@ -234,13 +237,7 @@ impl Mx {
 
     /// Rounds `x` in a block of scale exponent `scale` (`None`: a NaN block).
     #[inline(always)]
-    pub fn round<R: RoundingRule>(
-        &self,
-        x: f64,
-        scale: Option<i32>,
-        rule: R,
-        random: u32,
-    ) -> f64 {
+    pub fn round<R: RoundingRule>(&self, x: f64, scale: Option<i32>, rule: R, random: u32) -> f64 {
         round_element(&self.element.format(), x, scale, rule, random)
     }
 }

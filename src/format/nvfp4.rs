@@ -60,8 +60,7 @@ pub fn e2m1() -> Float {
 
 /// E4M3 with subnormals, saturating at 448 (the NVFP4 block scale).
 pub fn e4m3_saturating() -> Float {
-    Float::with_options(4, 3, true, Overflow::Saturate, Specials::FiniteNan)
-        .expect("e4m3 is valid")
+    Float::with_options(4, 3, true, Overflow::Saturate, Specials::FiniteNan).expect("e4m3 is valid")
 }
 
 /// IEEE binary32 as a [`Float`], saturating at f32::MAX (the tensor scale).
@@ -141,7 +140,11 @@ fn successor(f: &Float, lo: f64) -> f64 {
 /// The next value of `f` below the positive value `hi` of `f` (subnormals on).
 fn predecessor(f: &Float, hi: f64) -> f64 {
     let e = parts(hi).e;
-    let e = if e > f.emin() && hi == pow2(e) { e - 1 } else { e.max(f.emin()) };
+    let e = if e > f.emin() && hi == pow2(e) {
+        e - 1
+    } else {
+        e.max(f.emin())
+    };
     hi - pow2(e - f.man() as i32)
 }
 

@@ -116,8 +116,7 @@ impl QuantizeOp {
         !matches!(
             self.format,
             Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_)
-        )
-            && !matches!(self.rounding, Rounding::Stochastic { .. })
+        ) && !matches!(self.rounding, Rounding::Stochastic { .. })
     }
 
     pub(crate) fn round_f32_in_place(&self, data: &mut [f32], dims: &[usize]) -> Result<()> {
