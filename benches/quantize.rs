@@ -30,6 +30,11 @@ const CASES: &[(&str, &str)] = &[
     ("bf16", "stochastic"),
     ("fixed<8,4>", "stochastic"),
     ("block<8>", "stochastic"),
+    ("mxfp8_e4m3", "nearest-even"),
+    ("mxfp4_e2m1", "nearest-even"),
+    ("mxint8", "nearest-even"),
+    ("nvfp4", "nearest-even"),
+    ("mxfp8_e4m3", "stochastic"),
 ];
 
 fn bench_quantize(c: &mut Criterion) {
