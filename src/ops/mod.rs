@@ -1,6 +1,6 @@
 //! candle operations: convolution and max pooling with fast CPU backward passes, the fused
 //! quantize op (straight-through backward), the `Quantizer` layer with its own backward
-//! format, and bit-pattern packing.
+//! format, bit-pattern packing, and the packed form of the block-scaled formats (MX, NVFP4).
 
 pub mod conv;
 pub mod pack;

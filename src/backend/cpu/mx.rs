@@ -17,6 +17,7 @@ use super::{CHUNK, RUN};
 use crate::backend::f32_plan::F32Plan;
 use crate::format::mx::{ElementFormat, MxGrid, MX_BLOCK};
 use crate::format::nvfp4::NVFP4_BLOCK;
+use crate::format::rounding::RuleKind;
 use crate::format::{block, Format, Mx, Nvfp4, RoundingRule};
 use crate::philox::Stream;
 
@@ -233,8 +234,66 @@ pub(crate) fn quantize_nvfp4<T: Element, R: RoundingRule>(
         .iter()
         .map(|&m| Nvfp4::block_scale(m, s_t))
         .collect();
-    map_elements(src, dst, stream, |i, x, r| {
-        Nvfp4::round(x, scales[grid.block_of(i)], s_t, rule, r)
-    });
+    if R::KIND == RuleKind::Stochastic {
+        map_elements(src, dst, stream, |i, x, r| {
+            Nvfp4::round(x, scales[grid.block_of(i)], s_t, rule, r)
+        });
+        return Ok(());
+    }
+    // Deterministic rules: blocks tracked by a walker, the E2M1 choice made on the f64
+    // quotient where it decides the exact one (see `nvfp4_fast`).
+    let divisors: Vec<f64> = scales.iter().map(|&s_b| s_b * s_t).collect();
+    let work = |chunk: usize, out: &mut [T]| {
+        let base = chunk * CHUNK;
+        let inp = src.map(|s| &s[base..base + out.len()]);
+        let mut walker = Walker::at(grid, base);
+        walker.segments(out.len(), |start, len, first, step| {
+            for j in start..start + len {
+                let block = first + (j - start) * step;
+                let x = match inp {
+                    Some(inp) => inp[j],
+                    None => out[j],
+                }
+                .to_f64();
+                let d = divisors[block];
+                let y = nvfp4_fast(x, d, rule)
+                    .unwrap_or_else(|| Nvfp4::round(x, scales[block], s_t, rule, 0));
+                out[j] = T::from_f64(y);
+            }
+        });
+    };
+    for_each_chunk(dst, work);
     Ok(())
+}
+
+/// The NVFP4 element `e2m1(x / d) · d` for a deterministic rule from the f64 quotient `q`,
+/// or `None` where that quotient cannot decide (`d` zero or NaN, `x` not finite or zero, or
+/// `q` exactly on a rounding boundary: a midpoint for the nearest rules, an E2M1 value for
+/// toward-zero). Elsewhere the exact quotient lies on the same side of every boundary as `q`
+/// (the boundaries are f64 values and rounding to f64 is monotone), so the choice is the
+/// exact one ([`crate::format::nvfp4::round_quotient`] decides the boundary cases).
+#[inline(always)]
+fn nvfp4_fast<R: RoundingRule>(x: f64, d: f64, _rule: R) -> Option<f64> {
+    const VALUES: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    const MIDPOINTS: [f64; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+    if !(d > 0.0) || !x.is_finite() || x == 0.0 {
+        return None;
+    }
+    let q = x.abs() / d;
+    let bounds = if R::KIND == RuleKind::TowardZero {
+        &VALUES[1..]
+    } else {
+        &MIDPOINTS[..]
+    };
+    let mut below = 0;
+    let mut tie = false;
+    for &m in bounds {
+        below += (m < q) as usize;
+        tie |= m == q;
+    }
+    if tie {
+        return None;
+    }
+    let v = VALUES[below] * d;
+    Some(if x < 0.0 { -v } else { v })
 }
