@@ -175,11 +175,10 @@ impl Elements {
                 Mode::Even | Mode::Away => {
                     let twice = &ax * 2;
                     let sum = &l + &h;
-                    if twice < sum {
-                        lo.1
-                    } else if twice > sum {
-                        hi.1
-                    } else if mode == Mode::Away || hi.0 % 2 == 0 {
+                    // Above the midpoint, or on it when the tie goes to hi: away from
+                    // zero, or hi's code is the even one.
+                    let tie_up = mode == Mode::Away || hi.0.is_multiple_of(2);
+                    if twice > sum || (twice == sum && tie_up) {
                         hi.1
                     } else {
                         lo.1

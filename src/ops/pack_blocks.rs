@@ -9,12 +9,12 @@
 //!   per byte, the first in the low nibble; four FP6 codes per three bytes). FP codes are the
 //!   element's sign-exponent-mantissa pattern; MXINT8 codes are the two's complement byte.
 //! - `scales`: one byte per block, in the block order of
-//!   [`MxGrid`](crate::format::mx::MxGrid): MX's E8M0 (`X + 127`; 0xFF for a NaN block,
+//!   [`MxGrid`]: MX's E8M0 (`X + 127`; 0xFF for a NaN block,
 //!   whose codes are 0), NVFP4's E4M3 pattern of `s_b` (0x7F for a NaN block).
 //! - `tensor_scale`: NVFP4's f32 tensor scale (1 for MX, which has none).
 //!
 //! [`unpack_blocks`] is its exact inverse on the values: it returns the f64 values `code ·
-//! scale`, which are [`quantize`](crate::quantize) with nearest-even (the same bits in
+//! scale`, which are [`quantize`](crate::quantize()) with nearest-even (the same bits in
 //! f64, and the same f32 values after the same single rounding).
 //!
 //! [`safetensors_metadata`] gives the string pairs that say how to read a packed tensor back

@@ -276,7 +276,7 @@ pub(crate) fn quantize_nvfp4<T: Element, R: RoundingRule>(
 fn nvfp4_fast<R: RoundingRule>(x: f64, d: f64, _rule: R) -> Option<f64> {
     const VALUES: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
     const MIDPOINTS: [f64; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
-    if !(d > 0.0) || !x.is_finite() || x == 0.0 {
+    if d.is_nan() || d == 0.0 || !x.is_finite() || x == 0.0 {
         return None;
     }
     let q = x.abs() / d;
