@@ -7,6 +7,8 @@
 //! output buffer in logical order and then rounded in place, so the op allocates nothing
 //! beyond its output.
 
+mod mx;
+
 use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -450,6 +452,8 @@ fn run_rule<T: Element, R: RoundingRule>(
         Format::Lns(l) => map_elements(src, dst, stream, |_, x, r| {
             l.round_stored(x, rule, r, |v| T::from_f64(v).to_f64())
         }),
+        Format::Mx(m) => mx::quantize_mx(src, dst, dims, m, rule, stream)?,
+        Format::Nvfp4(n) => mx::quantize_nvfp4(src, dst, dims, n, rule, stream)?,
         Format::Block(b) if T::FITS_F32 => {
             let grid = BlockGrid::new(b.scope(), dims)?;
             let maxima = block_maxima(src.unwrap_or(dst), grid);

@@ -7,6 +7,8 @@
 //! and block maxima are exact integer maxima. f32 and f64 tensors run on the device; f16 and
 //! bf16 tensors are rounded by the CPU kernel on a host copy (exact, but slow).
 
+mod scaled;
+
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -286,6 +288,9 @@ pub fn quantize(
     rounding: Rounding,
     stream: Option<Stream>,
 ) -> Result<CudaStorage> {
+    if let Some(out) = scaled::quantize(storage, layout, format, rounding, stream)? {
+        return Ok(out);
+    }
     let dev = &storage.device;
     let slice = match &storage.slice {
         CudaStorageSlice::F32(s) => {
@@ -335,6 +340,9 @@ pub fn quantize_in_place(
     rounding: Rounding,
     stream: Option<Stream>,
 ) -> Result<()> {
+    if scaled::quantize_in_place(storage, layout, format, rounding, stream)? {
+        return Ok(());
+    }
     let dev = storage.device.clone();
     let dtype = storage.dtype();
     match &mut storage.slice {
