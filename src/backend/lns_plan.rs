@@ -12,7 +12,7 @@
 //! `2^(k/2^f)`, and with `k = E 2^f + j` that f64 is `2^E` times the f64 nearest to
 //! `2^(j/2^f)` (scaling by a power of two is exact in f64, and f32 exponents are far inside
 //! f64's normal range), and rounding to f32 commutes with the scaling while the result is an
-//! f32 normal. So, for `2^-126 <= 2^E` and `2^(E + 1) <= 2^127`:
+//! f32 normal. So, for `2^-126 <= 2^E` and `2^(E + 1) <= 2^127` (and the clamps below):
 //!
 //! - `J` is a nondecreasing step function of `M`: `J(M)` is the number of thresholds
 //!   `T_i <= M`, `T_i` the smallest mantissa whose code in binade 0 is at least `i + 1`.
@@ -43,12 +43,22 @@
 //! whenever it is farther than that from `c`; the rest (a vanishing fraction of the inputs)
 //! take the scalar path.
 //!
+//! # Clamps
+//!
+//! The code `k = b 2^f - 127 2^f + j` (`b` the exponent byte) is formed in integers and
+//! checked against the range: above `k_max` the result is `±max` (every mode saturates);
+//! below `k_min`, deterministic rules give `±min` or zero, and since rounding is monotone in
+//! `|x|` that is one comparison of the magnitude bits with the first pattern whose scalar
+//! code is not zero (found by bisection with the scalar rounding when the plan is built).
+//! Stochastic rounding below `min` (a ratio of magnitudes against the random bits) takes the
+//! scalar path.
+//!
 //! # What takes the scalar path
 //!
-//! f32 subnormals, Inf and NaN; the binades where a code would leave `[k_min, k_max]`
-//! (saturation, underflow) or the result f32's normal range; the stochastic decisions within
-//! the error bound; and formats with `f > MAX_FRACTION_BITS` (the tables would grow past a
-//! few MiB). Zeros are written directly (the lns zero is unsigned: `±0` gives `+0`).
+//! Exponent bytes 0 (subnormals), 254 (results that may leave f32's range) and 255 (Inf,
+//! NaN); stochastic underflow and the stochastic decisions within the error bound; and
+//! formats with `f > MAX_FRACTION_BITS` (the tables would grow past a few MiB). Zeros are
+//! written directly (the lns zero is unsigned: `±0` gives `+0`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -75,20 +85,6 @@ const CHUNK: usize = 1 << 14;
 /// stack buffers of this size).
 const RUN: usize = 1024;
 
-/// One bucket of mantissas (those with the same top `g` bits).
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(C, align(16))]
-struct Bucket {
-    /// The mantissa from which the code is `j0 + 1` ([`NEVER`] if not in this bucket).
-    threshold: u32,
-    /// The output offset of `j0`: `bits(Y_j0) - bits(1.0)`.
-    low: u32,
-    /// The output offset of `j0 + 1`.
-    high: u32,
-    /// The code offset of the bucket's first mantissa.
-    j0: u32,
-}
-
 /// The precomputed f32 fast path for one lns format and rounding rule.
 #[derive(Debug, Clone)]
 pub struct LnsF32Plan {
@@ -96,13 +92,27 @@ pub struct LnsF32Plan {
     kind: RuleKind,
     /// `23 - g`: the mantissa shift that gives the bucket index.
     shift: u32,
-    buckets: Vec<Bucket>,
+    /// Per bucket (struct of arrays, one gather each): the mantissa from which the code is
+    /// `j0 + 1` ([`NEVER`] if not in the bucket), the output offsets of `j0` and `j0 + 1`
+    /// (`bits(Y_j) - bits(1.0)`), and `j0`, the code offset of the bucket's first mantissa.
+    threshold: Vec<u32>,
+    low: Vec<u32>,
+    high: Vec<u32>,
+    j0: Vec<u32>,
     /// `bits(Y_j) - bits(1.0)` for `j` in `0..=2^f` (stochastic rounding steps past the
     /// bucket's two).
     offsets: Vec<u32>,
-    /// The exponent bytes of the fast path: `byte - lo <= span` (wrapping).
-    lo: u32,
-    span: u32,
+    /// `f`, and `127 * 2^f` (the code of the exponent byte `b` is `b 2^f - bias`).
+    f: u32,
+    bias: i32,
+    k_min: i32,
+    k_max: i32,
+    /// The f32 bits of the stored `max` and `min` magnitudes.
+    max_bits: u32,
+    min_bits: u32,
+    /// The smallest magnitude bits whose code is not zero (deterministic rules; below `min`,
+    /// the result is `min` from here on and zero before).
+    underflow: u32,
     /// `2^f` and `LOG2_ERROR 2^f` (stochastic).
     scale: f64,
     eta: f64,
@@ -111,66 +121,79 @@ pub struct LnsF32Plan {
 /// The code of `1 + m / 2^23` in lns<32,f> (binade 0, no clamp) with a rule of `kind`
 /// (stochastic: its floor, toward-zero with kept values).
 fn binade_code(l32: &Lns, m: u32, kind: RuleKind) -> i64 {
-    let x = 1.0 + m as f64 / NEVER as f64;
-    let stored = |v: f64| v as f32 as f64;
-    let code = match kind {
-        RuleKind::NearestEven => l32.round_code_stored(x, NearestEven, 0, stored),
-        RuleKind::NearestAway => l32.round_code_stored(x, NearestAway, 0, stored),
-        RuleKind::TowardZero | RuleKind::Stochastic => {
-            l32.round_code_stored(x, TowardZero, 0, stored)
-        }
-    };
-    match code {
+    match code(l32, 1.0 + m as f64 / NEVER as f64, kind) {
         LnsCode::Value { negative: false, k } => k,
         other => unreachable!("1 <= x < 2 rounds to a positive code, not {other:?}"),
     }
 }
 
+/// The scalar code of `x` with f32 storage and a deterministic rule of `kind` (stochastic:
+/// toward-zero).
+fn code(lns: &Lns, x: f64, kind: RuleKind) -> LnsCode {
+    let stored = |v: f64| v as f32 as f64;
+    match kind {
+        RuleKind::NearestEven => lns.round_code_stored(x, NearestEven, 0, stored),
+        RuleKind::NearestAway => lns.round_code_stored(x, NearestAway, 0, stored),
+        RuleKind::TowardZero | RuleKind::Stochastic => {
+            lns.round_code_stored(x, TowardZero, 0, stored)
+        }
+    }
+}
+
 impl LnsF32Plan {
-    /// The plan for `lns` and rules of `kind`; `None` when `f > MAX_FRACTION_BITS` or no
-    /// binade of f32 lies inside the format's range.
+    /// The plan for `lns` and rules of `kind`; `None` when `f > MAX_FRACTION_BITS`.
     pub fn new(lns: &Lns, kind: RuleKind) -> Option<Self> {
         let f = lns.f();
         if f > MAX_FRACTION_BITS {
             return None;
         }
-        // Binades E whose codes E 2^f ..= (E + 1) 2^f all lie in [k_min, k_max], with
-        // inputs and results f32 normals (E in -126..=126).
         let n = 1i64 << f;
-        let e_lo =
-            (-126i64).max(lns.k_min().div_euclid(n) + (lns.k_min().rem_euclid(n) != 0) as i64);
-        let e_hi = 126i64.min(lns.k_max().div_euclid(n) - 1);
-        if e_lo > e_hi {
-            return None;
-        }
         let l32 = Lns::new(32, f).expect("f <= 16 fits lns<32,f>");
         let thresholds = Self::thresholds(&l32, kind);
         let offsets: Vec<u32> = (0..=n)
             .map(|j| (l32.value(j) as f32).to_bits() - 1f32.to_bits())
             .collect();
         let mut g = f + 1;
-        let buckets = loop {
-            if let Some(b) = Self::buckets(&thresholds, &offsets, g) {
-                break b;
+        let (threshold, low, high, j0) = loop {
+            if let Some(tables) = Self::buckets(&thresholds, &offsets, g) {
+                break tables;
             }
             if g == 23 {
                 return None;
             }
             g += 1;
         };
+        // Underflow: the scalar code of a magnitude is zero below one f32 pattern (rounding
+        // is monotone), found by bisection.
+        let (mut lo, mut hi) = (0u32, 0x7f80_0000u32);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if code(lns, f32::from_bits(mid) as f64, kind) == LnsCode::Zero {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
         Some(LnsF32Plan {
             lns: *lns,
             kind,
             shift: 23 - g,
-            buckets,
+            threshold,
+            low,
+            high,
+            j0,
             offsets,
-            lo: (e_lo + 127) as u32,
-            span: (e_hi - e_lo) as u32,
-            scale: (n as f64),
+            f,
+            bias: 127 << f,
+            k_min: lns.k_min() as i32,
+            k_max: lns.k_max() as i32,
+            max_bits: (lns.max_value() as f32).to_bits(),
+            min_bits: (lns.min_positive() as f32).to_bits(),
+            underflow: lo,
+            scale: n as f64,
             eta: LOG2_ERROR * n as f64,
         })
     }
-
     /// `T_i` for `i` in `0..2^f`: the smallest mantissa whose code is at least `i + 1`
     /// ([`NEVER`] when none is), found from an f64 estimate and corrected with the exact
     /// rounding.
@@ -207,31 +230,39 @@ impl LnsF32Plan {
         out
     }
 
-    /// The bucket table with `g` index bits, or `None` if a bucket would hold two
-    /// thresholds.
-    fn buckets(thresholds: &[u32], offsets: &[u32], g: u32) -> Option<Vec<Bucket>> {
+    /// The bucket tables with `g` index bits (threshold, low, high, j0), or `None` if a
+    /// bucket would hold two thresholds.
+    #[allow(clippy::type_complexity)]
+    fn buckets(
+        thresholds: &[u32],
+        offsets: &[u32],
+        g: u32,
+    ) -> Option<(Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>)> {
         let shift = 23 - g;
         for pair in thresholds.windows(2) {
             if pair[1] != NEVER && pair[0] >> shift == pair[1] >> shift {
                 return None;
             }
         }
-        let mut buckets = Vec::with_capacity(1 << g);
+        let size = 1usize << g;
+        let mut tables = (
+            Vec::with_capacity(size),
+            Vec::with_capacity(size),
+            Vec::with_capacity(size),
+            Vec::with_capacity(size),
+        );
         let mut j0 = 0usize;
         for idx in 0..1u32 << g {
             let start = idx << shift;
             while j0 < thresholds.len() && thresholds[j0] <= start {
                 j0 += 1;
             }
-            let threshold = thresholds.get(j0).copied().unwrap_or(NEVER);
-            buckets.push(Bucket {
-                threshold,
-                low: offsets[j0],
-                high: offsets[(j0 + 1).min(offsets.len() - 1)],
-                j0: j0 as u32,
-            });
+            tables.0.push(thresholds.get(j0).copied().unwrap_or(NEVER));
+            tables.1.push(offsets[j0]);
+            tables.2.push(offsets[(j0 + 1).min(offsets.len() - 1)]);
+            tables.3.push(j0 as u32);
         }
-        Some(buckets)
+        Some(tables)
     }
 
     /// The format this plan rounds to.
@@ -247,11 +278,6 @@ impl LnsF32Plan {
     /// The mantissa bits that index the bucket table (`g`, normally `f + 1`).
     pub fn index_bits(&self) -> u32 {
         23 - self.shift
-    }
-
-    /// The exponent bytes the fast path covers, `lo..=hi`.
-    pub fn exponent_bytes(&self) -> std::ops::RangeInclusive<u32> {
-        self.lo..=self.lo + self.span
     }
 
     /// [`LnsF32Plan::new`] through a process-wide cache: each (format, rule kind) plan is
@@ -288,30 +314,51 @@ impl LnsF32Plan {
         let abs = bits ^ sign;
         let byte = abs >> 23;
         let zero = abs == 0;
-        let slow = (byte.wrapping_sub(self.lo) > self.span) & !zero;
+        // Exponent bytes 1..=253: normal inputs whose results stay normal.
+        let mut slow = (byte.wrapping_sub(1) > 252) & !zero;
         let m = abs & MANTISSA;
-        let bucket = self.buckets[(m >> self.shift) as usize];
-        let step = m >= bucket.threshold;
-        let (offset, slow) = if R::KIND == RuleKind::Stochastic {
-            let j = bucket.j0 + step as u32;
+        let i = (m >> self.shift) as usize;
+        // SAFETY: `m < 2^23`, so `i < 2^(23 - shift)`, the tables' length.
+        let (threshold, low, high, j0) = unsafe {
+            (
+                *self.threshold.get_unchecked(i),
+                *self.low.get_unchecked(i),
+                *self.high.get_unchecked(i),
+                *self.j0.get_unchecked(i),
+            )
+        };
+        let step = m >= threshold;
+        let j = j0 + step as u32;
+        let k = ((byte << self.f) + j) as i32 - self.bias;
+        let (offset, k) = if R::KIND == RuleKind::Stochastic {
+            // Below min, stochastic rounding compares |x| / min with the random bits.
+            slow |= k < self.k_min;
             let significand = ((m | NEVER) as u64) << 29;
             let phi = log2_significand(significand) * self.scale - j as f64;
             let b = rule.random_bits();
             let c = ((random >> (32 - b)) + 1) as f64 * f64::from_bits((1023 - b as u64) << 52);
             let up = phi > c;
-            let unsure = (phi - c).abs() <= self.eta;
-            let j = (j + up as u32) as usize;
-            (
-                self.offsets[j.min(self.offsets.len() - 1)],
-                slow | (unsure & !zero),
-            )
+            slow |= ((phi - c).abs() <= self.eta) & !zero;
+            let j = ((j + up as u32) as usize).min(self.offsets.len() - 1);
+            // SAFETY: `j` is clamped to the table.
+            (unsafe { *self.offsets.get_unchecked(j) }, k + up as i32)
         } else {
-            (if step { bucket.high } else { bucket.low }, slow)
+            (if step { high } else { low }, k)
+        };
+        let value = ((abs & EXPONENT) + offset) | sign;
+        let tiny = if abs >= self.underflow {
+            self.min_bits | sign
+        } else {
+            0
         };
         let out = if zero {
             0
+        } else if k < self.k_min {
+            tiny
+        } else if k > self.k_max {
+            self.max_bits | sign
         } else {
-            ((abs & EXPONENT) + offset) | sign
+            value
         };
         (out, slow)
     }
@@ -339,23 +386,70 @@ impl LnsF32Plan {
             .round_stored(x as f64, rule, random, |v| v as f32 as f64) as f32
     }
 
-    /// Rounds one run (at most [`RUN`] elements) from `src` into `dst`.
+    /// The branch-free pass over one run: writes each fast-path result to `dst` and its
+    /// slow flag to `flags`; returns whether any flag is set. No calls and no data-dependent
+    /// branches, so it vectorises (table reads become gathers).
     #[inline(always)]
-    fn run<R: RoundingRule>(&self, src: &[f32], dst: &mut [f32], rule: R, random: &[u32]) {
-        let mut flags = [false; RUN];
-        let mut any = false;
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
-            let r = if stochastic { random[j] } else { 0 };
+    fn pass<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+        flags: &mut [u8],
+    ) -> bool {
+        let mut any = 0u8;
+        for (((o, &x), &r), flag) in dst.iter_mut().zip(src).zip(random).zip(flags) {
             let (out, slow) = self.round_one(x.to_bits(), r, rule);
             *o = f32::from_bits(out);
-            flags[j] = slow;
-            any |= slow;
+            *flag = slow as u8;
+            any |= slow as u8;
         }
-        if any {
-            for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
-                if flags[j] {
-                    let r = if stochastic { random[j] } else { 0 };
+        any != 0
+    }
+
+    /// [`LnsF32Plan::pass`], compiled for AVX2 (gathers) when the CPU has it.
+    #[inline(always)]
+    fn pass_dispatch<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+        flags: &mut [u8],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                return unsafe { self.pass_avx2(src, dst, rule, random, flags) };
+            }
+        }
+        self.pass(src, dst, rule, random, flags)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pass_avx2<R: RoundingRule>(
+        &self,
+        src: &[f32],
+        dst: &mut [f32],
+        rule: R,
+        random: &[u32],
+        flags: &mut [u8],
+    ) -> bool {
+        self.pass(src, dst, rule, random, flags)
+    }
+
+    /// Rounds one run (at most [`RUN`] elements) from `src` into `dst`: the branch-free
+    /// pass, then the scalar path for the elements it flags.
+    #[inline(always)]
+    fn run<R: RoundingRule>(&self, src: &[f32], dst: &mut [f32], rule: R, random: &[u32]) {
+        let mut flags = [0u8; RUN];
+        let flags = &mut flags[..src.len()];
+        if self.pass_dispatch(src, dst, rule, random, flags) {
+            for (((o, &x), &r), &flag) in dst.iter_mut().zip(src).zip(random).zip(&*flags) {
+                if flag != 0 {
                     *o = self.slow(x, rule, r);
                 }
             }
