@@ -29,14 +29,17 @@
 //! The mantissa's top `g` bits index a table of buckets. Neighbouring thresholds are at least
 //! `(2^(1/2^f) - 1) 2^23 > ln 2 2^(23-f)` mantissas apart, so with `g = f + 1` (a bucket
 //! spans `2^(22-f)` mantissas) a bucket holds at most one threshold; the plan checks this and
-//! takes more index bits where it fails. A bucket stores its first code `j0`, the one
-//! threshold `T` it may contain (`2^23`, never reached, when none) and both output offsets,
-//! so `j = j0 + (M >= T)` is one load and one compare.
+//! takes more index bits where it fails (thresholds are whole mantissas, so their gaps can
+//! be one shorter). Four tables indexed by the bucket hold its first code `j0`, the one
+//! threshold `T` it may contain (`2^23`, never reached, when none) and the output offsets of
+//! `j0` and `j0 + 1`, so `j = j0 + (M >= T)` is one compare (with AVX2, one gather per
+//! table).
 //!
 //! # Stochastic rounding
 //!
 //! `j` is `floor(t)` less `E 2^f` from the toward-zero thresholds (kept values included: a
-//! kept input never rounds up, since its estimated fraction lies just below zero). The step
+//! kept input never rounds up, since its fraction relative to the kept code is negative, its
+//! estimate below the error bound, and `c >= 2^-23` more than twice that bound). The step
 //! up compares the fraction with the threshold `c = (r + 1) / 2^b` exactly as the scalar
 //! path does: the estimate `phi = log2_significand(m) 2^f - j` is within
 //! `LOG2_ERROR 2^f` of the true fraction (`lns_approx.rs` proves the bound), so it decides
