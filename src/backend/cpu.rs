@@ -14,6 +14,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
+use super::lns_plan::LnsF32Plan;
 use crate::format::block::BlockGrid;
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
@@ -416,6 +417,13 @@ fn run_rule<T: Element, R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
+    if let (Some(out), Format::Lns(l)) = (T::as_f32s_mut(dst), format) {
+        if let Some(plan) = LnsF32Plan::shared(l, R::KIND) {
+            let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+            plan.quantize(src, out, stream, rule);
+            return Ok(());
+        }
+    }
     if let Some(out) = T::as_f32s_mut(dst) {
         if let Some(plan) = F32Plan::shared(format, R::KIND) {
             let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));

@@ -224,10 +224,12 @@ impl Lns {
         }
         // Kept values: the stored value of floor(t) + 1 can lie a fraction of an ulp below
         // 2^((floor t + 1)/2^f); an input equal to it keeps that code (so rounding twice
-        // changes nothing). Nearest modes keep it anyway.
+        // changes nothing). Nearest modes keep it anyway. Only codes of the format are
+        // kept: below k_min the input is not a value of it (the f32 of a smaller power).
         if matches!(R::KIND, RuleKind::TowardZero | RuleKind::Stochastic)
             && phi > 0.5
             && floor_t < self.k_max()
+            && floor_t >= self.k_min() - 1
             && stored(self.value(floor_t + 1)) == x.abs()
         {
             return LnsCode::Value {

@@ -24,7 +24,7 @@ pub mod fixed;
 pub mod float;
 pub mod grid;
 pub mod lns;
-mod lns_approx;
+pub(crate) mod lns_approx;
 mod lns_exact;
 pub mod mx;
 pub mod nvfp4;
