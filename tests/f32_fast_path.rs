@@ -241,3 +241,61 @@ fn block_fast_path_equals_general_path() {
         + check(Stochastic { bits: 3 }, &inputs);
     assert_eq!(bad, 0);
 }
+
+/// The uniform-grid plan the kernel rounds fixed point with (`BlockF32Plan::from_fixed`:
+/// the rounding bit from the exponent byte, no table) equals the general path at every
+/// rounding position of every exponent byte and on random inputs, allocating and in place,
+/// for clamped, symmetric, unclamped and 32-bit fixed point, quanta of 2^-64 and 2^64, and
+/// every mode.
+#[test]
+fn fixed_uniform_grid_plan_equals_general_path() {
+    use qcandle::backend::f32_plan::BlockF32Plan;
+    fn check<R: RoundingRule>(rule: R, inputs: &[u32]) -> usize {
+        let mut bad = 0;
+        // The list's fixed point, and grids at the ends of the fl range.
+        let extremes = [
+            "fixed<8,64>",
+            "fixed<8,-64>",
+            "fixed<31,40,sym>",
+            "fixed<4,-20,noclamp>",
+        ];
+        for name in FORMATS
+            .iter()
+            .filter(|n| n.starts_with("fixed"))
+            .chain(&extremes)
+        {
+            let format: Format = name.parse().expect("a format");
+            let Format::Fixed(f) = format else {
+                unreachable!("{name} is fixed point")
+            };
+            let plan = BlockF32Plan::from_fixed(&f);
+            let slow = |v: f64, r: u32| f.round(v, rule, r);
+            let xs: Vec<f32> = inputs.iter().map(|&b| f32::from_bits(b)).collect();
+            let random: Vec<u32> = inputs.iter().map(|&b| random_word(b)).collect();
+            let (run, in_place) = runs(&plan, &xs, rule, &random, slow);
+            for (j, &x) in xs.iter().enumerate() {
+                let general = f.round(x as f64, rule, random[j]) as f32;
+                if !same(run[j], general) || !same(in_place[j], general) {
+                    if bad < 5 {
+                        eprintln!(
+                            "{name} {:?}: x = {x:e}: run {:e} in place {:e} general {general:e}",
+                            R::KIND,
+                            run[j],
+                            in_place[j]
+                        );
+                    }
+                    bad += 1;
+                }
+            }
+        }
+        bad
+    }
+    let mut inputs = structured_inputs();
+    inputs.extend(random_inputs(1 << 16));
+    let bad = check(NearestEven, &inputs)
+        + check(NearestAway, &inputs)
+        + check(TowardZero, &inputs)
+        + check(Stochastic { bits: 23 }, &inputs)
+        + check(Stochastic { bits: 3 }, &inputs);
+    assert_eq!(bad, 0);
+}

@@ -263,16 +263,36 @@ fn fix_slow<P: RunRounder>(
     }
 }
 
-/// [`Stream::fill`], compiled for AVX2 when the CPU has it.
+/// [`Stream::fill`], compiled for AVX-512 or AVX2 when the CPU has them.
 #[inline(always)]
 fn fill_dispatch(stream: &Stream, first_block: u64, out: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { fill_avx512(stream, first_block, out) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { fill_avx2(stream, first_block, out) };
         }
     }
+    stream.fill(first_block, out)
+}
+
+/// Whether the CPU has the AVX-512 subsets the vectorised passes are compiled for.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn fill_avx512(stream: &Stream, first_block: u64, out: &mut [u32]) {
     stream.fill(first_block, out)
 }
 
@@ -283,7 +303,8 @@ unsafe fn fill_avx2(stream: &Stream, first_block: u64, out: &mut [u32]) {
 }
 
 /// [`RunRounder::round_run`] from `src`, or [`RunRounder::round_run_in_place`] when `src`
-/// is `None`, compiled for AVX2 when the CPU has it.
+/// is `None`, compiled for AVX-512 or AVX2 when the CPU has them (integer operations only,
+/// so every instruction set gives the same bits).
 #[inline(always)]
 fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
     plan: &P,
@@ -294,6 +315,10 @@ fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { round_run_avx512(plan, src, dst, rule, random) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { round_run_avx2(plan, src, dst, rule, random) };
@@ -314,6 +339,18 @@ fn round_run<P: RunRounder, R: RoundingRule>(
         Some(src) => plan.round_run(src, dst, rule, random),
         None => plan.round_run_in_place(dst, rule, random),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn round_run_avx512<P: RunRounder, R: RoundingRule>(
+    plan: &P,
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    rule: R,
+    random: &[u32],
+) -> bool {
+    round_run(plan, src, dst, rule, random)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -369,14 +406,103 @@ where
 /// Largest finite magnitude of an f32 slice (0 when there is none), as an integer max over
 /// magnitude bits (a vectorisable reduction; the bit order of finite floats is their order).
 fn max_abs_f32(xs: &[f32]) -> f64 {
-    let fold = |xs: &[f32]| {
-        xs.iter().fold(0u32, |m, x| {
-            let a = x.to_bits() & 0x7fff_ffff;
-            m.max(if a < 0x7f80_0000 { a } else { 0 })
-        })
-    };
-    let bits = xs.par_chunks(CHUNK).map(fold).max().unwrap_or(0);
+    let bits = xs.par_chunks(CHUNK).map(max_abs_bits).max().unwrap_or(0);
     f32::from_bits(bits) as f64
+}
+
+/// Largest finite magnitude of an f32 run as its bit pattern (0 when there is none): an
+/// integer max over magnitude bits, which vectorises (the bit order of finite floats is
+/// their order).
+#[inline(always)]
+fn max_abs_bits(xs: &[f32]) -> u32 {
+    xs.iter().fold(0u32, |m, x| {
+        let a = x.to_bits() & 0x7fff_ffff;
+        m.max(if a < 0x7f80_0000 { a } else { 0 })
+    })
+}
+
+/// Largest finite magnitude of each block of an f32 tensor with per-slice blocks: the
+/// maximum of every slice run of `grid.inner()` consecutive elements (in parallel, a few
+/// runs per task), then of the runs of each block.
+fn slice_maxima_f32(data: &[f32], grid: BlockGrid) -> Vec<f64> {
+    let inner = grid.inner();
+    let mut runs = vec![0u32; data.len() / inner];
+    let per_task = (CHUNK / inner).max(1);
+    runs.par_chunks_mut(per_task)
+        .zip(data.par_chunks(per_task * inner))
+        .for_each(|(maxima, xs)| {
+            for (m, run) in maxima.iter_mut().zip(xs.chunks(inner)) {
+                *m = max_abs_bits(run);
+            }
+        });
+    let mut blocks = vec![0u32; grid.count()];
+    for slice in runs.chunks(grid.count()) {
+        for (b, &m) in blocks.iter_mut().zip(slice) {
+            *b = (*b).max(m);
+        }
+    }
+    blocks.iter().map(|&m| f32::from_bits(m) as f64).collect()
+}
+
+/// Block floating point with per-slice blocks on f32 data: the vectorised pass of
+/// [`map_f32_runs`], with each run cut where a slice run (`grid.inner()` consecutive
+/// elements, one block) ends, so every piece is rounded with its own block's
+/// [`BlockF32Plan`]. Random words are drawn per run of [`RUN`] elements, as in
+/// [`map_f32_runs`], so element `i` still reads word `i` of the stream.
+fn map_f32_slices<R: RoundingRule>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    stream: Option<Stream>,
+    block: &crate::format::Block,
+    grid: BlockGrid,
+    rule: R,
+) {
+    let maxima = slice_maxima_f32(src.unwrap_or(dst), grid);
+    let plans: Vec<BlockF32Plan> = maxima
+        .iter()
+        .map(|&m| BlockF32Plan::new(block, m))
+        .collect();
+    let inner = grid.inner();
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let mut words = [0u32; RUN];
+        let mut staged = [0f32; RUN];
+        let mut start = 0;
+        while start < out.len() {
+            let len = RUN.min(out.len() - start);
+            let first = base + start;
+            if let Some(stream) = stream {
+                fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
+            }
+            let mut at = 0;
+            while at < len {
+                let i = first + at;
+                let piece = (inner - i % inner).min(len - at);
+                let b = grid.block_of(i);
+                let (plan, max) = (&plans[b], maxima[b]);
+                let slow = |v, r| block.round(v, max, rule, r);
+                let o = &mut out[start + at..start + at + piece];
+                let words = &words[at..at + piece];
+                match src {
+                    Some(s) => {
+                        let inp = &s[i..i + piece];
+                        if round_run_dispatch(plan, Some(inp), o, rule, words) {
+                            fix_slow(plan, inp, o, words, &slow);
+                        }
+                    }
+                    None => {
+                        if round_run_dispatch(plan, None, o, rule, words) {
+                            let inp = staged_copy(o, &mut staged);
+                            fix_slow(plan, inp, o, words, &slow);
+                        }
+                    }
+                }
+                at += piece;
+            }
+            start += len;
+        }
+    };
+    for_each_chunk(dst, work);
 }
 
 /// Largest finite magnitude of each block.
@@ -414,6 +540,12 @@ fn run_rule<T: Element, R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
+    if let (Some(out), Format::Fixed(f)) = (T::as_f32s_mut(&mut *dst), format) {
+        let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        let plan = BlockF32Plan::from_fixed(f);
+        map_f32_runs(src, out, stream, &plan, rule, |v, r| f.round(v, rule, r));
+        return Ok(());
+    }
     if let Some(out) = T::as_f32s_mut(dst) {
         if let Some(plan) = F32Plan::shared(format, R::KIND) {
             let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
@@ -442,6 +574,10 @@ fn run_rule<T: Element, R: RoundingRule>(
             });
             return Ok(());
         }
+        let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        let grid = BlockGrid::new(b.scope(), dims)?;
+        map_f32_slices(src, out, stream, b, grid, rule);
+        return Ok(());
     }
     match format {
         Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),

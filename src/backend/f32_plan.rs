@@ -594,6 +594,8 @@ impl RunRounder for F32Plan {
 
 impl BlockF32Plan {
     /// The fast-path result for one element and whether it needs the general path.
+    /// Written with masks instead of branches or lookups (the sign picks the limit by a
+    /// mask, not an index), so that the loop over a run vectorises.
     #[inline(always)]
     fn round_one<R: RoundingRule>(&self, x: f32, r: u32, rule: R) -> (u32, bool) {
         let bits = x.to_bits();
@@ -602,24 +604,18 @@ impl BlockF32Plan {
         let byte = abs >> 23;
         let shift = self.q150 - byte as i32;
         let s = shift.clamp(0, 23) as u32;
-        let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
+        // At s = 23 the kept count is the hidden bit alone (odd).
+        let odd = ((abs >> s) & 1) | (s == 23) as u32;
         let rounded = rule.round_bits(abs, s, odd, r);
         let m = (abs & 0x007f_ffff) | 0x0080_0000;
         let tiny_s = shift.clamp(24, 255) as u32;
-        let tiny = if rule.up_tiny(m, tiny_s, r) {
-            self.tiny
-        } else {
-            0
-        };
+        let tiny = self.tiny & 0u32.wrapping_sub(rule.up_tiny(m, tiny_s, r) as u32);
         let mag = if shift >= 24 { tiny } else { rounded };
-        let limit = if sign == 0 {
-            self.limit_pos
-        } else {
-            self.limit_neg
-        };
-        let mag = if abs == 0 { 0 } else { mag.min(limit) };
-        let out = if mag == 0 { 0 } else { mag | sign };
-        (out, (byte == 0 && abs != 0) || byte == 255)
+        let negative = 0u32.wrapping_sub(sign >> 31);
+        let limit = self.limit_pos ^ ((self.limit_pos ^ self.limit_neg) & negative);
+        let mag = mag.min(limit) & 0u32.wrapping_sub((abs != 0) as u32);
+        let out = mag | (sign & 0u32.wrapping_sub((mag != 0) as u32));
+        (out, ((byte == 0) & (abs != 0)) | (byte == 255))
     }
 }
 
@@ -665,7 +661,8 @@ impl RunRounder for BlockF32Plan {
             let r = if stochastic { random[j] } else { 0 };
             let x = *o;
             let (out, slow) = self.round_one(x, r, rule);
-            *o = if slow { x } else { f32::from_bits(out) };
+            let keep = 0u32.wrapping_sub(slow as u32);
+            *o = f32::from_bits(out ^ ((out ^ x.to_bits()) & keep));
             any_slow |= slow as u32;
         }
         any_slow != 0
@@ -751,6 +748,27 @@ impl BlockF32Plan {
             q150: q + 150,
             limit_pos: f32_bits(top - pow2(q)),
             limit_neg: f32_bits(top),
+            tiny: f32_bits(pow2(q)),
+            fast: q >= -126,
+        }
+    }
+
+    /// The same fast path for fixed point, whose grid (multiples of `2^-fl`) and clamp
+    /// range are those of every element: the limits and the quantum are the ones
+    /// [`F32Plan`] uses for the format, so both paths give the same bits. Computing the
+    /// rounding bit from the exponent byte avoids the table lookup, which AVX2 and AVX-512
+    /// can only do as a gather.
+    pub fn from_fixed(fixed: &Fixed) -> Self {
+        let q = -fixed.fl();
+        let (limit_pos, limit_neg) = if fixed.clamp() {
+            (f32_bits(fixed.max_value()), f32_bits(-fixed.min_value()))
+        } else {
+            (NO_LIMIT, NO_LIMIT)
+        };
+        BlockF32Plan {
+            q150: q + 150,
+            limit_pos,
+            limit_neg,
             tiny: f32_bits(pow2(q)),
             fast: q >= -126,
         }
