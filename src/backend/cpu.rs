@@ -293,7 +293,8 @@ fn has_avx512() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 unsafe fn fill_avx512(stream: &Stream, first_block: u64, out: &mut [u32]) {
-    stream.fill(first_block, out)
+    // SAFETY: this function is only called where the CPU supports AVX-512.
+    unsafe { stream.fill_avx512(first_block, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -413,12 +414,54 @@ fn max_abs_f32(xs: &[f32]) -> f64 {
 /// Largest finite magnitude of an f32 run as its bit pattern (0 when there is none): an
 /// integer max over magnitude bits, which vectorises (the bit order of finite floats is
 /// their order).
+/// Compiled for AVX-512 or AVX2 when the CPU has them (SSE2 has no 32-bit integer max).
 #[inline(always)]
 fn max_abs_bits(xs: &[f32]) -> u32 {
-    xs.iter().fold(0u32, |m, x| {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { max_abs_bits_avx512(xs) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { max_abs_bits_avx2(xs) };
+        }
+    }
+    max_abs_bits_lanes(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn max_abs_bits_avx512(xs: &[f32]) -> u32 {
+    max_abs_bits_lanes(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_bits_avx2(xs: &[f32]) -> u32 {
+    max_abs_bits_lanes(xs)
+}
+
+/// [`max_abs_bits`] in 16 independent lanes (non-finite magnitudes count as 0), which the
+/// compiler keeps in vector registers; a single running maximum compiled to a chain of
+/// compares and conditional moves.
+#[inline(always)]
+fn max_abs_bits_lanes(xs: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let finite = |x: &f32| {
         let a = x.to_bits() & 0x7fff_ffff;
-        m.max(if a < 0x7f80_0000 { a } else { 0 })
-    })
+        a & 0u32.wrapping_sub((a < 0x7f80_0000) as u32)
+    };
+    let mut lanes = [0u32; LANES];
+    let mut groups = xs.chunks_exact(LANES);
+    for group in &mut groups {
+        for (m, x) in lanes.iter_mut().zip(group) {
+            *m = (*m).max(finite(x));
+        }
+    }
+    let tail = groups.remainder().iter().map(finite).max().unwrap_or(0);
+    lanes.into_iter().fold(tail, u32::max)
 }
 
 /// Largest finite magnitude of each block of an f32 tensor with per-slice blocks: the

@@ -602,7 +602,12 @@ impl BlockF32Plan {
         let sign = bits & SIGN;
         let abs = bits ^ sign;
         let byte = abs >> 23;
-        let shift = self.q150 - byte as i32;
+        let slow = ((byte == 0) & (abs != 0)) | (byte == 255);
+        // Elements left to the general path round at bit 0 with no limit, which writes
+        // them unchanged: the in-place pass then stores every lane without a select (which
+        // compiles to a masked store, slow on AMD processors).
+        let keep = 0u32.wrapping_sub(slow as u32);
+        let shift = (self.q150 - byte as i32) & !(keep as i32);
         let s = shift.clamp(0, 23) as u32;
         // At s = 23 the kept count is the hidden bit alone (odd).
         let odd = ((abs >> s) & 1) | (s == 23) as u32;
@@ -612,10 +617,10 @@ impl BlockF32Plan {
         let tiny = self.tiny & 0u32.wrapping_sub(rule.up_tiny(m, tiny_s, r) as u32);
         let mag = if shift >= 24 { tiny } else { rounded };
         let negative = 0u32.wrapping_sub(sign >> 31);
-        let limit = self.limit_pos ^ ((self.limit_pos ^ self.limit_neg) & negative);
+        let limit = (self.limit_pos ^ ((self.limit_pos ^ self.limit_neg) & negative)) | keep;
         let mag = mag.min(limit) & 0u32.wrapping_sub((abs != 0) as u32);
         let out = mag | (sign & 0u32.wrapping_sub((mag != 0) as u32));
-        (out, ((byte == 0) & (abs != 0)) | (byte == 255))
+        (out, slow)
     }
 }
 
@@ -660,9 +665,9 @@ impl RunRounder for BlockF32Plan {
         for (j, o) in buf.iter_mut().enumerate() {
             let r = if stochastic { random[j] } else { 0 };
             let x = *o;
+            // Elements left to the general path come out unchanged.
             let (out, slow) = self.round_one(x, r, rule);
-            let keep = 0u32.wrapping_sub(slow as u32);
-            *o = f32::from_bits(out ^ ((out ^ x.to_bits()) & keep));
+            *o = f32::from_bits(out);
             any_slow |= slow as u32;
         }
         any_slow != 0
