@@ -115,7 +115,7 @@ fn input(dims: &[usize], dim: usize, seed: u64) -> Vec<f32> {
                 5 => f32::from_bits(1 + rng.below(0x7f_ffff) as u32),
                 _ => rng.float_between(-10, 10) as f32,
             };
-            if slice % 5 == 0 && count > 5 && x.is_finite() {
+            if slice.is_multiple_of(5) && count > 5 && x.is_finite() {
                 x * 2f32.powi(-130)
             } else {
                 x

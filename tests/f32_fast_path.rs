@@ -299,3 +299,49 @@ fn fixed_uniform_grid_plan_equals_general_path() {
         + check(Stochastic { bits: 3 }, &inputs);
     assert_eq!(bad, 0);
 }
+
+/// The kernel itself (`backend::cpu::quantize_slice` on f32, which rounds fixed point through
+/// the uniform-grid plan) against `Fixed::round` with the same stream words, on every f32
+/// bit pattern, nearest-even and stochastic. Each run of 2^16 patterns is rounded with its
+/// own stream (call index = the run), element `j` reading word `j`.
+#[test]
+#[ignore = "exhaustive: run with --release -- --ignored"]
+fn kernel_fixed_point_equals_general_path_on_every_f32() {
+    use qcandle::backend::cpu::quantize_slice;
+    use qcandle::Rounding;
+    let format: Format = "fixed<8,4>".parse().unwrap();
+    for rounding in [Rounding::NearestEven, Rounding::Stochastic { bits: 23 }] {
+        let bad: usize = (0..1u64 << 16)
+            .into_par_iter()
+            .map(|hi| {
+                let src: Vec<f32> = (0..1u32 << 16)
+                    .map(|l| f32::from_bits(((hi as u32) << 16) | l))
+                    .collect();
+                let stream = Stream::new(17, hi);
+                let mut out = vec![0f32; src.len()];
+                quantize_slice(
+                    Some(&src),
+                    &mut out,
+                    &[src.len()],
+                    &format,
+                    rounding,
+                    Some(stream),
+                )
+                .expect("fixed point rounds any shape");
+                let mut words = vec![0u32; src.len()];
+                if rounding.is_stochastic() {
+                    stream.fill(0, &mut words);
+                }
+                src.iter()
+                    .zip(&out)
+                    .zip(&words)
+                    .filter(|((&x, &y), &r)| !same(y, format.round(x as f64, rounding, r) as f32))
+                    .count()
+            })
+            .sum();
+        assert_eq!(
+            bad, 0,
+            "{format} {rounding}: the kernel differs on {bad} f32 inputs"
+        );
+    }
+}

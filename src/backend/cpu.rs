@@ -6,6 +6,13 @@
 //! between threads or on the source layout. Strided inputs are first gathered into the
 //! output buffer in logical order and then rounded in place, so the op allocates nothing
 //! beyond its output.
+//!
+//! f32 data takes the vectorised passes of [`f32_plan`](super::f32_plan) in runs of 1024
+//! elements, compiled for AVX-512 or AVX2 when the CPU has them (integer operations only:
+//! every instruction set gives the same bits). Block floating point first finds each
+//! block's largest finite magnitude (an integer max over magnitude bits); with per-slice
+//! blocks (`dim=d`) the runs are cut where a slice ends, so every piece is rounded with its
+//! own block's plan.
 
 use candle_core::Layout;
 use half::{bf16, f16};
