@@ -36,6 +36,14 @@ const CASES: &[(&str, &str)] = &[
     ("bf16", "stochastic"),
     ("fixed<8,4>", "stochastic"),
     ("block<8>", "stochastic"),
+    ("lns<8,3>", "nearest-even"),
+    ("lns<16,10>", "nearest-even"),
+    ("lns<8,3>", "stochastic"),
+    ("mxfp8_e4m3", "nearest-even"),
+    ("mxfp4_e2m1", "nearest-even"),
+    ("mxint8", "nearest-even"),
+    ("nvfp4", "nearest-even"),
+    ("mxfp8_e4m3", "stochastic"),
 ];
 
 /// CPU time of the process (all threads), in nanoseconds (criterion's time formatting

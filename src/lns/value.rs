@@ -65,36 +65,15 @@ impl LnsValue {
                 bits,
             });
         }
-        let negative = (bits >> (w - 1)) & 1 == 1;
-        // Sign-extend the low w-1 bits.
-        let k = ((bits << (33 - w)) as i32 >> (33 - w)) as i64;
-        Ok(if k == lns.k_reserved() {
-            if negative {
-                LnsValue::NaN
-            } else {
-                LnsValue::Zero
-            }
-        } else {
-            LnsValue::Finite {
-                negative,
-                k: k as i32,
-            }
-        })
+        Ok(lns.pattern_code(bits).into())
     }
 
     /// The `w`-bit pattern; refused for a finite value whose `k` is outside the format's range.
     pub fn to_bits(self, lns: Lns) -> Result<u32, LnsError> {
-        let w = lns.w();
-        let field_mask = (1u32 << (w - 1)) - 1;
-        let sign = 1u32 << (w - 1);
-        match self {
-            LnsValue::Zero => Ok(lns.k_reserved() as u32 & field_mask),
-            LnsValue::NaN => Ok(sign | (lns.k_reserved() as u32 & field_mask)),
-            LnsValue::Finite { negative, k } => {
-                LnsValue::finite(lns, negative, k as i64)?;
-                Ok(if negative { sign } else { 0 } | (k as u32 & field_mask))
-            }
+        if let LnsValue::Finite { negative, k } = self {
+            LnsValue::finite(lns, negative, k as i64)?;
         }
+        Ok(lns.code_pattern(self.into()))
     }
 
     /// The value in f64: [`Lns::code_value`], correctly rounded (`±inf` beyond the largest
