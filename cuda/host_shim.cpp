@@ -6,12 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// How many interval squarings qc_lns_pow_cmp ran at each precision (index: log2 of the limb
-// count, 1..=4 for 2..=16 limbs), summed over every thread.
-static uint64_t qc_lns_squarings[8];
-#define QC_LNS_COUNT(limbs) \
-    __atomic_fetch_add(&qc_lns_squarings[63 - __builtin_clzll((uint64_t)(limbs))], 1, \
-                       __ATOMIC_RELAXED)
+// How many interval comparisons qc_lns_pow_cmp ran at each precision on the calling thread
+// (index: log2 of the limb count, 1..=4 for 2..=16 limbs).
+static __thread uint64_t qc_lns_squarings[8];
+#define QC_LNS_COUNT(limbs) (qc_lns_squarings[63 - __builtin_clzll((uint64_t)(limbs))] += 1)
 
 #include "quant.cuh"
 
@@ -136,9 +134,15 @@ int32_t qc_host_lns_pow_cmp(uint64_t m, uint32_t g, int64_t n, int32_t max_limbs
 // qc_lns_log2_significand.
 double qc_host_lns_log2_significand(uint64_t m) { return qc_lns_log2_significand(m); }
 
-// The counters of QC_LNS_COUNT: out[i] squarings runs with 2^i limbs (i < 8).
+// The calling thread's counters of QC_LNS_COUNT: out[i] interval comparisons with 2^i limbs
+// (i < 8).
 void qc_host_lns_counts(uint64_t* out) {
-    for (int i = 0; i < 8; ++i) out[i] = __atomic_load_n(&qc_lns_squarings[i], __ATOMIC_RELAXED);
+    for (int i = 0; i < 8; ++i) out[i] = qc_lns_squarings[i];
+}
+
+// qc_lns_interval_cmp with `limbs` limbs (1..=QC_LNS_MAX_LIMBS): -1, 1, or 0 when undecided.
+int32_t qc_host_lns_interval_cmp(uint64_t m, uint32_t g, int64_t n, int32_t limbs) {
+    return qc_lns_interval_cmp(m, g, n, limbs);
 }
 
 }  // extern "C"

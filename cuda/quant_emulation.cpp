@@ -87,7 +87,7 @@ static void check(const char* what, QcFormat f, QcRounding r, L l, bool contiguo
     }
     std::vector<T> out(n + 4);
     T* dst = inplace ? src : (T*)(((uintptr_t)out.data() + 15) & ~(uintptr_t)15);
-    QcQuantArgs a = {f, r, seed, call, maxima.data(), inner, count};
+    QcQuantArgs a = {f, r, seed, call, maxima.data(), inner, count, nullptr};
     launch(2, 7, [&] { qc_quantize<T>(dst, inplace ? nullptr : src, n, 3, ip, inplace && !contiguous, a); });
     for (uint64_t i = 0; i < n; ++i) {
         double x = widen_ref(data[off(l, i)]);
