@@ -26,8 +26,16 @@
 #include <string.h>
 #endif
 
-// Every shared function is inlined into its caller on both sides.
+// Every shared function is inlined into its caller on both sides, except QC_HD_CALL ones:
+// rarely taken or register-hungry paths (lns rounding and its exact comparison) that the
+// device calls as functions, so that they add no registers or spills to the kernels' hot
+// loops for the other formats.
 #define QC_HD __host__ __device__ __forceinline__
+#ifdef __CUDACC__
+#define QC_HD_CALL __host__ __device__ __noinline__
+#else
+#define QC_HD_CALL inline
+#endif
 
 // The bits of an f64.
 QC_HD uint64_t qc_f64_bits(double x) {

@@ -667,7 +667,7 @@ QC_HD void qc_lns_bound_square(QcLnsBound* b, int32_t l, bool up, uint64_t* prod
 
 // lns_exact.rs interval_cmp(): -1 or 1 once decided with l-limb bounds, 0 while undecided
 // (m not a power of two).
-QC_HD int32_t qc_lns_interval_cmp(uint64_t m, uint32_t g, int64_t n, int32_t l) {
+QC_HD_CALL int32_t qc_lns_interval_cmp(uint64_t m, uint32_t g, int64_t n, int32_t l) {
     QcLnsBound lo, hi;
     uint64_t product[2 * QC_LNS_MAX_LIMBS];
     QC_LNS_COUNT(l);
@@ -807,7 +807,7 @@ QC_HD void qc_lns_exp2_fraction(uint64_t r, int32_t f, uint64_t* hi, uint64_t* l
 
 // lns.rs value_of(): the f64 nearest to 2^(k / 2^f) (Inf above f64's range, subnormal or
 // zero below it).
-QC_HD double qc_lns_value(int64_t k, int32_t f, bool* undecided) {
+QC_HD_CALL double qc_lns_value(int64_t k, int32_t f, bool* undecided) {
     int64_t q = k >= 0 ? (k >> f) : ~((~k) >> f);  // floor(k / 2^f)
     uint64_t r = (uint64_t)k & ((1ull << f) - 1);
     if (r == 0) return qc_pow2((int32_t)(q < -2000 ? -2000 : (q > 2000 ? 2000 : q)));
@@ -1033,43 +1033,48 @@ QC_HD QcLnsCode qc_lns_pattern_code(int32_t w, uint32_t pattern) {
 }
 
 // Lns::round_stored() (f32_storage: the f32 tensors' kept values).
-QC_HD double qc_lns_round(int32_t w, int32_t f, double x, QcRounding r, uint32_t random,
+QC_HD_CALL double qc_lns_round(int32_t w, int32_t f, double x, QcRounding r, uint32_t random,
                           bool f32_storage, bool* undecided) {
     QcLnsCode c = qc_lns_round_code(w, f, x, r, random, f32_storage, undecided);
     return qc_lns_code_value(f, c, undecided);
 }
 
 // Lns::encode(): the pattern of x rounded to nearest.
-QC_HD uint32_t qc_lns_encode(int32_t w, int32_t f, double x, bool* undecided) {
+QC_HD_CALL uint32_t qc_lns_encode(int32_t w, int32_t f, double x, bool* undecided) {
     QcRounding ne = {QC_NEAREST_EVEN, 0};
     return qc_lns_code_pattern(w, qc_lns_round_code(w, f, x, ne, 0, false, undecided));
 }
 
 // Lns::decode(): the value of a w-bit pattern (upper bits ignored); NaN for the NaN pattern.
-QC_HD double qc_lns_decode(int32_t w, int32_t f, uint32_t pattern, bool* undecided) {
+QC_HD_CALL double qc_lns_decode(int32_t w, int32_t f, uint32_t pattern, bool* undecided) {
     return qc_lns_code_value(f, qc_lns_pattern_code(w, pattern), undecided);
 }
 
 // ---------------------------------------------------------------------------------------
 // Dispatch (mod.rs).
 
-// Format::round() for a result stored as f32 (f32_storage) or f64: one value; block floating
-// point treats x as a block of its own (block_max([x]) = |x| for finite x). The storage type
-// matters only to lns (its kept-values rule, lns.rs round_stored with the CPU kernel's
-// `T::from_f64(v).to_f64()`). Sets *undecided where an lns comparison hit the precision cap
-// of qc_lns_pow_cmp (the result is then not to be used).
-QC_HD double qc_round_stored(double x, QcFormat f, QcRounding r, uint32_t random,
-                             bool f32_storage, bool* undecided) {
+// Format::round() for every family but lns: one value; block floating point treats x as a
+// block of its own (block_max([x]) = |x| for finite x).
+QC_HD double qc_round_base(double x, QcFormat f, QcRounding r, uint32_t random) {
     switch (f.family) {
     case QC_POSIT: return qc_posit_round(f.a, f.b, x, r, random);
     case QC_FLOAT: return qc_float_round(f.a, f.b, f.flags, x, r, random);
     case QC_FIXED: return qc_fixed_round(f.a, f.b, f.flags, x, r, random);
-    case QC_LNS: return qc_lns_round(f.a, f.b, x, r, random, f32_storage, undecided);
     default: {
         double block_max = qc_is_finite(x) ? qc_f64_from_bits(qc_abs_bits(x)) : 0.0;
         return qc_round_block(x, f.a, block_max, r, random);
     }
     }
+}
+
+// Format::round() for a result stored as f32 (f32_storage) or f64. The storage type matters
+// only to lns (its kept-values rule: lns.rs round_stored with the CPU kernel's
+// `T::from_f64(v).to_f64()`). Sets *undecided where an lns comparison hit the precision cap
+// of qc_lns_pow_cmp (the result is then not to be used).
+QC_HD double qc_round_stored(double x, QcFormat f, QcRounding r, uint32_t random,
+                             bool f32_storage, bool* undecided) {
+    if (f.family == QC_LNS) return qc_lns_round(f.a, f.b, x, r, random, f32_storage, undecided);
+    return qc_round_base(x, f, r, random);
 }
 
 // Format::round(): qc_round_stored for an f64 result, ignoring *undecided.

@@ -135,6 +135,13 @@ fn beyond_device_precision(op: &str, format: &Format) -> candle_core::Error {
 }
 
 impl Plan {
+    /// The quantize kernel for element type `T`: `qc_quantize_lns_*` for lns formats (the
+    /// others carry none of lns's code), else `qc_quantize_*`.
+    fn kernel<T: DeviceFloat>(&self) -> String {
+        let lns = if self.lns { "lns_" } else { "" };
+        format!("qc_quantize_{lns}{}", T::SUFFIX)
+    }
+
     /// The zeroed `undecided` flag of an lns launch (None otherwise).
     fn undecided(&self, dev: &CudaDevice) -> Result<Option<CudaSlice<u32>>> {
         if self.lns {
@@ -215,8 +222,7 @@ fn quantize_typed<T: DeviceFloat>(
         Some(grid) => Some(block_maxima::<T>(dev, &view, layout, &info, grid)?),
         None => None,
     };
-    let func =
-        dev.get_or_load_custom_func(&format!("qc_quantize_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let func = dev.get_or_load_custom_func(&plan.kernel::<T>(), MODULE, ptx::QUANT)?;
     let (n64, rank, dst_strided, null) = (n as u64, layout.dims().len() as u32, 0i32, 0u64);
     let (inner, count) = plan.block.unwrap_or((1, 1));
     let mut b = func.builder();
@@ -265,8 +271,7 @@ fn quantize_in_place_typed<T: DeviceFloat>(
         }
         None => None,
     };
-    let func =
-        dev.get_or_load_custom_func(&format!("qc_quantize_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let func = dev.get_or_load_custom_func(&plan.kernel::<T>(), MODULE, ptx::QUANT)?;
     let (n64, rank, null) = (n as u64, layout.dims().len() as u32, 0u64);
     let dst_strided = info.is_some() as i32;
     let (inner, count) = plan.block.unwrap_or((1, 1));
