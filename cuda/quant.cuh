@@ -583,8 +583,9 @@ QC_HD double qc_round_block(double x, int32_t wl, double block_max, QcRounding r
 // below about 2^-(54 + 53 + 6) = 2^-113, so 256 bits should always suffice, but no proof
 // of a bound of practical size exists (the general lower bounds on linear forms in two
 // logarithms allow distances near 2^-(10^6)). So the cap is not a claim: a comparison still
-// undecided at the cap sets *undecided (the kernels report it and the host rounds the
-// tensor on the CPU, which has no cap) instead of guessing. tests/cuda_host.rs counts how
+// undecided at the cap sets *undecided instead of guessing: the kernels report it, and the
+// host then quantizes the tensor with the CPU kernel, which has no cap (pack and unpack fail
+// with an error naming the CPU). tests/cuda_host.rs counts how
 // often each precision is reached (QC_LNS_COUNT below).
 
 #define QC_LNS 4
