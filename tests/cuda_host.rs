@@ -15,6 +15,15 @@
 //! toward-zero and stochastic with 1, 8 and 23 random bits, with random words 0, u32::MAX,
 //! 2^31, a pseudo-random word, and the two words on either side of the point where the Rust
 //! result flips from rounding up to rounding down (found by bisection on the random word).
+//!
+//! lns<w,f> (`Lns::round_stored` with f64 and f32 storage, `encode`, `decode`, `value`):
+//! every value and its f64 neighbours, the log-domain midpoints and stochastic thresholds
+//! (values of the lns with one or two more fraction bits) for small formats; random inputs up
+//! to f = 30; near-boundary inputs at f = 23..30, which the log2 estimate cannot decide (a
+//! per-thread counter in the shim checks that the exact comparison ran); specials,
+//! saturation and underflow. The exact comparison itself is checked against big-integer
+//! powers and at every precision up to its cap, where it must answer correctly or report
+//! the comparison undecided.
 
 mod common;
 use common::{Mismatches, SplitMix};
