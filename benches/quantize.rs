@@ -34,6 +34,11 @@ const CASES: &[(&str, &str)] = &[
     ("lns<16,10>", "nearest-even"),
     ("lns<8,3>", "stochastic"),
     ("lns<16,10>", "stochastic"),
+    ("mxfp8_e4m3", "nearest-even"),
+    ("mxfp4_e2m1", "nearest-even"),
+    ("mxint8", "nearest-even"),
+    ("nvfp4", "nearest-even"),
+    ("mxfp8_e4m3", "stochastic"),
 ];
 
 fn bench_quantize(c: &mut Criterion) {

@@ -145,4 +145,29 @@ int32_t qc_host_lns_interval_cmp(uint64_t m, uint32_t g, int64_t n, int32_t limb
     return qc_lns_interval_cmp(m, g, n, limbs);
 }
 
+// qc_mx_scale: the scale exponent of a block of maximum amax (QC_MX_SCALE_NAN: NaN block).
+int32_t qc_host_mx_scale(double amax, int32_t code) { return qc_mx_scale(amax, qc_mx_emax(code)); }
+
+// qc_mx_round on x[0..n) (one block of scale exponent `scale`) into out.
+void qc_host_mx_round_batch(const double* x, const uint32_t* random, double* out, size_t n,
+                            int32_t code, int32_t scale, int32_t mode, int32_t bits) {
+    QcRounding r = qc_host_rounding(mode, bits);
+    for (size_t i = 0; i < n; ++i)
+        out[i] = qc_mx_round(x[i], code, scale, r, random ? random[i] : 0);
+}
+
+// qc_nvfp4_tensor_scale.
+double qc_host_nvfp4_tensor_scale(double amax) { return qc_nvfp4_tensor_scale(amax); }
+
+// qc_nvfp4_block_scale.
+double qc_host_nvfp4_block_scale(double amax, double s_t) { return qc_nvfp4_block_scale(amax, s_t); }
+
+// qc_nvfp4_round on x[0..n) (one block, scales s_b and s_t) into out.
+void qc_host_nvfp4_round_batch(const double* x, const uint32_t* random, double* out, size_t n,
+                               double s_b, double s_t, int32_t mode, int32_t bits) {
+    QcRounding r = qc_host_rounding(mode, bits);
+    for (size_t i = 0; i < n; ++i)
+        out[i] = qc_nvfp4_round(x[i], s_b, s_t, r, random ? random[i] : 0);
+}
+
 }  // extern "C"

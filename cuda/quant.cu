@@ -336,3 +336,130 @@ QC_UNPACK(qc_unpack_u32_f32, uint32_t, float)
 QC_UNPACK(qc_unpack_u8_f64, uint8_t, double)
 QC_UNPACK(qc_unpack_i16_f64, int16_t, double)
 QC_UNPACK(qc_unpack_u32_f64, uint32_t, double)
+
+// ---------------------------------------------------------------------------------------
+// Block-scaled formats (MX, NVFP4): a block-maximum pass, a scale pass, then the elements
+// (src/backend/cuda/scaled.rs launches them; the CPU path is src/backend/cpu/mx.rs).
+
+// mx.rs MxGrid: element (o, a, k) of the logical order (outer index, index along the block
+// axis, inner index) is in block (o * along + a / size) * inner + k. Every field is >= 1.
+struct QcScaledGrid {
+    uint64_t size;
+    uint64_t len;
+    uint64_t inner;
+    uint64_t along;
+};
+
+// MxGrid::block_of().
+__device__ __forceinline__ uint64_t qc_scaled_block(uint64_t i, const QcScaledGrid& g) {
+    uint64_t k = i % g.inner;
+    uint64_t a = (i / g.inner) % g.len;
+    uint64_t o = i / (g.inner * g.len);
+    return (o * g.along + a / g.size) * g.inner + k;
+}
+
+// amax[b] = the largest |x| of block b as f64 bits, NaN and Inf counting as Inf (which makes
+// the block NaN); amax[count] = the largest finite |x| of the tensor (NVFP4's tensor scale).
+// The slots start at 0; integer maxima of the bits are exact and independent of the order.
+template <typename T>
+__device__ void qc_scaled_amax(const T* src, uint64_t n, uint32_t rank, const uint64_t* info,
+                               QcScaledGrid g, uint64_t count, unsigned long long* amax) {
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
+        uint64_t bits = qc_abs_bits(qc_widen(src[so]));
+        if (bits == 0) continue;
+        if (bits >= QC_F64_INF) {
+            atomicMax(&amax[qc_scaled_block(i, g)], (unsigned long long)QC_F64_INF);
+            continue;
+        }
+        atomicMax(&amax[qc_scaled_block(i, g)], (unsigned long long)bits);
+        atomicMax(&amax[count], (unsigned long long)bits);
+    }
+}
+
+// The scales from the maxima, in place: slot b < count becomes the scale exponent X of an MX
+// block as a signed integer (QC_MX_SCALE_NAN for a NaN block), or NVFP4's s_b * s_t as f64
+// bits (0 for a zero scale, NaN for a NaN block).
+__device__ void qc_scaled_scales(QcFormat f, uint64_t count, unsigned long long* amax) {
+    double s_t = 1.0;
+    if (f.family == QC_NVFP4) s_t = qc_nvfp4_tensor_scale(qc_f64_from_bits(amax[count]));
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < count; b += stride) {
+        double m = qc_f64_from_bits(amax[b]);
+        if (f.family == QC_MX) {
+            int32_t x = qc_mx_scale(m, qc_mx_emax(f.a));
+            amax[b] = (unsigned long long)(int64_t)x;
+        } else {
+            amax[b] = qc_f64_bits(qc_nvfp4_block_scale(m, s_t) * s_t);
+        }
+    }
+}
+
+// One element of a block-scaled format: x with logical index i and random word `random`.
+__device__ __forceinline__ double qc_scaled_one(double x, uint64_t i, uint32_t random,
+                                                const QcQuantArgs& a, const QcScaledGrid& g) {
+    unsigned long long s = a.maxima[qc_scaled_block(i, g)];
+    if (a.format.family == QC_MX)
+        return qc_mx_round(x, a.format.a, (int32_t)(int64_t)s, a.rounding, random);
+    return qc_nvfp4_round_scaled(x, qc_f64_from_bits(s), a.rounding, random);
+}
+
+// qc_quantize's loop (same thread mapping and random words) over a block-scaled format;
+// a.maxima holds the scales of qc_scaled_scales.
+template <typename T>
+__device__ void qc_quantize_scaled(T* dst, const T* src, uint64_t n, uint32_t rank,
+                                   const uint64_t* info, int32_t dst_strided, QcQuantArgs a,
+                                   QcScaledGrid g) {
+    if (src == nullptr) src = dst;
+    uint64_t groups = (n + 3) / 4;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    bool vec = info == nullptr &&
+               ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
+    for (uint64_t gi = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < groups;
+         gi += stride) {
+        uint32_t r[4];
+        qc_random_block(gi, a, r);
+        uint64_t i0 = gi * 4;
+        if (vec && i0 + 4 <= n) {
+            double v[4];
+            qc_load4(src + i0, v);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[k] = qc_scaled_one(v[k], i0 + k, r[k], a, g);
+            qc_store4(dst + i0, v);
+            continue;
+        }
+        uint64_t end = i0 + 4 < n ? i0 + 4 : n;
+        for (uint64_t i = i0; i < end; ++i) {
+            uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
+            uint64_t d = dst_strided ? so : i;
+            double y = qc_scaled_one(qc_widen(src[so]), i, r[i & 3], a, g);
+            dst[d] = qc_narrow<T>(y);
+        }
+    }
+}
+
+#define QC_SCALED_AMAX(NAME, T)                                                                \
+    extern "C" __global__ void NAME(const T* src, uint64_t n, uint32_t rank,                   \
+                                    const uint64_t* info, QcScaledGrid grid, uint64_t count,   \
+                                    unsigned long long* amax) {                                \
+        qc_scaled_amax<T>(src, n, rank, info, grid, count, amax);                              \
+    }
+QC_SCALED_AMAX(qc_scaled_amax_f32, float)
+QC_SCALED_AMAX(qc_scaled_amax_f64, double)
+
+extern "C" __global__ void qc_scaled_scales_kernel(QcFormat format, uint64_t count,
+                                                   unsigned long long* amax) {
+    qc_scaled_scales(format, count, amax);
+}
+
+#define QC_QUANTIZE_SCALED(NAME, T)                                                            \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                    \
+        T* dst, const T* src, uint64_t n, uint32_t rank, const uint64_t* info,                 \
+        int32_t dst_strided, QcFormat format, QcRounding rounding, uint64_t seed,             \
+        uint64_t call, const unsigned long long* scales, QcScaledGrid grid) {                 \
+        QcQuantArgs a = {format, rounding, seed, call, scales, 1, 1};                          \
+        qc_quantize_scaled<T>(dst, src, n, rank, info, dst_strided, a, grid);                  \
+    }
+QC_QUANTIZE_SCALED(qc_quantize_scaled_f32, float)
+QC_QUANTIZE_SCALED(qc_quantize_scaled_f64, double)

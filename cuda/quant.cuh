@@ -29,7 +29,8 @@
 //                   overflow, bits 2-3 = specials (0 ieee, 1 fn, 2 fin).
 //   family 2 fixed: a = wl, b = fl; flags bit0 = clamp, bit1 = sym.
 //   family 3 block: a = wl (the block's dim is host-side only).
-//   family 4 lns:   a = w, b = f (fraction bits of the logarithm).
+//   family 4 MX, 5 NVFP4: see "Block-scaled formats" below.
+//   family 6 lns:   a = w, b = f (fraction bits of the logarithm).
 struct QcFormat {
     int32_t family;
     int32_t a;
@@ -561,6 +562,167 @@ QC_HD double qc_round_block(double x, int32_t wl, double block_max, QcRounding r
     return qc_round_fixed(x, e - (wl - 2), wl, true, false, r, random);
 }
 
+// Format::round() (the dispatch below).
+QC_HD double qc_round(double x, QcFormat f, QcRounding r, uint32_t random);
+
+// ---------------------------------------------------------------------------------------
+// Block-scaled formats: OCP MX (mx.rs) and NVFP4 (nvfp4.rs).
+//
+// family 4 MX: a = the element (MxElement::code: 0 e4m3, 1 e5m2, 2 e3m2, 3 e2m3, 4 e2m1,
+//              5 int8); the block axis is host-side only.
+// family 5 NVFP4: no parameters (the block axis is host-side only).
+//
+// MX scales elements by 2^-X and back with f64 multiplications by powers of two, and NVFP4
+// divides by its scales: these are the Rust code's IEEE f64 operations, exact or correctly
+// rounded on host and device alike (no sum of products, so no FMA contraction applies).
+
+#define QC_MX 4
+#define QC_NVFP4 5
+
+// The scale exponent of a NaN MX block (E8M0's 0xFF).
+#define QC_MX_SCALE_NAN 128
+
+// MxElement::emax(): the binade of the element's largest normal.
+QC_HD int32_t qc_mx_emax(int32_t code) {
+    switch (code) {
+    case 0: return 8;
+    case 1: return 15;
+    case 2: return 4;
+    case 3:
+    case 4: return 2;
+    default: return 0;
+    }
+}
+
+// MxElement::format(): the element as a saturating float with subnormals, or int8 as
+// fixed<8,6,sym>.
+QC_HD QcFormat qc_mx_element(int32_t code) {
+    const int32_t sat = QC_FLOAT_SUBNORMALS | QC_FLOAT_SATURATE;
+    QcFormat f = {QC_FLOAT, 0, 0, 0};
+    switch (code) {
+    case 0: f.a = 4; f.b = 3; f.flags = sat | (QC_SPECIALS_FN << QC_FLOAT_SPECIALS_SHIFT); break;
+    case 1: f.a = 5; f.b = 2; f.flags = sat | (QC_SPECIALS_IEEE << QC_FLOAT_SPECIALS_SHIFT); break;
+    case 2: f.a = 3; f.b = 2; f.flags = sat | (QC_SPECIALS_FIN << QC_FLOAT_SPECIALS_SHIFT); break;
+    case 3: f.a = 2; f.b = 3; f.flags = sat | (QC_SPECIALS_FIN << QC_FLOAT_SPECIALS_SHIFT); break;
+    case 4: f.a = 2; f.b = 1; f.flags = sat | (QC_SPECIALS_FIN << QC_FLOAT_SPECIALS_SHIFT); break;
+    default: f.family = QC_FIXED; f.a = 8; f.b = 6; f.flags = QC_FIXED_CLAMP | QC_FIXED_SYM;
+    }
+    return f;
+}
+
+// mx.rs shared_exponent(): floor(log2 amax) - emax clamped below at -127; QC_MX_SCALE_NAN
+// above 127 or for a NaN/Inf amax (a block holding NaN or Inf).
+QC_HD int32_t qc_mx_scale(double amax, int32_t emax) {
+    if (!qc_is_finite(amax)) return QC_MX_SCALE_NAN;
+    if (qc_is_zero(amax)) return -127;
+    int32_t x = qc_parts(amax).e - emax;
+    if (x > 127) return QC_MX_SCALE_NAN;
+    return x < -127 ? -127 : x;
+}
+
+// mx.rs round_element(): element.round(x / 2^X) * 2^X, NaN for a NaN block.
+QC_HD double qc_mx_round(double x, int32_t code, int32_t scale, QcRounding r, uint32_t random) {
+    if (scale == QC_MX_SCALE_NAN) return qc_f64_from_bits(QC_F64_NAN);
+    return qc_round(x * qc_pow2(-scale), qc_mx_element(code), r, random) * qc_pow2(scale);
+}
+
+// nvfp4.rs successor(): the next value of the float format (exp, man) with subnormals above
+// its nonnegative value lo.
+QC_HD double qc_float_successor(int32_t exp, int32_t man, double lo) {
+    int32_t emin = qc_float_emin(exp);
+    if (qc_is_zero(lo)) return qc_pow2(emin - man);
+    int32_t e = qc_parts(lo).e;
+    if (e < emin) e = emin;
+    return lo + qc_pow2(e - man);
+}
+
+// nvfp4.rs predecessor(): the next value below the positive value hi.
+QC_HD double qc_float_predecessor(int32_t exp, int32_t man, double hi) {
+    int32_t emin = qc_float_emin(exp);
+    int32_t e = qc_parts(hi).e;
+    if (e > emin && qc_f64_bits(hi) == qc_f64_bits(qc_pow2(e))) e -= 1;
+    else if (e < emin) e = emin;
+    return hi - qc_pow2(e - man);
+}
+
+// nvfp4.rs round_quotient(): the exact quotient a / d (d positive, finite) rounded to the
+// float format f (subnormals, saturating); the f64 quotient's candidate is checked with exact
+// products. Stochastic rounding uses the f64 quotient.
+QC_HD double qc_round_quotient(double a, double d, QcFormat f, QcRounding r, uint32_t random) {
+    if (qc_is_nan(a) || qc_is_zero(a)) return a;
+    if (r.mode == QC_STOCHASTIC) return qc_float_round(f.a, f.b, f.flags, a / d, r, random);
+    double abs = qc_f64_from_bits(qc_abs_bits(a));
+    double max = qc_f64_from_bits(qc_float_max_bits(f.a, f.b, qc_float_specials(f.flags)));
+    double q = abs / d;
+    QcRounding tz = {QC_TOWARD_ZERO, 0};
+    double lo = qc_is_inf(q) ? max : qc_float_round(f.a, f.b, f.flags, q, tz, 0);
+    if (!qc_is_zero(lo) && lo * d > abs) lo = qc_float_predecessor(f.a, f.b, lo);
+    double v = lo;
+    if (r.mode != QC_TOWARD_ZERO) {
+        double hi = qc_float_successor(f.a, f.b, lo);
+        if (!(hi > max)) {
+            double mid = 0.5 * (lo + hi);
+            double m = mid * d;
+            if (abs > m) v = hi;
+            else if (abs < m) v = lo;
+            else if (r.mode == QC_NEAREST_AWAY) v = hi;
+            else {
+                QcRounding ne = {QC_NEAREST_EVEN, 0};
+                v = qc_float_round(f.a, f.b, f.flags, mid, ne, 0);
+            }
+        }
+    }
+    return qc_with_sign(v, qc_sign(a));
+}
+
+// The formats of NVFP4's steps: E2M1 elements, E4M3 block scales (saturating at 448), the
+// f32 tensor scale (saturating at f32::MAX).
+QC_HD QcFormat qc_nvfp4_e2m1() {
+    QcFormat f = {QC_FLOAT, 2, 1,
+                  QC_FLOAT_SUBNORMALS | QC_FLOAT_SATURATE |
+                      (QC_SPECIALS_FIN << QC_FLOAT_SPECIALS_SHIFT)};
+    return f;
+}
+QC_HD QcFormat qc_nvfp4_e4m3() {
+    QcFormat f = {QC_FLOAT, 4, 3,
+                  QC_FLOAT_SUBNORMALS | QC_FLOAT_SATURATE |
+                      (QC_SPECIALS_FN << QC_FLOAT_SPECIALS_SHIFT)};
+    return f;
+}
+QC_HD QcFormat qc_nvfp4_binary32() {
+    QcFormat f = {QC_FLOAT, 8, 23, QC_FLOAT_SUBNORMALS | QC_FLOAT_SATURATE};
+    return f;
+}
+
+// Nvfp4::tensor_scale(): fl32(amax / 2688) clamped to [2^-149, f32::MAX]; 1 for amax 0.
+QC_HD double qc_nvfp4_tensor_scale(double amax) {
+    if (qc_is_zero(amax) || !qc_is_finite(amax)) return 1.0;
+    QcRounding ne = {QC_NEAREST_EVEN, 0};
+    double s = qc_round_quotient(amax, 2688.0, qc_nvfp4_binary32(), ne, 0);
+    double min = qc_pow2(-149);
+    return s > min ? s : min;
+}
+
+// Nvfp4::block_scale(): e4m3(amax / (6 s_t)), NaN for a NaN/Inf amax.
+QC_HD double qc_nvfp4_block_scale(double amax, double s_t) {
+    if (!qc_is_finite(amax)) return qc_f64_from_bits(QC_F64_NAN);
+    QcRounding ne = {QC_NEAREST_EVEN, 0};
+    return qc_round_quotient(amax, 6.0 * s_t, qc_nvfp4_e4m3(), ne, 0);
+}
+
+// Nvfp4::round() with d = s_b * s_t: NaN for a NaN block, ±0 for a zero scale, else
+// e2m1(x / d) * d.
+QC_HD double qc_nvfp4_round_scaled(double x, double d, QcRounding r, uint32_t random) {
+    if (qc_is_nan(d)) return qc_f64_from_bits(QC_F64_NAN);
+    if (qc_is_zero(d)) return qc_sign(x) ? -0.0 : 0.0;
+    return qc_round_quotient(x, d, qc_nvfp4_e2m1(), r, random) * d;
+}
+
+// Nvfp4::round().
+QC_HD double qc_nvfp4_round(double x, double s_b, double s_t, QcRounding r, uint32_t random) {
+    return qc_nvfp4_round_scaled(x, s_b * s_t, r, random);
+}
+
 // ---------------------------------------------------------------------------------------
 // Logarithmic numbers lns<w,f> (lns.rs, lns_exact.rs, lns_approx.rs).
 //
@@ -588,7 +750,7 @@ QC_HD double qc_round_block(double x, int32_t wl, double block_max, QcRounding r
 // with an error naming the CPU). tests/cuda_host.rs counts how
 // often each precision is reached (QC_LNS_COUNT below).
 
-#define QC_LNS 4
+#define QC_LNS 6
 
 // The largest interval precision of qc_lns_pow_cmp, in 64-bit limbs.
 #define QC_LNS_MAX_LIMBS 16
@@ -956,8 +1118,11 @@ QC_HD QcLnsCode qc_lns_round_code(int32_t w, int32_t f, double x, QcRounding r,
     double eta = qc_dmul(qc_f64_from_bits(QC_LNS_LOG2_ERROR_BITS), qc_pow2(f));
     bool exact_integer = p.m == (1ull << 52);
     if (floor_t > k_max) return qc_lns_code(QC_LNS_VALUE, negative, k_max);
-    // Kept values: an input equal to the stored value of floor(t) + 1 keeps that code.
-    if ((r.mode == QC_TOWARD_ZERO || r.mode == QC_STOCHASTIC) && phi > 0.5 && floor_t < k_max) {
+    // Kept values: an input equal to the stored value of floor(t) + 1 keeps that code. Only
+    // codes of the format are kept: below k_min the input is not a value of it (the f32 of a
+    // smaller power).
+    if ((r.mode == QC_TOWARD_ZERO || r.mode == QC_STOCHASTIC) && phi > 0.5 && floor_t < k_max &&
+        floor_t >= k_min - 1) {
         double v = qc_lns_value(floor_t + 1, f, undecided);
         if (f32_storage) v = qc_f32_round_trip(v);
         // Both nonnegative and not NaN: equal values have equal bits.
@@ -1061,6 +1226,15 @@ QC_HD double qc_round_base(double x, QcFormat f, QcRounding r, uint32_t random) 
     case QC_POSIT: return qc_posit_round(f.a, f.b, x, r, random);
     case QC_FLOAT: return qc_float_round(f.a, f.b, f.flags, x, r, random);
     case QC_FIXED: return qc_fixed_round(f.a, f.b, f.flags, x, r, random);
+    case QC_MX: {
+        double amax = qc_f64_from_bits(qc_abs_bits(x));
+        return qc_mx_round(x, f.a, qc_mx_scale(amax, qc_mx_emax(f.a)), r, random);
+    }
+    case QC_NVFP4: {
+        double amax = qc_f64_from_bits(qc_abs_bits(x));
+        double s_t = qc_nvfp4_tensor_scale(qc_is_finite(x) ? amax : 0.0);
+        return qc_nvfp4_round(x, qc_nvfp4_block_scale(amax, s_t), s_t, r, random);
+    }
     default: {
         double block_max = qc_is_finite(x) ? qc_f64_from_bits(qc_abs_bits(x)) : 0.0;
         return qc_round_block(x, f.a, block_max, r, random);

@@ -107,8 +107,78 @@ static void check(const char* what, QcFormat f, QcRounding r, L l, bool contiguo
     }
 }
 
+// The block-scaled kernels (MX, NVFP4): qc_scaled_amax, qc_scaled_scales, qc_quantize_scaled
+// against a reference that finds each element's block from its coordinates (the axis
+// coordinate divided by the block size, the others kept), its maximum by a plain loop and
+// its value by quant.cuh's qc_mx_round / qc_nvfp4_round.
+template <typename T>
+static void check_scaled(const char* what, QcFormat f, QcRounding r, L l, bool contiguous, int axis, uint64_t size, bool inplace) {
+    uint64_t n = l.dims[0] * l.dims[1] * l.dims[2];
+    size_t cap = l.start + 4 + n * 2 + 64;
+    std::vector<T> buf(cap + 8);
+    T* base = (T*)(((uintptr_t)buf.data() + 15) & ~(uintptr_t)15);
+    std::vector<T> data(cap);
+    for (size_t k = 0; k < cap; ++k) {
+        uint64_t q = rnd();
+        int e = (int)((q >> 8) % 40) - 20;
+        float v = (1.0f + (float)(q >> 40) / 16777216.0f) * ldexpf(1.0f, e);
+        if (q & 16) v = -v;
+        if (k % 97 == 3) v = fbits(0x7F800001u); if (k % 89 == 5) v = -0.0f; if (k % 151 == 7) v = fbits(0xFF800000u);
+        data[k] = (T)v;
+    }
+    memcpy(base, data.data(), cap * sizeof(T));
+    uint64_t seed = 0x1234567890ull, call = 0x100000003ull;
+    // The grid as the host passes it (mx.rs MxGrid): every field at least 1.
+    uint64_t len = l.dims[axis] ? l.dims[axis] : 1, inner = 1, outer = 1;
+    for (int d = axis + 1; d < 3; ++d) inner *= l.dims[d];
+    for (int d = 0; d < axis; ++d) outer *= l.dims[d];
+    if (inner == 0) inner = 1;
+    if (outer == 0) outer = 1;
+    QcScaledGrid g = {size, len, inner, (len + size - 1) / size};
+    uint64_t count = outer * g.along * inner;
+    // Reference blocks from coordinates.
+    uint64_t rd[3] = {l.dims[0], l.dims[1], l.dims[2]};
+    rd[axis] = (rd[axis] + size - 1) / size;
+    std::vector<double> amax_ref(rd[0] * rd[1] * rd[2] + 1, 0.0);
+    double tensor_max = 0.0;
+    auto ref_block = [&](uint64_t i) {
+        uint64_t c[3] = {i / (l.dims[1] * l.dims[2]), (i / l.dims[2]) % l.dims[1], i % l.dims[2]};
+        c[axis] /= size;
+        return (c[0] * rd[1] + c[1]) * rd[2] + c[2];
+    };
+    for (uint64_t i = 0; i < n; ++i) {
+        double x = widen_ref(data[off(l, i)]);
+        double m = qc_is_finite(x) ? qc_f64_from_bits(qc_abs_bits(x)) : qc_f64_from_bits(QC_F64_INF);
+        uint64_t b = ref_block(i);
+        if (m > amax_ref[b]) amax_ref[b] = m;
+        if (qc_is_finite(x) && m > tensor_max) tensor_max = m;
+    }
+    double s_t = qc_nvfp4_tensor_scale(tensor_max);
+    uint64_t info[6] = {l.dims[0], l.dims[1], l.dims[2], l.strides[0], l.strides[1], l.strides[2]};
+    const uint64_t* ip = contiguous ? nullptr : info;
+    T* src = base + l.start;
+    std::vector<unsigned long long> scales(count + 1, 0);
+    launch(3, 5, [&] { qc_scaled_amax<T>(src, n, 3, ip, g, count, scales.data()); });
+    launch(2, 3, [&] { qc_scaled_scales(f, count, scales.data()); });
+    std::vector<T> out(n + 4);
+    T* dst = inplace ? src : (T*)(((uintptr_t)out.data() + 15) & ~(uintptr_t)15);
+    QcQuantArgs a = {f, r, seed, call, scales.data(), 1, 1};
+    launch(2, 7, [&] { qc_quantize_scaled<T>(dst, inplace ? nullptr : src, n, 3, ip, inplace && !contiguous, a, g); });
+    for (uint64_t i = 0; i < n; ++i) {
+        double x = widen_ref(data[off(l, i)]);
+        uint32_t rw = r.mode == QC_STOCHASTIC ? qc_random(seed, call, i) : 0;
+        double m = amax_ref[ref_block(i)];
+        double y = f.family == QC_MX
+            ? qc_mx_round(x, f.a, qc_mx_scale(m, qc_mx_emax(f.a)), r, rw)
+            : qc_nvfp4_round(x, qc_nvfp4_block_scale(m, s_t), s_t, r, rw);
+        T want = qc_narrow<T>(y);
+        T got = inplace ? base[off(l, i)] : dst[i];
+        if (memcmp(&want, &got, sizeof(T)) != 0) { printf("%s: element %llu differs\n", what, (unsigned long long)i); failures++; return; }
+    }
+}
+
 int main() {
-    QcFormat formats[] = {{0, 8, 0, 0}, {0, 16, 1, 0}, {0, 32, 2, 0}, {1, 4, 3, 1 | (1 << 2)}, {1, 5, 2, 1}, {1, 8, 7, 1}, {1, 2, 1, 1 | 2 | (2 << 2)}, {2, 8, 4, 1}, {2, 16, 8, 0}, {3, 8, 0, 0}, {3, 4, 0, 0}, {4, 8, 3, 0}, {4, 16, 10, 0}, {4, 32, 23, 0}};
+    QcFormat formats[] = {{0, 8, 0, 0}, {0, 16, 1, 0}, {0, 32, 2, 0}, {1, 4, 3, 1 | (1 << 2)}, {1, 5, 2, 1}, {1, 8, 7, 1}, {1, 2, 1, 1 | 2 | (2 << 2)}, {2, 8, 4, 1}, {2, 16, 8, 0}, {3, 8, 0, 0}, {3, 4, 0, 0}, {6, 8, 3, 0}, {6, 16, 10, 0}, {6, 32, 23, 0}};
     QcRounding roundings[] = {{0, 0}, {1, 0}, {2, 0}, {3, 23}, {3, 4}};
     L layouts[] = {
         {{3, 5, 7}, {35, 7, 1}, 0},    // contiguous, aligned, 105 elements (tail)
@@ -156,6 +226,17 @@ int main() {
     // fin NaN pack fails
     { QcFormat f = {1, 2, 1, 1 | 2 | (2 << 2)}; float x[3] = {1.0f, fbits(0x7FC00000u), 2.0f}; uint8_t p[3]; uint32_t failed = 0;
       launch(1, 2, [&] { qc_pack<float, uint8_t>(p, x, 3, f, &failed); }); if (!failed) { printf("fin NaN not refused\n"); failures++; } }
+    // Block-scaled formats: MX (e4m3, e2m1, int8) and NVFP4, blocks of several sizes along
+    // every axis.
+    QcFormat scaled_formats[] = {{4, 0, 0, 0}, {4, 4, 0, 0}, {4, 5, 0, 0}, {5, 0, 0, 0}};
+    for (auto f : scaled_formats) for (auto r : roundings) for (int li = 0; li < n_layouts; ++li)
+        for (int inplace = 0; inplace < 2; ++inplace) for (int axis = 0; axis < 3; ++axis) for (uint64_t size : {2ull, 4ull, 32ull}) {
+            char what[200];
+            snprintf(what, sizeof what, "scaled fam %d a %d | mode %d bits %d | layout %d inplace %d axis %d size %llu", f.family, f.a, r.mode, r.bits, li, inplace, axis, (unsigned long long)size);
+            check_scaled<float>(what, f, r, layouts[li], contiguous_layout[li], axis, size, inplace);
+            check_scaled<double>(what, f, r, layouts[li], contiguous_layout[li], axis, size, inplace);
+            checks += 2;
+        }
     printf("%d checks, %d failures\n", checks, failures);
     return failures != 0;
 }

@@ -23,7 +23,8 @@
 //! format string or parameter is refused), [`philox`] (the counter-based random stream),
 //! [`backend`] (loops over storage on the CPU, CUDA launches), [`ops`] (candle ops), [`nn`]
 //! (quantized layers, models and their configs), [`optim`] (low-precision optimizers),
-//! [`quire`] (exact posit dot products), [`report`] (the formats table and rounding-error
+//! [`quire`] (exact posit dot products), [`lns`] (arithmetic on logarithmic-number-system
+//! codes: exact products, sums by Gaussian logarithms, a naive matrix product), [`report`] (the formats table and rounding-error
 //! statistics) and [`device`] (the CPU or a CUDA GPU by name, as `--device` takes it).
 //!
 //! The `cli` feature (on by default) adds the `qcandle` command-line tool and the modules
@@ -42,6 +43,7 @@ pub mod error;
 pub mod format;
 #[cfg(feature = "cli")]
 pub mod io;
+pub mod lns;
 pub mod nn;
 pub mod ops;
 pub mod optim;

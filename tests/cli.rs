@@ -28,8 +28,11 @@ fn formats_lists_every_preset_with_its_range() {
             .lines()
             .find(|l| l.split_whitespace().next() == Some(name))
             .unwrap_or_else(|| panic!("{name} missing from\n{out}"));
-        let max = format.max_finite().unwrap();
-        assert!(line.contains(&format!("{max:.4e}")), "{line}");
+        match format.max_finite() {
+            Some(max) => assert!(line.contains(&format!("{max:.4e}")), "{line}"),
+            // Block-scaled presets (MX, NVFP4): the range depends on the block's scale.
+            None => assert_eq!(line.split_whitespace().nth(3), Some("-"), "{line}"),
+        }
     }
 }
 

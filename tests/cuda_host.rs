@@ -29,8 +29,11 @@ mod common;
 use common::{Mismatches, SplitMix};
 
 use qcandle::backend::qc::{QcFormat, QcRounding};
+use qcandle::format::mx::ElementFormat;
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
-use qcandle::format::{Block, BlockScope, Float, Format, Lns, Overflow, Specials};
+use qcandle::format::{
+    Block, BlockScope, Float, Format, Lns, Mx, MxElement, Nvfp4, Overflow, Specials,
+};
 use qcandle::philox::{philox4x32_10, Stream};
 use qcandle::Rounding;
 
@@ -208,6 +211,10 @@ enum Subject {
     Format(Format),
     /// `Block::round` with the block's largest finite magnitude.
     Block(Block, f64),
+    /// `Mx::round` in a block of the given scale exponent (`None`: a NaN block).
+    Mx(Mx, Option<i32>),
+    /// `Nvfp4::round` with a block scale and a tensor scale.
+    Nvfp4(f64, f64),
 }
 
 impl Subject {
@@ -215,6 +222,8 @@ impl Subject {
         match self {
             Subject::Format(f) => f.to_string(),
             Subject::Block(b, max) => format!("block<{}> max {max:e}", b.wl()),
+            Subject::Mx(m, scale) => format!("{m} scale {scale:?}"),
+            Subject::Nvfp4(s_b, s_t) => format!("nvfp4 s_b {s_b:e} s_t {s_t:e}"),
         }
     }
 
@@ -227,6 +236,20 @@ impl Subject {
                 Rounding::TowardZero => b.round(x, *max, TowardZero, random),
                 Rounding::Stochastic { bits } => b.round(x, *max, Stochastic { bits }, random),
             },
+            Subject::Mx(m, scale) => match r {
+                Rounding::NearestEven => m.round(x, *scale, NearestEven, random),
+                Rounding::NearestAway => m.round(x, *scale, NearestAway, random),
+                Rounding::TowardZero => m.round(x, *scale, TowardZero, random),
+                Rounding::Stochastic { bits } => m.round(x, *scale, Stochastic { bits }, random),
+            },
+            Subject::Nvfp4(s_b, s_t) => match r {
+                Rounding::NearestEven => Nvfp4::round(x, *s_b, *s_t, NearestEven, random),
+                Rounding::NearestAway => Nvfp4::round(x, *s_b, *s_t, NearestAway, random),
+                Rounding::TowardZero => Nvfp4::round(x, *s_b, *s_t, TowardZero, random),
+                Rounding::Stochastic { bits } => {
+                    Nvfp4::round(x, *s_b, *s_t, Stochastic { bits }, random)
+                }
+            },
         }
     }
 
@@ -234,6 +257,8 @@ impl Subject {
         match self {
             Subject::Format(f) => shim_round(raw(f), r, xs, rand),
             Subject::Block(b, max) => shim_round_block(b.wl(), *max, r, xs, rand),
+            Subject::Mx(m, scale) => shim_mx_round(m, *scale, r, xs, rand),
+            Subject::Nvfp4(s_b, s_t) => shim_nvfp4_round(*s_b, *s_t, r, xs, rand),
         }
     }
 }
@@ -434,7 +459,9 @@ fn values(f: &Format) -> Vec<f64> {
                 .map(|k| k as f64 * qcandle::format::grid::pow2(-x.fl()))
                 .collect()
         }
-        Format::Block(_) => unreachable!("block values depend on the block maximum"),
+        Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => {
+            unreachable!("block values depend on the block's scale")
+        }
         Format::Lns(_) => unreachable!("the CUDA header has no lns rounding to compare"),
     };
     v.retain(|x| x.is_finite());
@@ -608,9 +635,17 @@ fn binade_range(s: &Subject) -> (i32, i32) {
             let e = qcandle::format::grid::parts(*max).e;
             return ((e - 40).max(-1074), (e + 3).min(1023));
         }
+        Subject::Mx(m, scale) => {
+            let e = scale.unwrap_or(0) + m.element().emax();
+            return ((e - 30).max(-1074), (e + 3).min(1023));
+        }
+        Subject::Nvfp4(s_b, s_t) => {
+            let e = qcandle::format::grid::parts((s_b * s_t).max(f64::MIN_POSITIVE)).e;
+            return ((e - 10).max(-1074), (e + 5).min(1023));
+        }
     };
     match f {
-        Format::Block(_) => (-140, 130),
+        Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => (-140, 130),
         _ => {
             let max = f.max_finite().expect("not a block");
             let min = f.min_positive().expect("not a block");
@@ -656,9 +691,33 @@ fn boundary_inputs(s: &Subject) -> Vec<f64> {
         Subject::Format(Format::Lns(_)) => {
             unreachable!("the CUDA header has no lns rounding to compare")
         }
-        Subject::Format(Format::Block(_)) => {
+        Subject::Format(Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_)) => {
             // A lone value is its own block: powers of two and their neighbours are the edges.
             powers_of_two(1074)
+        }
+        Subject::Mx(m, scale) => {
+            let s = qcandle::format::grid::pow2(scale.unwrap_or(0));
+            let mut v: Vec<f64> = mx_element_values(m.element())
+                .iter()
+                .map(|v| v * s)
+                .collect();
+            let bd = boundaries(&v);
+            v.extend(bd);
+            v
+        }
+        Subject::Nvfp4(s_b, s_t) => {
+            let d = if s_b.is_finite() && *s_b > 0.0 {
+                s_b * s_t
+            } else {
+                1.0
+            };
+            let mut v: Vec<f64> = mx_element_values(MxElement::Fp4E2m1)
+                .iter()
+                .map(|v| v * d)
+                .collect();
+            let bd = boundaries(&v);
+            v.extend(bd);
+            v
         }
         Subject::Block(b, max) => {
             let mut v = block_values(b.wl(), *max);
@@ -1034,6 +1093,10 @@ fn raw_format_mapping() {
     assert_eq!(f("fixed<16,8,sym>"), (2, 16, 8, 3));
     assert_eq!(f("fixed<8,-2,noclamp>"), (2, 8, -2, 0));
     assert_eq!(f("block<8,dim=1>"), (3, 8, 0, 0));
+    assert_eq!(f("mxfp8_e4m3"), (4, 0, 0, 0));
+    assert_eq!(f("mxint8"), (4, 5, 0, 0));
+    assert_eq!(f("nvfp4"), (5, 0, 0, 0));
+    assert_eq!(f("lns<8,3>"), (6, 8, 3, 0));
     let e4m3 = Float::with_options(4, 3, true, Overflow::Infinity, Specials::FiniteNan).unwrap();
     assert_eq!(Format::Float(e4m3), fmt("e4m3"));
 }
@@ -1425,6 +1488,77 @@ fn lns_near_boundary_inputs_at_large_f_take_the_exact_path() {
     m.assert_none_of("lns near boundaries", checked);
 }
 
+/// f32 inputs below min that equal the f32 of a smaller power `2^(k/2^f)` (k < k_min): the
+/// kept-values rule keeps only codes of the format, so toward-zero and stochastic rounding
+/// do not return such an input unchanged (lns.rs: `floor_t >= k_min - 1`).
+#[test]
+fn lns_inputs_below_min_are_not_kept_at_f32_storage() {
+    let tz = Rounding::TowardZero;
+    // 2^(-1006/8) as f32 lies just below the power: floor(t) = -1007, and k = -1006 is far
+    // below lns<5,3>'s k_min = -7.
+    let l = lns(5, 3);
+    let x = f32::from_bits(0x009837f0) as f64;
+    for (r, w) in [
+        (tz, 0),
+        (Rounding::Stochastic { bits: 23 }, u32::MAX),
+        (Rounding::Stochastic { bits: 8 }, u32::MAX),
+    ] {
+        let (got, undecided) = shim_lns_round(l, r, &[x, -x], &[w, w], true);
+        assert!(!undecided);
+        assert_eq!(got[0].to_bits(), 0, "{r}: {}", show(got[0]));
+        assert_eq!(got[1].to_bits(), 0, "{r}: {}", show(got[1]));
+        assert_eq!(rust_lns(&l, x, r, w, true).to_bits(), 0);
+    }
+    // The f32s of 2^(k/2^f) for k below, at and just above k_min (a wider lns with the same f
+    // gives them), in every mode at f32 and f64 storage; count those the old rule kept.
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let mut below_power = 0;
+    for (w, f) in [
+        (5, 3),
+        (4, 0),
+        (6, 1),
+        (8, 3),
+        (8, 6),
+        (10, 4),
+        (12, 7),
+        (16, 10),
+    ] {
+        let l = lns(w, f);
+        let wide = lns(32, f);
+        let mut ks: Vec<i64> = (l.k_min() - 3 * (1 << f)..=l.k_min() + 2).collect();
+        // Far below: subnormal and tiny normal f32s.
+        ks.extend(((-149i64 << f)..(-120i64 << f)).step_by(((1 << f) / 3).max(1)));
+        let mut xs = Vec::new();
+        for k in ks {
+            if k < wide.k_min() {
+                continue;
+            }
+            let v = wide.value(k);
+            let x = v as f32 as f64;
+            if x == 0.0 {
+                continue;
+            }
+            if k < l.k_min() && x < v && f > 0 {
+                below_power += 1;
+                let got = shim_lns_round(l, tz, &[x], &[0], true).0[0];
+                m.check(got != x, || {
+                    format!("lns<{w},{f}> toward-zero kept {} (k = {k})", show(x))
+                });
+            }
+            xs.push(x);
+        }
+        let n = lns_with_neighbours(&xs);
+        xs.extend(n);
+        checked += lns_all_modes(&l, &xs, w <= 8, &mut m);
+    }
+    assert!(
+        below_power > 100,
+        "only {below_power} f32s below their power"
+    );
+    m.assert_none_of("lns below min", checked);
+}
+
 #[test]
 fn lns_values_of_large_f_match_value() {
     let mut m = Mismatches::default();
@@ -1595,4 +1729,195 @@ fn lns_exact_comparison_is_exact_or_says_undecided_at_every_precision() {
     // SAFETY: plain values.
     let capped = unsafe { qc_host_lns_pow_cmp((1u64 << 63) + 1, 5, 63 << 5, 1) };
     assert_eq!(capped, 2, "a comparison undecided at the cap must say so");
+}
+
+// ---------------------------------------------------------------------------------------
+// Block-scaled formats: MX and NVFP4
+// ---------------------------------------------------------------------------------------
+
+extern "C" {
+    fn qc_host_mx_scale(amax: f64, code: i32) -> i32;
+    fn qc_host_mx_round_batch(
+        x: *const f64,
+        random: *const u32,
+        out: *mut f64,
+        n: usize,
+        code: i32,
+        scale: i32,
+        mode: i32,
+        bits: i32,
+    );
+    fn qc_host_nvfp4_tensor_scale(amax: f64) -> f64;
+    fn qc_host_nvfp4_block_scale(amax: f64, s_t: f64) -> f64;
+    fn qc_host_nvfp4_round_batch(
+        x: *const f64,
+        random: *const u32,
+        out: *mut f64,
+        n: usize,
+        s_b: f64,
+        s_t: f64,
+        mode: i32,
+        bits: i32,
+    );
+}
+
+/// The scale exponent the header uses for a NaN MX block.
+const MX_SCALE_NAN: i32 = 128;
+
+fn shim_mx_round(m: &Mx, scale: Option<i32>, r: Rounding, xs: &[f64], rand: &[u32]) -> Vec<f64> {
+    assert_eq!(xs.len(), rand.len());
+    let (mode, bits) = raw_rounding(r);
+    let mut out = vec![0.0; xs.len()];
+    // SAFETY: the three arrays hold xs.len() elements.
+    unsafe {
+        qc_host_mx_round_batch(
+            xs.as_ptr(),
+            rand.as_ptr(),
+            out.as_mut_ptr(),
+            xs.len(),
+            m.element().code(),
+            scale.unwrap_or(MX_SCALE_NAN),
+            mode,
+            bits,
+        )
+    };
+    out
+}
+
+fn shim_nvfp4_round(s_b: f64, s_t: f64, r: Rounding, xs: &[f64], rand: &[u32]) -> Vec<f64> {
+    assert_eq!(xs.len(), rand.len());
+    let (mode, bits) = raw_rounding(r);
+    let mut out = vec![0.0; xs.len()];
+    // SAFETY: the three arrays hold xs.len() elements.
+    unsafe {
+        qc_host_nvfp4_round_batch(
+            xs.as_ptr(),
+            rand.as_ptr(),
+            out.as_mut_ptr(),
+            xs.len(),
+            s_b,
+            s_t,
+            mode,
+            bits,
+        )
+    };
+    out
+}
+
+/// Every nonnegative value of an MX element type, ascending.
+fn mx_element_values(e: MxElement) -> Vec<f64> {
+    match e.format() {
+        ElementFormat::Float(f) => {
+            let mut v: Vec<f64> = (0..1u32 << (f.bits() - 1))
+                .map(|p| f.decode(p))
+                .filter(|v| v.is_finite())
+                .collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v
+        }
+        ElementFormat::Fixed(f) => (0..128).map(|k| k as f64 * f.quantum()).collect(),
+    }
+}
+
+/// Block maxima around every scale: powers of two with their neighbours, specials.
+fn amax_inputs() -> Vec<f64> {
+    let mut v = powers_of_two(1074);
+    v.extend(specials());
+    v.extend(random_f64(20_000, -1074, 1023, 99));
+    v.into_iter().map(f64::abs).collect()
+}
+
+/// MX: the scale exponent of every kind of block maximum, and every element value, tie and
+/// neighbour at scales from -127 to 127 and in a NaN block, in every rounding mode.
+#[test]
+fn mx_scales_and_elements() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for e in MxElement::ALL {
+        let mx = Mx::new(e, -1);
+        for amax in amax_inputs() {
+            let want = mx.scale_exponent(amax).unwrap_or(MX_SCALE_NAN);
+            // SAFETY: plain values.
+            let got = unsafe { qc_host_mx_scale(amax, e.code()) };
+            m.check(got == want, || {
+                format!("{mx} scale of {}: {got} vs {want}", show(amax))
+            });
+            checked += 1;
+        }
+        for scale in [
+            Some(-127),
+            Some(-126),
+            Some(-60),
+            Some(-3),
+            Some(0),
+            Some(5),
+            Some(100),
+            Some(127),
+            None,
+        ] {
+            let s = Subject::Mx(mx, scale);
+            let mut xs = boundary_inputs(&s);
+            let (lo, hi) = binade_range(&s);
+            xs.extend(random_f32(4_000, lo, hi, 7 + checked));
+            checked += check_all_modes(&s, &xs, &mut m);
+        }
+        // Format::round: a value as a block of its own (family 4 through qc_round).
+        let s = Subject::Format(Format::Mx(mx));
+        checked += check_all_modes(&s, &boundary_inputs(&s), &mut m);
+    }
+    m.assert_none_of("MX", checked);
+}
+
+/// NVFP4: tensor and block scales of every kind of maximum, and the elements of blocks of
+/// many scales (zero and NaN included) in every rounding mode.
+#[test]
+fn nvfp4_scales_and_elements() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let amaxes = amax_inputs();
+    let tensor_scales: Vec<f64> = [1.0, 2688.0, 3.0e-40, 1.0e-45, 3.0e38, 1e300, 0.1]
+        .iter()
+        .map(|&a| Nvfp4::tensor_scale(a))
+        .collect();
+    for &amax in &amaxes {
+        // SAFETY: plain values.
+        let got = unsafe { qc_host_nvfp4_tensor_scale(amax) };
+        let want = Nvfp4::tensor_scale(amax);
+        m.check(got.to_bits() == want.to_bits(), || {
+            format!("tensor scale of {}", show(amax))
+        });
+        for &s_t in &tensor_scales {
+            // SAFETY: plain values.
+            let got = unsafe { qc_host_nvfp4_block_scale(amax, s_t) };
+            let want = Nvfp4::block_scale(amax, s_t);
+            m.check(same_bits(got, want), || {
+                format!(
+                    "block scale of {} under {s_t:e}: {} vs {}",
+                    show(amax),
+                    show(got),
+                    show(want)
+                )
+            });
+            checked += 1;
+        }
+    }
+    for &s_t in &tensor_scales {
+        for s_b in [448.0, 13.0, 1.0, 0.5, 2f64.powi(-9), 0.0, f64::NAN] {
+            let s = Subject::Nvfp4(s_b, s_t);
+            let mut xs = boundary_inputs(&s);
+            let (lo, hi) = binade_range(&s);
+            xs.extend(random_f32(4_000, lo, hi, 3 + checked));
+            checked += check_all_modes(&s, &xs, &mut m);
+        }
+    }
+    let s = Subject::Format(Format::Nvfp4(Nvfp4::new(-1)));
+    let mut xs = boundary_inputs(&s);
+    xs.extend(random_f64(20_000, -1074, 1023, 5));
+    checked += check_all_modes(&s, &xs, &mut m);
+    m.assert_none_of("NVFP4", checked);
+}
+
+/// NaN results match as NaN (the header writes the canonical NaN, as Rust does here).
+fn same_bits(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
 }

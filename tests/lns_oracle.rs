@@ -268,10 +268,10 @@ fn ref_code(lns: &Lns, x: f64, mode: Rounding, random: u32, oracle: Oracle) -> L
     }
     // Kept values: an input equal to the f64 value of the code above floor(t) (which can lie
     // below 2^((floor t + 1)/2^f) by a fraction of an ulp) keeps that code when rounding
-    // toward zero or stochastically.
+    // toward zero or stochastically (only codes of the format: `next >= k_min`).
     let next = floor_t + 1;
     let kept = matches!(mode, Rounding::TowardZero | Rounding::Stochastic { .. })
-        && next <= lns.k_max()
+        && (lns.k_min()..=lns.k_max()).contains(&next)
         && x.abs() >= (next as f64 / (1u64 << f) as f64).exp2() * (1.0 - 1e-12)
         && x.abs() == ref_value(next, f, oracle);
     if kept {

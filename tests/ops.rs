@@ -711,8 +711,11 @@ fn specials_and_subnormals_follow_the_scalar_policy_for_every_preset() -> Result
     .collect();
     let mut f64_inputs = f32_inputs.clone();
     f64_inputs.extend([1e-310, -5e-324, f64::MAX]);
+    // The elementwise presets: a block-scaled preset (MX, NVFP4) rounds this vector as
+    // blocks, whose NaN makes every element NaN (tests/mx_oracle.rs checks them).
     let mut formats: Vec<(String, Format)> = Format::presets()
         .into_iter()
+        .filter(|(_, _, f)| !matches!(f, Format::Mx(_) | Format::Nvfp4(_)))
         .map(|(name, _, f)| (name.to_string(), f))
         .collect();
     // The posits with es below the standard's 2.

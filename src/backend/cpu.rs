@@ -7,11 +7,14 @@
 //! output buffer in logical order and then rounded in place, so the op allocates nothing
 //! beyond its output.
 
+mod mx;
+
 use candle_core::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
+use super::lns_plan::LnsF32Plan;
 use crate::format::block::BlockGrid;
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
 use crate::format::{BlockScope, Format, Rounding, RoundingRule};
@@ -414,6 +417,13 @@ fn run_rule<T: Element, R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
+    if let (Some(out), Format::Lns(l)) = (T::as_f32s_mut(dst), format) {
+        if let Some(plan) = LnsF32Plan::shared(l, R::KIND) {
+            let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+            plan.quantize(src, out, stream, rule);
+            return Ok(());
+        }
+    }
     if let Some(out) = T::as_f32s_mut(dst) {
         if let Some(plan) = F32Plan::shared(format, R::KIND) {
             let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
@@ -450,6 +460,8 @@ fn run_rule<T: Element, R: RoundingRule>(
         Format::Lns(l) => map_elements(src, dst, stream, |_, x, r| {
             l.round_stored(x, rule, r, |v| T::from_f64(v).to_f64())
         }),
+        Format::Mx(m) => mx::quantize_mx(src, dst, dims, m, rule, stream)?,
+        Format::Nvfp4(n) => mx::quantize_nvfp4(src, dst, dims, n, rule, stream)?,
         Format::Block(b) if T::FITS_F32 => {
             let grid = BlockGrid::new(b.scope(), dims)?;
             let maxima = block_maxima(src.unwrap_or(dst), grid);

@@ -13,6 +13,8 @@
 //! quantizes the tensor with the CPU kernel (which has no cap), or fails pack and unpack with
 //! an error that names the CPU, so a result is never a guess.
 
+mod scaled;
+
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -335,6 +337,9 @@ pub fn quantize(
     rounding: Rounding,
     stream: Option<Stream>,
 ) -> Result<CudaStorage> {
+    if let Some(out) = scaled::quantize(storage, layout, format, rounding, stream)? {
+        return Ok(out);
+    }
     let dev = &storage.device;
     let slice = match &storage.slice {
         // An lns element undecided at the device's precision cap: the CPU kernel rounds the
@@ -392,12 +397,17 @@ pub fn quantize_in_place(
     rounding: Rounding,
     stream: Option<Stream>,
 ) -> Result<()> {
+    if scaled::quantize_in_place(storage, layout, format, rounding, stream)? {
+        return Ok(());
+    }
     let dev = storage.device.clone();
     let dtype = storage.dtype();
     match &mut storage.slice {
         // An lns element undecided at the device's precision cap is left as it was and the
-        // CPU kernel rounds the view again: rounding a rounded value changes nothing (lns.rs),
-        // so every element gets the CPU's bits.
+        // CPU kernel rounds the view again: in the nearest and toward-zero modes rounding a
+        // rounded value changes nothing (lns.rs), so every element gets the CPU's bits; in
+        // stochastic mode a rounded value above 2^(k/2^f) can still move up with its tiny
+        // log-domain probability (lns.rs module docs).
         CudaStorageSlice::F32(s) => {
             let plan = Plan::new(format, rounding, stream, layout.dims())?;
             if quantize_in_place_typed(&dev, s, layout, &plan)? {

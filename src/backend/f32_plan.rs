@@ -172,7 +172,7 @@ impl F32Plan {
             Format::Posit(p) => Self::posit(p, kind),
             Format::Float(f) => Self::float(f, kind),
             Format::Fixed(f) => Self::fixed(f),
-            Format::Block(_) | Format::Lns(_) => return None,
+            Format::Block(_) | Format::Lns(_) | Format::Mx(_) | Format::Nvfp4(_) => return None,
         };
         for (packed, entry) in plan.packed.iter_mut().zip(&plan.table) {
             let (s, tiny_s) = match entry.case {
@@ -196,7 +196,7 @@ impl F32Plan {
             static CACHE: RefCell<HashMap<(Format, RuleKind), Arc<F32Plan>>> =
                 RefCell::new(HashMap::new());
         }
-        if matches!(format, Format::Block(_)) {
+        if matches!(format, Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_)) {
             return None;
         }
         CACHE.with_borrow_mut(|plans| {

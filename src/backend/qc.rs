@@ -8,9 +8,10 @@ use crate::format::{Format, Rounding};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QcFormat {
-    /// 0 posit, 1 float, 2 fixed, 3 block, 4 lns.
+    /// 0 posit, 1 float, 2 fixed, 3 block, 4 MX, 5 NVFP4, 6 lns.
     pub family: i32,
-    /// posit n, float exponent bits, fixed/block word length, lns width.
+    /// posit n, float exponent bits, fixed/block word length, MX element
+    /// ([`MxElement::code`](crate::format::MxElement::code)), lns width.
     pub a: i32,
     /// posit es, float mantissa bits, fixed fraction length, lns fraction bits of the log.
     pub b: i32,
@@ -57,9 +58,21 @@ impl QcFormat {
                 flags: 0,
             },
             Format::Lns(l) => QcFormat {
-                family: 4,
+                family: 6,
                 a: l.w() as i32,
                 b: l.f() as i32,
+                flags: 0,
+            },
+            Format::Mx(m) => QcFormat {
+                family: 4,
+                a: m.element().code(),
+                b: 0,
+                flags: 0,
+            },
+            Format::Nvfp4(_) => QcFormat {
+                family: 5,
+                a: 0,
+                b: 0,
                 flags: 0,
             },
         }

@@ -30,7 +30,9 @@
 //! can lie a fraction of an ulp below `2^(k/2^f)`, where `floor(t)` is `k - 1`. Toward-zero
 //! and stochastic rounding keep such an input at `k` (an input equal to the stored value of
 //! `floor(t) + 1` keeps that code), so rounding a rounded tensor again changes nothing in
-//! every mode.
+//! the nearest and toward-zero modes. A stored value that lies above `2^(k/2^f)` has
+//! `floor(t) = k` and a tiny fraction, so stochastic rounding moves it up with that (tiny)
+//! probability, as it would any other input there.
 //!
 //! Every decision is exact. `t >= j / 2^h` (the boundary of floor, nearest with `h = 1`, or
 //! the stochastic threshold with `h = b`) is decided by a fast `log2` estimate with a proven
@@ -224,10 +226,12 @@ impl Lns {
         }
         // Kept values: the stored value of floor(t) + 1 can lie a fraction of an ulp below
         // 2^((floor t + 1)/2^f); an input equal to it keeps that code (so rounding twice
-        // changes nothing). Nearest modes keep it anyway.
+        // changes nothing). Nearest modes keep it anyway. Only codes of the format are
+        // kept: below k_min the input is not a value of it (the f32 of a smaller power).
         if matches!(R::KIND, RuleKind::TowardZero | RuleKind::Stochastic)
             && phi > 0.5
             && floor_t < self.k_max()
+            && floor_t >= self.k_min() - 1
             && stored(self.value(floor_t + 1)) == x.abs()
         {
             return LnsCode::Value {

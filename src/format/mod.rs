@@ -12,14 +12,22 @@
 //! names. The posit presets follow the 2022 Posit Standard (es = 2 at every width:
 //! `posit8` is `posit<8,2>`); other posits, such as the older `posit<8,0>` and
 //! `posit<16,1>`, are spelled out.
+//!
+//! Block-scaled formats: the OCP MX formats [`Mx`] (`mxfp8_e4m3`, `mxfp8_e5m2`,
+//! `mxfp6_e3m2`, `mxfp6_e2m3`, `mxfp4_e2m1`, `mxint8`: 32-element blocks with an E8M0
+//! scale) and [`Nvfp4`] (`nvfp4`: 16-element E2M1 blocks with an E4M3 scale and an f32
+//! tensor scale), blocks along the last axis or, as `mxfp8_e4m3<dim=0>` and
+//! `nvfp4<dim=0>`, along another. Their math is in [`mx`] and [`nvfp4`].
 
 pub mod block;
 pub mod fixed;
 pub mod float;
 pub mod grid;
 pub mod lns;
-mod lns_approx;
+pub(crate) mod lns_approx;
 mod lns_exact;
+pub mod mx;
+pub mod nvfp4;
 mod pattern;
 pub mod posit;
 pub mod rounding;
@@ -31,6 +39,8 @@ pub use block::{Block, BlockScope};
 pub use fixed::Fixed;
 pub use float::{Float, Overflow, Specials};
 pub use lns::Lns;
+pub use mx::{Mx, MxElement};
+pub use nvfp4::Nvfp4;
 pub use posit::Posit;
 pub use rounding::{Rounding, RoundingRule};
 
@@ -50,6 +60,10 @@ pub enum Format {
     Block(Block),
     /// Logarithmic number system lns<w,f>.
     Lns(Lns),
+    /// OCP MX: 32-element blocks with an E8M0 scale.
+    Mx(Mx),
+    /// NVFP4: 16-element E2M1 blocks with an E4M3 scale, and an f32 tensor scale.
+    Nvfp4(Nvfp4),
 }
 
 /// How a named format is defined: a float's (exp, man, overflow, specials) with
@@ -58,6 +72,8 @@ pub enum Format {
 enum Definition {
     Float(u32, u32, Overflow, Specials),
     Posit(u32, u32),
+    Mx(MxElement),
+    Nvfp4,
 }
 
 impl Definition {
@@ -67,6 +83,8 @@ impl Definition {
                 Float::with_options(e, m, true, o, s).map(Format::Float)
             }
             Definition::Posit(n, es) => Format::posit(n, es),
+            Definition::Mx(element) => Ok(Format::Mx(Mx::new(element, -1))),
+            Definition::Nvfp4 => Ok(Format::Nvfp4(Nvfp4::new(-1))),
         };
         format.expect("preset definitions are valid formats")
     }
@@ -75,7 +93,8 @@ impl Definition {
 /// The named formats, in display order: (name, description, definition). The only list of
 /// preset names: parsing, display and `qcandle formats` all read it.
 const PRESETS: &[(&str, &str, Definition)] = {
-    use Definition::{Float as F, Posit as P};
+    use Definition::{Float as F, Mx as X, Posit as P};
+    use MxElement::*;
     use Overflow::*;
     use Specials::*;
     &[
@@ -110,6 +129,41 @@ const PRESETS: &[(&str, &str, Definition)] = {
         ("posit8", "posit standard 2022, posit<8,2>", P(8, 2)),
         ("posit16", "posit standard 2022, posit<16,2>", P(16, 2)),
         ("posit32", "posit standard 2022, posit<32,2>", P(32, 2)),
+        (
+            "mxfp8_e4m3",
+            "OCP MX: 32 x e4m3 (sat. 448) + E8M0 scale, 8.25 bits/elem",
+            X(Fp8E4m3),
+        ),
+        (
+            "mxfp8_e5m2",
+            "OCP MX: 32 x e5m2 (sat. 57344) + E8M0 scale, 8.25 bits/elem",
+            X(Fp8E5m2),
+        ),
+        (
+            "mxfp6_e3m2",
+            "OCP MX: 32 x e3m2 + E8M0 scale, 6.25 bits/elem",
+            X(Fp6E3m2),
+        ),
+        (
+            "mxfp6_e2m3",
+            "OCP MX: 32 x e2m3 + E8M0 scale, 6.25 bits/elem",
+            X(Fp6E2m3),
+        ),
+        (
+            "mxfp4_e2m1",
+            "OCP MX: 32 x e2m1 + E8M0 scale, 4.25 bits/elem",
+            X(Fp4E2m1),
+        ),
+        (
+            "mxint8",
+            "OCP MX: 32 x int8 (x 2^-6, +-127/64) + E8M0 scale, 8.25 bits/elem",
+            X(Int8),
+        ),
+        (
+            "nvfp4",
+            "NVIDIA: 16 x e2m1 + e4m3 scale, f32 tensor scale, 4.5 bits/elem",
+            Definition::Nvfp4,
+        ),
     ]
 };
 
@@ -161,7 +215,9 @@ impl Format {
             .collect()
     }
 
-    /// Bits per element (for block floating point, per element without the shared exponent).
+    /// Bits per element (for block floating point, MX and NVFP4: per element without the
+    /// shared scales, which add 8 bits per block: 0.25 bits per MX element, 0.5 per NVFP4
+    /// element, plus NVFP4's 32-bit tensor scale).
     pub fn bits(&self) -> u32 {
         match self {
             Format::Posit(p) => p.n(),
@@ -169,33 +225,38 @@ impl Format {
             Format::Fixed(f) => f.wl(),
             Format::Block(b) => b.wl(),
             Format::Lns(l) => l.w(),
+            Format::Mx(m) => m.element().bits(),
+            Format::Nvfp4(_) => 4,
         }
     }
 
-    /// Largest finite value (block floating point: relative to the block, so `None`).
+    /// Largest finite value (block floating point, MX, NVFP4: relative to the block, so
+    /// `None`).
     pub fn max_finite(&self) -> Option<f64> {
         match self {
             Format::Posit(p) => Some(p.max_pos()),
             Format::Float(f) => Some(f.max_value()),
             Format::Fixed(f) => Some(f.max_value()),
-            Format::Block(_) => None,
+            Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => None,
             Format::Lns(l) => Some(l.max_value()),
         }
     }
 
-    /// Smallest positive value (block floating point: `None`, it depends on the block).
+    /// Smallest positive value (block floating point, MX, NVFP4: `None`, it depends on the
+    /// block).
     pub fn min_positive(&self) -> Option<f64> {
         match self {
             Format::Posit(p) => Some(p.min_pos()),
             Format::Float(f) => Some(f.min_positive()),
             Format::Fixed(f) => Some(f.quantum()),
-            Format::Block(_) => None,
+            Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => None,
             Format::Lns(l) => Some(l.min_positive()),
         }
     }
 
-    /// Gap between 1 and the next larger value (for block floating point: in a block whose
-    /// largest element is in [1, 2)).
+    /// Gap between 1 and the next larger value (for block floating point and MX: in a block
+    /// whose largest element is in [1, 2); NVFP4: E2M1's gap at 1, in units of the block's
+    /// scales).
     pub fn epsilon(&self) -> f64 {
         match self {
             Format::Posit(p) => p.epsilon(),
@@ -203,11 +264,14 @@ impl Format {
             Format::Fixed(f) => f.quantum(),
             Format::Block(b) => grid::pow2(2 - b.wl() as i32),
             Format::Lns(l) => l.epsilon(),
+            Format::Mx(m) => m.element().epsilon(),
+            Format::Nvfp4(_) => nvfp4::e2m1().epsilon(),
         }
     }
 
-    /// Rounds one value. Block floating point treats `x` as a block of its own; use
-    /// [`Block::round`] to give the block's maximum. `random` is read only by stochastic
+    /// Rounds one value. Block floating point, MX and NVFP4 treat `x` as a block (and
+    /// tensor) of its own; use [`Block::round`], [`Mx::round`] or [`Nvfp4::round`] to give
+    /// the block's scale. `random` is read only by stochastic
     /// rounding (its top `bits` bits).
     pub fn round(&self, x: f64, rounding: Rounding, random: u32) -> f64 {
         match rounding {
@@ -227,6 +291,11 @@ impl Format {
             Format::Fixed(f) => f.round(x, rule, random),
             Format::Block(b) => b.round(x, block::block_max([x]), rule, random),
             Format::Lns(l) => l.round(x, rule, random),
+            Format::Mx(m) => m.round(x, m.scale_exponent(x.abs()), rule, random),
+            Format::Nvfp4(_) => {
+                let s_t = Nvfp4::tensor_scale(block::block_max([x]));
+                Nvfp4::round(x, Nvfp4::block_scale(x.abs(), s_t), s_t, rule, random)
+            }
         }
     }
 }
@@ -268,6 +337,8 @@ impl fmt::Display for Format {
                 BlockScope::Dim(d) => write!(f, "block<{},dim={}>", b.wl(), d),
             },
             Format::Lns(l) => write!(f, "lns<{},{}>", l.w(), l.f()),
+            Format::Mx(m) => write!(f, "{m}"),
+            Format::Nvfp4(n) => write!(f, "{n}"),
         }
     }
 }
@@ -285,11 +356,14 @@ impl FromStr for Format {
         if let Some(format) = preset(&input) {
             return Ok(format);
         }
+        if let Some(format) = parse_block_scaled(&input) {
+            return format.map_err(err);
+        }
         let (family, args) = input
             .strip_suffix('>')
             .and_then(|t| t.split_once('<'))
             .ok_or_else(|| {
-                err("expected family<args> (posit<8,0>, float<5,2>, fixed<8,4>, block<8>, lns<8,3>) or a preset name (see `qcandle formats`)".into())
+                err("expected family<args> (posit<8,0>, float<5,2>, fixed<8,4>, block<8>, lns<8,3>) or a preset name (see `qcandle formats`; MX and NVFP4 names take <dim=d>)".into())
             })?;
         let parts: Vec<&str> = args.split(',').collect();
         let int = |i: usize, name: &str| -> Result<i64, FormatError> {
@@ -387,4 +461,13 @@ impl FromStr for Format {
             ))),
         }
     }
+}
+
+/// An MX or NVFP4 name, with an optional `<dim=d>`: `None` when `input` is neither.
+fn parse_block_scaled(input: &str) -> Option<Result<Format, String>> {
+    let (name, rest) = input.split_at(input.find('<').unwrap_or(input.len()));
+    if let Some(element) = MxElement::from_name(name) {
+        return Some(mx::parse_dim(rest).map(|d| Format::Mx(Mx::new(element, d))));
+    }
+    (name == "nvfp4").then(|| mx::parse_dim(rest).map(|d| Format::Nvfp4(Nvfp4::new(d))))
 }

@@ -19,7 +19,9 @@ impl Format {
             Format::Posit(p) => Ok(p.encode(x)),
             Format::Float(f) => f.encode(x),
             Format::Lns(l) => Ok(l.encode(x)),
-            Format::Fixed(_) | Format::Block(_) => Err(self.no_patterns()),
+            Format::Fixed(_) | Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => {
+                Err(self.no_patterns())
+            }
         }
     }
 
@@ -30,7 +32,9 @@ impl Format {
             Format::Posit(p) => Ok(p.decode(pattern)),
             Format::Float(f) => Ok(f.decode(pattern)),
             Format::Lns(l) => Ok(l.decode(pattern)),
-            Format::Fixed(_) | Format::Block(_) => Err(self.no_patterns()),
+            Format::Fixed(_) | Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => {
+                Err(self.no_patterns())
+            }
         }
     }
 
@@ -38,6 +42,8 @@ impl Format {
         FormatError::Inconsistent {
             format: match self {
                 Format::Fixed(_) => "fixed",
+                Format::Mx(_) => "mx",
+                Format::Nvfp4(_) => "nvfp4",
                 _ => "block",
             },
             reason: format!("{self} has no bit patterns (its values are kept as floats)"),

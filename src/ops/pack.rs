@@ -18,6 +18,9 @@ pub fn pattern_dtype(format: &Format) -> Result<DType> {
         Format::Fixed(_) | Format::Block(_) => bail!(
             "pack/unpack support posit, float and lns formats, not {format} (values of fixed point and block formats are best kept as floats)"
         ),
+        Format::Mx(_) | Format::Nvfp4(_) => bail!(
+            "{format} elements have no pattern without their block's scale: pack/unpack support posit and float formats"
+        ),
     };
     Ok(match bits {
         0..=8 => DType::U8,

@@ -113,8 +113,10 @@ impl QuantizeOp {
     /// elementwise formats with a deterministic rounding (a stochastic stream is indexed by
     /// the position in the whole tensor, and a block's scale depends on its maximum).
     pub(crate) fn rounds_parts_alike(&self) -> bool {
-        !matches!(self.format, Format::Block(_))
-            && !matches!(self.rounding, Rounding::Stochastic { .. })
+        !matches!(
+            self.format,
+            Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_)
+        ) && !matches!(self.rounding, Rounding::Stochastic { .. })
     }
 
     pub(crate) fn round_f32_in_place(&self, data: &mut [f32], dims: &[usize]) -> Result<()> {

@@ -347,7 +347,9 @@ fn has_tables(format: &Format) -> bool {
     let has_nan = match format {
         Format::Posit(_) => true,
         Format::Float(f) => f.specials() != Specials::Finite,
-        Format::Fixed(_) | Format::Block(_) | Format::Lns(_) => false,
+        Format::Fixed(_) | Format::Block(_) | Format::Lns(_) | Format::Mx(_) | Format::Nvfp4(_) => {
+            false
+        }
     };
     has_nan && format.bits() <= 8
 }

@@ -38,7 +38,7 @@ impl Accumulation {
             (Accumulation::Quire, other) => bail!(
                 "{other} has no quire: quire GEMMs take posit formats (naive GEMMs take any elementwise format)"
             ),
-            (Accumulation::Naive, Format::Block(_)) => bail!(
+            (Accumulation::Naive, Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_)) => bail!(
                 "{format} rounds whole blocks, not single operations: naive GEMMs take posit, float and fixed-point formats"
             ),
             (Accumulation::Naive, Format::Posit(p)) => {
