@@ -1,16 +1,26 @@
-//! Quantize throughput against a plain tensor copy of the same size, in one run.
+//! Quantize throughput against plain copies of the same size, in one run.
 //!
-//! Each group is one tensor size; its first entry is `copy` (candle's `Tensor::copy`, a
-//! contiguous storage clone: one read and one write per element), the rest are quantize
-//! calls (also one read and one write per element, plus a reduction pass for block floating
-//! point). Throughput is in bytes moved (8 per f32 element), so the GB/s ratio to `copy` is
-//! the figure of merit. Run: `cargo bench --bench quantize` (add `-- 2^24` to filter).
+//! Each group is one tensor size. Its two baselines:
+//!
+//! - `memcpy`: `copy_from_slice` into a preallocated buffer, one read and one write per
+//!   element with no allocation: the memory-bandwidth limit, the baseline of the in-place
+//!   rows;
+//! - `copy`: candle's `Tensor::copy` (allocates its output, then copies), the baseline of
+//!   the allocating rows.
+//!
+//! Every case has an allocating row (`quantize`, id `format/rounding`) and an in-place row
+//! (`quantize_` on a tensor of the same values, id `format/rounding in-place`; after the
+//! first call the values are on the grid already, which the branch-free kernels do not
+//! notice). Each is one read and one write per element, plus a reduction pass for block
+//! floating point. Throughput is in bytes moved (8 per f32 element), so the GB/s ratio to
+//! the baseline is the figure of merit. Run: `cargo bench --bench quantize` (sizes 2^16,
+//! 2^20, 2^24; `QCANDLE_BENCH_SIZES=24` for one; add `-- in-place` to filter rows).
 
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use qcandle::{quantize, Format, Quant, Rounding};
+use qcandle::{quantize, quantize_, Format, Quant, Rounding};
 
 const CASES: &[(&str, &str)] = &[
     ("posit<8,0>", "nearest-even"),
@@ -49,7 +59,8 @@ fn bench_quantize(c: &mut Criterion) {
     {
         let n = 1usize << log2;
         let data = qcandle::report::normal_samples(n, 7);
-        let x = Tensor::from_vec(data, (n / 256, 256), &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(data.clone(), (n / 256, 256), &Device::Cpu).unwrap();
+        let mut buffer = vec![0f32; n];
         let mut group = c.benchmark_group(format!("quantize/2^{log2}"));
         group.throughput(Throughput::Bytes(8 * n as u64));
         if log2 >= 22 {
@@ -59,6 +70,9 @@ fn bench_quantize(c: &mut Criterion) {
             group.measurement_time(Duration::from_secs(2));
         }
         group.warm_up_time(Duration::from_millis(500));
+        group.bench_function("memcpy", |b| {
+            b.iter(|| std::hint::black_box(buffer.as_mut_slice()).copy_from_slice(&data))
+        });
         group.bench_function("copy", |b| b.iter(|| x.copy().unwrap()));
         for (format, rounding) in CASES {
             let format: Format = format.parse().unwrap();
@@ -68,6 +82,12 @@ fn bench_quantize(c: &mut Criterion) {
                 BenchmarkId::new(format.to_string(), rounding),
                 &q,
                 |b, q| b.iter(|| quantize(&x, q).unwrap()),
+            );
+            let y = x.copy().unwrap();
+            group.bench_with_input(
+                BenchmarkId::new(format.to_string(), format!("{rounding} in-place")),
+                &q,
+                |b, q| b.iter(|| quantize_(&y, q).unwrap()),
             );
         }
         group.finish();

@@ -241,3 +241,107 @@ fn block_fast_path_equals_general_path() {
         + check(Stochastic { bits: 3 }, &inputs);
     assert_eq!(bad, 0);
 }
+
+/// The uniform-grid plan the kernel rounds fixed point with (`BlockF32Plan::from_fixed`:
+/// the rounding bit from the exponent byte, no table) equals the general path at every
+/// rounding position of every exponent byte and on random inputs, allocating and in place,
+/// for clamped, symmetric, unclamped and 32-bit fixed point, quanta of 2^-64 and 2^64, and
+/// every mode.
+#[test]
+fn fixed_uniform_grid_plan_equals_general_path() {
+    use qcandle::backend::f32_plan::BlockF32Plan;
+    fn check<R: RoundingRule>(rule: R, inputs: &[u32]) -> usize {
+        let mut bad = 0;
+        // The list's fixed point, and grids at the ends of the fl range.
+        let extremes = [
+            "fixed<8,64>",
+            "fixed<8,-64>",
+            "fixed<31,40,sym>",
+            "fixed<4,-20,noclamp>",
+        ];
+        for name in FORMATS
+            .iter()
+            .filter(|n| n.starts_with("fixed"))
+            .chain(&extremes)
+        {
+            let format: Format = name.parse().expect("a format");
+            let Format::Fixed(f) = format else {
+                unreachable!("{name} is fixed point")
+            };
+            let plan = BlockF32Plan::from_fixed(&f);
+            let slow = |v: f64, r: u32| f.round(v, rule, r);
+            let xs: Vec<f32> = inputs.iter().map(|&b| f32::from_bits(b)).collect();
+            let random: Vec<u32> = inputs.iter().map(|&b| random_word(b)).collect();
+            let (run, in_place) = runs(&plan, &xs, rule, &random, slow);
+            for (j, &x) in xs.iter().enumerate() {
+                let general = f.round(x as f64, rule, random[j]) as f32;
+                if !same(run[j], general) || !same(in_place[j], general) {
+                    if bad < 5 {
+                        eprintln!(
+                            "{name} {:?}: x = {x:e}: run {:e} in place {:e} general {general:e}",
+                            R::KIND,
+                            run[j],
+                            in_place[j]
+                        );
+                    }
+                    bad += 1;
+                }
+            }
+        }
+        bad
+    }
+    let mut inputs = structured_inputs();
+    inputs.extend(random_inputs(1 << 16));
+    let bad = check(NearestEven, &inputs)
+        + check(NearestAway, &inputs)
+        + check(TowardZero, &inputs)
+        + check(Stochastic { bits: 23 }, &inputs)
+        + check(Stochastic { bits: 3 }, &inputs);
+    assert_eq!(bad, 0);
+}
+
+/// The kernel itself (`backend::cpu::quantize_slice` on f32, which rounds fixed point through
+/// the uniform-grid plan) against `Fixed::round` with the same stream words, on every f32
+/// bit pattern, nearest-even and stochastic. Each run of 2^16 patterns is rounded with its
+/// own stream (call index = the run), element `j` reading word `j`.
+#[test]
+#[ignore = "exhaustive: run with --release -- --ignored"]
+fn kernel_fixed_point_equals_general_path_on_every_f32() {
+    use qcandle::backend::cpu::quantize_slice;
+    use qcandle::Rounding;
+    let format: Format = "fixed<8,4>".parse().unwrap();
+    for rounding in [Rounding::NearestEven, Rounding::Stochastic { bits: 23 }] {
+        let bad: usize = (0..1u64 << 16)
+            .into_par_iter()
+            .map(|hi| {
+                let src: Vec<f32> = (0..1u32 << 16)
+                    .map(|l| f32::from_bits(((hi as u32) << 16) | l))
+                    .collect();
+                let stream = Stream::new(17, hi);
+                let mut out = vec![0f32; src.len()];
+                quantize_slice(
+                    Some(&src),
+                    &mut out,
+                    &[src.len()],
+                    &format,
+                    rounding,
+                    Some(stream),
+                )
+                .expect("fixed point rounds any shape");
+                let mut words = vec![0u32; src.len()];
+                if rounding.is_stochastic() {
+                    stream.fill(0, &mut words);
+                }
+                src.iter()
+                    .zip(&out)
+                    .zip(&words)
+                    .filter(|((&x, &y), &r)| !same(y, format.round(x as f64, rounding, r) as f32))
+                    .count()
+            })
+            .sum();
+        assert_eq!(
+            bad, 0,
+            "{format} {rounding}: the kernel differs on {bad} f32 inputs"
+        );
+    }
+}

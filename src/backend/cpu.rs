@@ -6,6 +6,13 @@
 //! between threads or on the source layout. Strided inputs are first gathered into the
 //! output buffer in logical order and then rounded in place, so the op allocates nothing
 //! beyond its output.
+//!
+//! f32 data takes the vectorised passes of [`f32_plan`](super::f32_plan) in runs of 1024
+//! elements, compiled for AVX-512 or AVX2 when the CPU has them (integer operations only:
+//! every instruction set gives the same bits). Block floating point first finds each
+//! block's largest finite magnitude (an integer max over magnitude bits); with per-slice
+//! blocks (`dim=d`) the runs are cut where a slice ends, so every piece is rounded with its
+//! own block's plan.
 
 mod mx;
 
@@ -266,17 +273,38 @@ fn fix_slow<P: RunRounder>(
     }
 }
 
-/// [`Stream::fill`], compiled for AVX2 when the CPU has it.
+/// [`Stream::fill`], compiled for AVX-512 or AVX2 when the CPU has them.
 #[inline(always)]
 fn fill_dispatch(stream: &Stream, first_block: u64, out: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { fill_avx512(stream, first_block, out) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { fill_avx2(stream, first_block, out) };
         }
     }
     stream.fill(first_block, out)
+}
+
+/// Whether the CPU has the AVX-512 subsets the vectorised passes are compiled for.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn fill_avx512(stream: &Stream, first_block: u64, out: &mut [u32]) {
+    // SAFETY: this function is only called where the CPU supports AVX-512.
+    unsafe { stream.fill_avx512(first_block, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -286,7 +314,8 @@ unsafe fn fill_avx2(stream: &Stream, first_block: u64, out: &mut [u32]) {
 }
 
 /// [`RunRounder::round_run`] from `src`, or [`RunRounder::round_run_in_place`] when `src`
-/// is `None`, compiled for AVX2 when the CPU has it.
+/// is `None`, compiled for AVX-512 or AVX2 when the CPU has them (integer operations only,
+/// so every instruction set gives the same bits).
 #[inline(always)]
 fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
     plan: &P,
@@ -297,6 +326,10 @@ fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { round_run_avx512(plan, src, dst, rule, random) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { round_run_avx2(plan, src, dst, rule, random) };
@@ -317,6 +350,18 @@ fn round_run<P: RunRounder, R: RoundingRule>(
         Some(src) => plan.round_run(src, dst, rule, random),
         None => plan.round_run_in_place(dst, rule, random),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn round_run_avx512<P: RunRounder, R: RoundingRule>(
+    plan: &P,
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    rule: R,
+    random: &[u32],
+) -> bool {
+    round_run(plan, src, dst, rule, random)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -372,14 +417,145 @@ where
 /// Largest finite magnitude of an f32 slice (0 when there is none), as an integer max over
 /// magnitude bits (a vectorisable reduction; the bit order of finite floats is their order).
 fn max_abs_f32(xs: &[f32]) -> f64 {
-    let fold = |xs: &[f32]| {
-        xs.iter().fold(0u32, |m, x| {
-            let a = x.to_bits() & 0x7fff_ffff;
-            m.max(if a < 0x7f80_0000 { a } else { 0 })
-        })
-    };
-    let bits = xs.par_chunks(CHUNK).map(fold).max().unwrap_or(0);
+    let bits = xs.par_chunks(CHUNK).map(max_abs_bits).max().unwrap_or(0);
     f32::from_bits(bits) as f64
+}
+
+/// Largest finite magnitude of an f32 run as its bit pattern (0 when there is none): an
+/// integer max over magnitude bits, which vectorises (the bit order of finite floats is
+/// their order).
+/// Compiled for AVX-512 or AVX2 when the CPU has them (SSE2 has no 32-bit integer max).
+#[inline(always)]
+fn max_abs_bits(xs: &[f32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { max_abs_bits_avx512(xs) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { max_abs_bits_avx2(xs) };
+        }
+    }
+    max_abs_bits_lanes(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn max_abs_bits_avx512(xs: &[f32]) -> u32 {
+    max_abs_bits_lanes(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_bits_avx2(xs: &[f32]) -> u32 {
+    max_abs_bits_lanes(xs)
+}
+
+/// [`max_abs_bits`] in 16 independent lanes (non-finite magnitudes count as 0), which the
+/// compiler keeps in vector registers; a single running maximum compiled to a chain of
+/// compares and conditional moves.
+#[inline(always)]
+fn max_abs_bits_lanes(xs: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let finite = |x: &f32| {
+        let a = x.to_bits() & 0x7fff_ffff;
+        a & 0u32.wrapping_sub((a < 0x7f80_0000) as u32)
+    };
+    let mut lanes = [0u32; LANES];
+    let mut groups = xs.chunks_exact(LANES);
+    for group in &mut groups {
+        for (m, x) in lanes.iter_mut().zip(group) {
+            *m = (*m).max(finite(x));
+        }
+    }
+    let tail = groups.remainder().iter().map(finite).max().unwrap_or(0);
+    lanes.into_iter().fold(tail, u32::max)
+}
+
+/// Largest finite magnitude of each block of an f32 tensor with per-slice blocks: the
+/// maximum of every slice run of `grid.inner()` consecutive elements (in parallel, a few
+/// runs per task), then of the runs of each block.
+fn slice_maxima_f32(data: &[f32], grid: BlockGrid) -> Vec<f64> {
+    let inner = grid.inner();
+    let mut runs = vec![0u32; data.len() / inner];
+    let per_task = (CHUNK / inner).max(1);
+    runs.par_chunks_mut(per_task)
+        .zip(data.par_chunks(per_task * inner))
+        .for_each(|(maxima, xs)| {
+            for (m, run) in maxima.iter_mut().zip(xs.chunks(inner)) {
+                *m = max_abs_bits(run);
+            }
+        });
+    let mut blocks = vec![0u32; grid.count()];
+    for slice in runs.chunks(grid.count()) {
+        for (b, &m) in blocks.iter_mut().zip(slice) {
+            *b = (*b).max(m);
+        }
+    }
+    blocks.iter().map(|&m| f32::from_bits(m) as f64).collect()
+}
+
+/// Block floating point with per-slice blocks on f32 data: the vectorised pass of
+/// [`map_f32_runs`], with each run cut where a slice run (`grid.inner()` consecutive
+/// elements, one block) ends, so every piece is rounded with its own block's
+/// [`BlockF32Plan`]. Random words are drawn per run of [`RUN`] elements, as in
+/// [`map_f32_runs`], so element `i` still reads word `i` of the stream.
+fn map_f32_slices<R: RoundingRule>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    stream: Option<Stream>,
+    block: &crate::format::Block,
+    grid: BlockGrid,
+    rule: R,
+) {
+    let maxima = slice_maxima_f32(src.unwrap_or(dst), grid);
+    let plans: Vec<BlockF32Plan> = maxima
+        .iter()
+        .map(|&m| BlockF32Plan::new(block, m))
+        .collect();
+    let inner = grid.inner();
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let mut words = [0u32; RUN];
+        let mut staged = [0f32; RUN];
+        let mut start = 0;
+        while start < out.len() {
+            let len = RUN.min(out.len() - start);
+            let first = base + start;
+            if let Some(stream) = stream {
+                fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
+            }
+            let mut at = 0;
+            while at < len {
+                let i = first + at;
+                let piece = (inner - i % inner).min(len - at);
+                let b = grid.block_of(i);
+                let (plan, max) = (&plans[b], maxima[b]);
+                let slow = |v, r| block.round(v, max, rule, r);
+                let o = &mut out[start + at..start + at + piece];
+                let words = &words[at..at + piece];
+                match src {
+                    Some(s) => {
+                        let inp = &s[i..i + piece];
+                        if round_run_dispatch(plan, Some(inp), o, rule, words) {
+                            fix_slow(plan, inp, o, words, &slow);
+                        }
+                    }
+                    None => {
+                        if round_run_dispatch(plan, None, o, rule, words) {
+                            let inp = staged_copy(o, &mut staged);
+                            fix_slow(plan, inp, o, words, &slow);
+                        }
+                    }
+                }
+                at += piece;
+            }
+            start += len;
+        }
+    };
+    for_each_chunk(dst, work);
 }
 
 /// Largest finite magnitude of each block.
@@ -417,12 +593,18 @@ fn run_rule<T: Element, R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
-    if let (Some(out), Format::Lns(l)) = (T::as_f32s_mut(dst), format) {
+    if let (Some(out), Format::Lns(l)) = (T::as_f32s_mut(&mut *dst), format) {
         if let Some(plan) = LnsF32Plan::shared(l, R::KIND) {
             let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
             plan.quantize(src, out, stream, rule);
             return Ok(());
         }
+    }
+    if let (Some(out), Format::Fixed(f)) = (T::as_f32s_mut(&mut *dst), format) {
+        let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        let plan = BlockF32Plan::from_fixed(f);
+        map_f32_runs(src, out, stream, &plan, rule, |v, r| f.round(v, rule, r));
+        return Ok(());
     }
     if let Some(out) = T::as_f32s_mut(dst) {
         if let Some(plan) = F32Plan::shared(format, R::KIND) {
@@ -452,6 +634,10 @@ fn run_rule<T: Element, R: RoundingRule>(
             });
             return Ok(());
         }
+        let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        let grid = BlockGrid::new(b.scope(), dims)?;
+        map_f32_slices(src, out, stream, b, grid, rule);
+        return Ok(());
     }
     match format {
         Format::Posit(p) => map_elements(src, dst, stream, |_, x, r| p.round(x, rule, r)),

@@ -507,15 +507,9 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        let mut any_slow = 0u32;
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
-            let r = if stochastic { random[j] } else { 0 };
-            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
-            *o = f32::from_bits(out);
-            any_slow |= slow as u32;
-        }
-        any_slow != 0
+        map_groups::<R>(src, dst, random, |x, r| {
+            self.round_one::<R, SHAPE>(x, r, rule)
+        })
     }
 
     #[inline(always)]
@@ -525,21 +519,16 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        let mut any_slow = 0u32;
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        for (j, o) in buf.iter_mut().enumerate() {
-            let r = if stochastic { random[j] } else { 0 };
-            let x = *o;
+        map_groups_in_place::<R>(buf, random, |x, r| {
             let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
             // Posit and float passes write the input of an element they leave behind.
-            *o = if SHAPE != GRID || !slow {
-                f32::from_bits(out)
+            let out = if SHAPE != GRID || !slow {
+                out
             } else {
-                x
+                x.to_bits()
             };
-            any_slow |= slow as u32;
-        }
-        any_slow != 0
+            (out, slow)
+        })
     }
 }
 
@@ -594,32 +583,33 @@ impl RunRounder for F32Plan {
 
 impl BlockF32Plan {
     /// The fast-path result for one element and whether it needs the general path.
+    /// Written with masks instead of branches or lookups (the sign picks the limit by a
+    /// mask, not an index), so that the loop over a run vectorises.
     #[inline(always)]
     fn round_one<R: RoundingRule>(&self, x: f32, r: u32, rule: R) -> (u32, bool) {
         let bits = x.to_bits();
         let sign = bits & SIGN;
         let abs = bits ^ sign;
         let byte = abs >> 23;
-        let shift = self.q150 - byte as i32;
+        let slow = ((byte == 0) & (abs != 0)) | (byte == 255);
+        // Elements left to the general path round at bit 0 with no limit, which writes
+        // them unchanged: the in-place pass then stores every lane without a select (which
+        // compiles to a masked store, slow on AMD processors).
+        let keep = 0u32.wrapping_sub(slow as u32);
+        let shift = (self.q150 - byte as i32) & !(keep as i32);
         let s = shift.clamp(0, 23) as u32;
-        let odd = if s == 23 { 1 } else { (abs >> s) & 1 };
+        // At s = 23 the kept count is the hidden bit alone (odd).
+        let odd = ((abs >> s) & 1) | (s == 23) as u32;
         let rounded = rule.round_bits(abs, s, odd, r);
         let m = (abs & 0x007f_ffff) | 0x0080_0000;
         let tiny_s = shift.clamp(24, 255) as u32;
-        let tiny = if rule.up_tiny(m, tiny_s, r) {
-            self.tiny
-        } else {
-            0
-        };
+        let tiny = self.tiny & 0u32.wrapping_sub(rule.up_tiny(m, tiny_s, r) as u32);
         let mag = if shift >= 24 { tiny } else { rounded };
-        let limit = if sign == 0 {
-            self.limit_pos
-        } else {
-            self.limit_neg
-        };
-        let mag = if abs == 0 { 0 } else { mag.min(limit) };
-        let out = if mag == 0 { 0 } else { mag | sign };
-        (out, (byte == 0 && abs != 0) || byte == 255)
+        let negative = 0u32.wrapping_sub(sign >> 31);
+        let limit = (self.limit_pos ^ ((self.limit_pos ^ self.limit_neg) & negative)) | keep;
+        let mag = mag.min(limit) & 0u32.wrapping_sub((abs != 0) as u32);
+        let out = mag | (sign & 0u32.wrapping_sub((mag != 0) as u32));
+        (out, slow)
     }
 }
 
@@ -637,15 +627,7 @@ impl RunRounder for BlockF32Plan {
         if !self.fast {
             return true;
         }
-        let mut any_slow = 0u32;
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        for (j, (o, &x)) in dst.iter_mut().zip(src).enumerate() {
-            let r = if stochastic { random[j] } else { 0 };
-            let (out, slow) = self.round_one(x, r, rule);
-            *o = f32::from_bits(out);
-            any_slow |= slow as u32;
-        }
-        any_slow != 0
+        map_groups::<R>(src, dst, random, |x, r| self.round_one(x, r, rule))
     }
 
     /// [`RunRounder::round_run`] with `buf` as both input and output.
@@ -659,16 +641,8 @@ impl RunRounder for BlockF32Plan {
         if !self.fast {
             return true;
         }
-        let mut any_slow = 0u32;
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        for (j, o) in buf.iter_mut().enumerate() {
-            let r = if stochastic { random[j] } else { 0 };
-            let x = *o;
-            let (out, slow) = self.round_one(x, r, rule);
-            *o = if slow { x } else { f32::from_bits(out) };
-            any_slow |= slow as u32;
-        }
-        any_slow != 0
+        // Elements left to the general path come out unchanged.
+        map_groups_in_place::<R>(buf, random, |x, r| self.round_one(x, r, rule))
     }
 
     /// Whether `round_run` leaves `x` to the general path.
@@ -678,6 +652,81 @@ impl RunRounder for BlockF32Plan {
         let byte = abs >> 23;
         !self.fast || (byte == 0 && abs != 0) || byte == 255
     }
+}
+
+/// Elements per group of the vectorised loops: one AVX-512 vector of f32.
+const GROUP: usize = 16;
+
+/// `dst[j] = f(src[j], random[j])` (the word is 0 for deterministic rules, whose `random`
+/// may be empty); true if `f` flagged any element. The loop runs over fixed-size groups of
+/// [`GROUP`] elements copied into arrays, so the compiler vectorises each group in full
+/// with no bounds or overlap checks (over plain slices it kept a scalar copy of the loop,
+/// which ran for a large share of the elements); the last partial group is rounded one by
+/// one.
+#[inline(always)]
+fn map_groups<R: RoundingRule>(
+    src: &[f32],
+    dst: &mut [f32],
+    random: &[u32],
+    f: impl Fn(f32, u32) -> (u32, bool),
+) -> bool {
+    let stochastic = R::KIND == RuleKind::Stochastic;
+    let n = src.len().min(dst.len());
+    let full = n - n % GROUP;
+    let mut any_slow = 0u32;
+    for g in (0..full).step_by(GROUP) {
+        let x: [f32; GROUP] = src[g..g + GROUP].try_into().expect("a full group");
+        let r: [u32; GROUP] = if stochastic {
+            random[g..g + GROUP].try_into().expect("a full group")
+        } else {
+            [0; GROUP]
+        };
+        let o: &mut [f32; GROUP] = (&mut dst[g..g + GROUP]).try_into().expect("a full group");
+        for j in 0..GROUP {
+            let (out, slow) = f(x[j], r[j]);
+            o[j] = f32::from_bits(out);
+            any_slow |= slow as u32;
+        }
+    }
+    for j in full..n {
+        let (out, slow) = f(src[j], if stochastic { random[j] } else { 0 });
+        dst[j] = f32::from_bits(out);
+        any_slow |= slow as u32;
+    }
+    any_slow != 0
+}
+
+/// [`map_groups`] with `buf` as both input and output.
+#[inline(always)]
+fn map_groups_in_place<R: RoundingRule>(
+    buf: &mut [f32],
+    random: &[u32],
+    f: impl Fn(f32, u32) -> (u32, bool),
+) -> bool {
+    let stochastic = R::KIND == RuleKind::Stochastic;
+    let n = buf.len();
+    let full = n - n % GROUP;
+    let mut any_slow = 0u32;
+    for g in (0..full).step_by(GROUP) {
+        let o: &mut [f32; GROUP] = (&mut buf[g..g + GROUP]).try_into().expect("a full group");
+        let x = *o;
+        let r: [u32; GROUP] = if stochastic {
+            random[g..g + GROUP].try_into().expect("a full group")
+        } else {
+            [0; GROUP]
+        };
+        for j in 0..GROUP {
+            let (out, slow) = f(x[j], r[j]);
+            o[j] = f32::from_bits(out);
+            any_slow |= slow as u32;
+        }
+    }
+    for j in full..n {
+        let (out, slow) = f(buf[j], if stochastic { random[j] } else { 0 });
+        buf[j] = f32::from_bits(out);
+        any_slow |= slow as u32;
+    }
+    any_slow != 0
 }
 
 /// A rounding of f32 runs with a vectorisable pass and the general path for the elements it
@@ -751,6 +800,27 @@ impl BlockF32Plan {
             q150: q + 150,
             limit_pos: f32_bits(top - pow2(q)),
             limit_neg: f32_bits(top),
+            tiny: f32_bits(pow2(q)),
+            fast: q >= -126,
+        }
+    }
+
+    /// The same fast path for fixed point, whose grid (multiples of `2^-fl`) and clamp
+    /// range are those of every element: the limits and the quantum are the ones
+    /// [`F32Plan`] uses for the format, so both paths give the same bits. Computing the
+    /// rounding bit from the exponent byte avoids the table lookup, which AVX2 and AVX-512
+    /// can only do as a gather.
+    pub fn from_fixed(fixed: &Fixed) -> Self {
+        let q = -fixed.fl();
+        let (limit_pos, limit_neg) = if fixed.clamp() {
+            (f32_bits(fixed.max_value()), f32_bits(-fixed.min_value()))
+        } else {
+            (NO_LIMIT, NO_LIMIT)
+        };
+        BlockF32Plan {
+            q150: q + 150,
+            limit_pos,
+            limit_neg,
             tiny: f32_bits(pow2(q)),
             fast: q >= -126,
         }

@@ -291,16 +291,86 @@ impl RoundingRule for Stochastic {
     #[inline(always)]
     fn round_bits(&self, abs: u32, s: u32, _odd: u32, random: u32) -> u32 {
         let k = self.bits;
-        let rem = (abs & ((1u32 << s) - 1)) as u64;
-        // floor(rem * 2^k / 2^s) in one shift of a 64-bit value (k, s <= 23).
-        let threshold = (rem << k) >> s;
-        let up = ((random >> (32 - k)) as u64) < threshold;
+        let rem = abs & ((1u32 << s) - 1);
+        // floor(rem * 2^k / 2^s) in 32-bit lanes (k, s <= 23): a right shift by s - k, or a
+        // left shift by k - s, which cannot overflow since rem < 2^s. Both shifts are
+        // computed (amounts wrap) and one is selected, so the vectorised loop has no branch.
+        let down = rem.wrapping_shr(s.wrapping_sub(k));
+        let left = rem.wrapping_shl(k.wrapping_sub(s));
+        let threshold = if s >= k { down } else { left };
+        let up = (random >> (32 - k)) < threshold;
         truncate(abs, s) + ((up as u32) << s)
     }
     #[inline(always)]
     fn up_tiny(&self, m: u32, s: u32, random: u32) -> bool {
-        // floor(m * 2^k / 2^s) with s - k >= 1; shifts past 63 leave 0.
-        let shift = s.saturating_sub(self.bits).min(63);
-        ((random >> (32 - self.bits)) as u64) < ((m as u64) >> shift)
+        // floor(m * 2^k / 2^s) with s - k >= 1 and m < 2^24; shifts past 31 leave 0.
+        let shift = s.saturating_sub(self.bits);
+        let threshold = if shift < 32 { m >> (shift & 31) } else { 0 };
+        (random >> (32 - self.bits)) < threshold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator for test inputs (xorshift64*).
+    fn words(seed: u64) -> impl Iterator<Item = u32> {
+        let mut x = seed | 1;
+        std::iter::repeat_with(move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+        })
+    }
+
+    /// The branch-free stochastic step of the f32 path makes the decision of
+    /// [`Stochastic::up`] (the general path's) at every bit position and random-bit count,
+    /// including the remainders 0 and all ones, the random words 0 and all ones, and the
+    /// random word equal to the threshold (which must not round up).
+    #[test]
+    fn stochastic_round_bits_decides_as_up() {
+        let mut gen = words(7);
+        for k in 1..=23 {
+            let rule = Stochastic { bits: k };
+            for s in 0..=23u32 {
+                let mask = (1u32 << s) - 1;
+                for _ in 0..400 {
+                    let abs = gen.next().unwrap() & 0x7fff_ffff;
+                    let picks = [abs, abs & !mask, abs | mask];
+                    for abs in picks {
+                        let rem = abs & mask;
+                        let threshold = ((rem as u64) << k) >> s;
+                        let at_threshold = ((threshold.min((1 << k) - 1)) as u32) << (32 - k);
+                        for r in [0, u32::MAX, gen.next().unwrap(), at_threshold] {
+                            let up = s > 0 && rule.up(rem as u64, s, false, r);
+                            let want = (abs & !mask) + ((up as u32) << s);
+                            let got = rule.round_bits(abs, s, 0, r);
+                            assert_eq!(got, want, "k {k} s {s} abs {abs:#x} r {r:#x}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stochastic decision for a quantum above the value equals [`Stochastic::up`] for
+    /// bit positions from 24 to past 64 (where the whole significand is below the draw).
+    #[test]
+    fn stochastic_up_tiny_decides_as_up() {
+        let mut gen = words(11);
+        for k in 1..=23 {
+            let rule = Stochastic { bits: k };
+            for s in 24..=80u32 {
+                for _ in 0..200 {
+                    let m = 0x0080_0000 | (gen.next().unwrap() & 0x007f_ffff);
+                    for r in [0, u32::MAX, gen.next().unwrap()] {
+                        let want = rule.up(m as u64, s, false, r);
+                        assert_eq!(rule.up_tiny(m, s, r), want, "k {k} s {s} m {m:#x} r {r:#x}");
+                    }
+                }
+            }
+        }
     }
 }
