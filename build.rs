@@ -18,8 +18,8 @@ fn main() {
 }
 
 /// `cuda/host_shim.cpp` -> `libqcandle_host_shim.a`. Plain C++ without the C++ runtime
-/// (no exceptions, no RTTI, no libstdc++); the math is integer-only, so no floating-point
-/// flags matter.
+/// (no exceptions, no RTTI, no libstdc++). The math is integer-only except the lns log2
+/// estimate, single f64 operations that `-ffp-contract=off` keeps from fusing into FMAs.
 fn build_host_shim() {
     for f in ["compat.cuh", "quant.cuh", "host_shim.cpp"] {
         println!("cargo:rerun-if-changed=cuda/{f}");
@@ -32,6 +32,8 @@ fn build_host_shim() {
         .flag_if_supported("-std=c++14")
         .flag_if_supported("-fno-exceptions")
         .flag_if_supported("-fno-rtti")
+        // The lns log2 estimate is f64 arithmetic that must round as Rust's does.
+        .flag_if_supported("-ffp-contract=off")
         .warnings(true)
         .compile("qcandle_host_shim");
 }

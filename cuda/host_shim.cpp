@@ -4,6 +4,12 @@
 // FFI overhead low. Formats and rounding modes are passed as the ints of QcFormat and
 // QcRounding (see quant.cuh).
 #include <stddef.h>
+#include <stdint.h>
+
+// How many interval comparisons qc_lns_pow_cmp ran at each precision on the calling thread
+// (index: log2 of the limb count, 1..=4 for 2..=16 limbs).
+static __thread uint64_t qc_lns_squarings[8];
+#define QC_LNS_COUNT(limbs) (qc_lns_squarings[63 - __builtin_clzll((uint64_t)(limbs))] += 1)
 
 #include "quant.cuh"
 
@@ -91,6 +97,52 @@ uint32_t qc_host_random(uint64_t seed, uint64_t call, uint64_t index) {
 void qc_host_random_batch(uint64_t seed, uint64_t call, uint64_t first_index, uint32_t* out,
                           size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = qc_random(seed, call, first_index + i);
+}
+
+// qc_round_stored on x[0..n) into out (f32_storage 0 or 1); random[i] for element i;
+// undecided[i] = 1 where the exact comparison hit its precision cap.
+void qc_host_round_stored_batch(const double* x, const uint32_t* random, double* out,
+                                uint8_t* undecided, size_t n, int32_t family, int32_t a,
+                                int32_t b, int32_t flags, int32_t mode, int32_t bits,
+                                int32_t f32_storage) {
+    QcFormat f = qc_host_format(family, a, b, flags);
+    QcRounding r = qc_host_rounding(mode, bits);
+    for (size_t i = 0; i < n; ++i) {
+        bool u = false;
+        out[i] = qc_round_stored(x[i], f, r, random[i], f32_storage != 0, &u);
+        undecided[i] = u ? 1 : 0;
+    }
+}
+
+// qc_lns_value(k, f) for k[0..n) into out; undecided[i] as above.
+void qc_host_lns_value_batch(const int64_t* k, double* out, uint8_t* undecided, size_t n,
+                             int32_t f) {
+    for (size_t i = 0; i < n; ++i) {
+        bool u = false;
+        out[i] = qc_lns_value(k[i], f, &u);
+        undecided[i] = u ? 1 : 0;
+    }
+}
+
+// qc_lns_pow_cmp_limited: -1, 0, 1, or 2 when undecided at max_limbs limbs.
+int32_t qc_host_lns_pow_cmp(uint64_t m, uint32_t g, int64_t n, int32_t max_limbs) {
+    bool u = false;
+    int32_t c = qc_lns_pow_cmp_limited(m, g, n, max_limbs, &u);
+    return u ? 2 : c;
+}
+
+// qc_lns_log2_significand.
+double qc_host_lns_log2_significand(uint64_t m) { return qc_lns_log2_significand(m); }
+
+// The calling thread's counters of QC_LNS_COUNT: out[i] interval comparisons with 2^i limbs
+// (i < 8).
+void qc_host_lns_counts(uint64_t* out) {
+    for (int i = 0; i < 8; ++i) out[i] = qc_lns_squarings[i];
+}
+
+// qc_lns_interval_cmp with `limbs` limbs (1..=QC_LNS_MAX_LIMBS): -1, 1, or 0 when undecided.
+int32_t qc_host_lns_interval_cmp(uint64_t m, uint32_t g, int64_t n, int32_t limbs) {
+    return qc_lns_interval_cmp(m, g, n, limbs);
 }
 
 // qc_mx_scale: the scale exponent of a block of maximum amax (QC_MX_SCALE_NAN: NaN block).

@@ -28,6 +28,12 @@
 //   latency in a streaming kernel. __launch_bounds__(256, 4) caps them at 64 (50% occupancy)
 //   at the cost of 28 bytes of spills; which wins is to be measured on the H100
 //   (benches/quantize_cuda.rs).
+// - lns formats have kernels of their own (qc_quantize_lns_*), so the others carry none of
+//   its code. Its exact comparison (interval squaring, quant.cuh) is a called function with
+//   a 512-byte per-thread scratch array; with it, ptxas 13.0 for sm_90 reports 80 registers
+//   and a 688-byte stack frame for qc_quantize_lns_f32, 128 registers for _f64 (to be
+//   measured on the H100). Pack and unpack kernels share one entry point per type pair for
+//   every family and carry that stack frame too.
 // - Contiguous f32 tensors are read and written with 128-bit accesses (float4: one thread's 4
 //   elements), f64 with two 128-bit accesses (double2); when a pointer is not 16-byte aligned
 //   (a view starting mid-buffer) the same thread mapping runs with scalar accesses.
@@ -100,17 +106,34 @@ struct QcQuantArgs {
     const unsigned long long* maxima;
     uint64_t inner;
     uint64_t count;
+    // Set to 1 when an lns element's exact comparison hit the precision cap of
+    // qc_lns_pow_cmp (that element is left as it was; the host then rounds the tensor on the
+    // CPU). Null: not reported.
+    uint32_t* undecided;
 };
 
-// One element: x with logical index i and random word `random`.
+// One element of a T tensor: x with logical index i and random word `random`. LNS: the
+// kernels for lns formats (the others carry none of its code, so its registers and stack do
+// not weigh on them); lns keeps the values stored in T, as the CPU kernel's round_stored does.
+template <typename T, bool LNS>
 __device__ __forceinline__ double qc_quantize_one(double x, uint64_t i, uint32_t random,
                                                  const QcQuantArgs& a) {
+    if (LNS) {
+        bool undecided = false;
+        double y = qc_lns_round(a.format.a, a.format.b, x, a.rounding, random, sizeof(T) == 4,
+                                &undecided);
+        if (undecided) {
+            if (a.undecided != nullptr) *a.undecided = 1;
+            return x;
+        }
+        return y;
+    }
     if (a.format.family == QC_BLOCK) {
         uint64_t b = a.count == 1 ? 0 : (i / a.inner) % a.count;
         double m = qc_f64_from_bits(a.maxima[b]);
         return qc_round_block(x, a.format.a, m, a.rounding, random);
     }
-    return qc_round(x, a.format, a.rounding, random);
+    return qc_round_base(x, a.format, a.rounding, random);
 }
 
 // The 4 random words of Philox block g (zeros for deterministic rounding, which reads none).
@@ -157,8 +180,9 @@ __device__ __forceinline__ void qc_store4(double* p, const double v[4]) {
 
 // dst[j] = quantize(src[j]) for the n elements of a tensor. src null: in place (src = dst).
 // info null: both contiguous. Otherwise src is the strided view described by (rank, info);
-// dst is contiguous, or (dst_strided != 0, in place) the same strided view.
-template <typename T>
+// dst is contiguous, or (dst_strided != 0, in place) the same strided view. LNS: the
+// format is lns (see qc_quantize_one).
+template <typename T, bool LNS = false>
 __device__ void qc_quantize(T* dst, const T* src, uint64_t n, uint32_t rank, const uint64_t* info,
                             int32_t dst_strided, QcQuantArgs a) {
     if (src == nullptr) src = dst;
@@ -174,7 +198,7 @@ __device__ void qc_quantize(T* dst, const T* src, uint64_t n, uint32_t rank, con
             double v[4];
             qc_load4(src + i0, v);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) v[k] = qc_quantize_one(v[k], i0 + k, r[k], a);
+            for (int k = 0; k < 4; ++k) v[k] = qc_quantize_one<T, LNS>(v[k], i0 + k, r[k], a);
             qc_store4(dst + i0, v);
             continue;
         }
@@ -182,7 +206,7 @@ __device__ void qc_quantize(T* dst, const T* src, uint64_t n, uint32_t rank, con
         for (uint64_t i = i0; i < end; ++i) {
             uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
             uint64_t d = dst_strided ? so : i;
-            double y = qc_quantize_one(qc_widen(src[so]), i, r[i & 3], a);
+            double y = qc_quantize_one<T, LNS>(qc_widen(src[so]), i, r[i & 3], a);
             dst[d] = qc_narrow<T>(y);
         }
     }
@@ -222,7 +246,8 @@ __device__ void qc_block_max(const T* src, uint64_t n, uint32_t rank, const uint
 }
 
 // pack: dst[i] = pattern of src[i] (contiguous). *failed = 1 where there is no pattern (NaN
-// in a `fin` float format); the host then reports the error.
+// in a `fin` float format), 2 where an lns comparison hit the precision cap of
+// qc_lns_pow_cmp; the host then reports the error.
 template <typename T, typename P>
 __device__ void qc_pack(P* dst, const T* src, uint64_t n, QcFormat f, uint32_t* failed) {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
@@ -233,16 +258,19 @@ __device__ void qc_pack(P* dst, const T* src, uint64_t n, QcFormat f, uint32_t* 
             dst[i] = 0;
             continue;
         }
-        dst[i] = (P)qc_encode(x, f);
+        bool undecided = false;
+        dst[i] = (P)qc_encode_checked(x, f, &undecided);
+        if (undecided) *failed = 2;
     }
 }
 
 // unpack: dst[i] = value of pattern src[i] (contiguous; i16 holds 16-bit patterns).
 // *first_bad = the smallest index whose pattern has bits above the format's `bits` (starts at
-// UINT64_MAX); the host then reports the error.
+// UINT64_MAX); the host then reports the error. *undecided = 1 (when not null) where an lns
+// comparison hit the precision cap of qc_lns_pow_cmp.
 template <typename P, typename T>
 __device__ void qc_unpack(T* dst, const P* src, uint64_t n, QcFormat f, uint32_t bits,
-                          unsigned long long* first_bad) {
+                          unsigned long long* first_bad, uint32_t* undecided = nullptr) {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         uint32_t p = (uint32_t)(sizeof(P) == 2 ? (uint32_t)(uint16_t)src[i] : (uint32_t)src[i]);
@@ -251,25 +279,29 @@ __device__ void qc_unpack(T* dst, const P* src, uint64_t n, QcFormat f, uint32_t
             dst[i] = qc_narrow<T>(0.0);
             continue;
         }
-        dst[i] = qc_narrow<T>(qc_decode(p, f));
+        bool u = false;
+        dst[i] = qc_narrow<T>(qc_decode_checked(p, f, &u));
+        if (u && undecided != nullptr) *undecided = 1;
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // Entry points (names used by src/backend/cuda.rs).
 
-#define QC_QUANTIZE(NAME, T)                                                                   \
+#define QC_QUANTIZE(NAME, T, LNS)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) NAME(T* dst, const T* src, uint64_t n, \
                                     uint32_t rank,                                             \
                                     const uint64_t* info, int32_t dst_strided, QcFormat format, \
                                     QcRounding rounding, uint64_t seed, uint64_t call,          \
                                     const unsigned long long* maxima, uint64_t inner,          \
-                                    uint64_t count) {                                          \
-        QcQuantArgs a = {format, rounding, seed, call, maxima, inner, count};                  \
-        qc_quantize<T>(dst, src, n, rank, info, dst_strided, a);                               \
+                                    uint64_t count, uint32_t* undecided) {                     \
+        QcQuantArgs a = {format, rounding, seed, call, maxima, inner, count, undecided};       \
+        qc_quantize<T, LNS>(dst, src, n, rank, info, dst_strided, a);                          \
     }
-QC_QUANTIZE(qc_quantize_f32, float)
-QC_QUANTIZE(qc_quantize_f64, double)
+QC_QUANTIZE(qc_quantize_f32, float, false)
+QC_QUANTIZE(qc_quantize_f64, double, false)
+QC_QUANTIZE(qc_quantize_lns_f32, float, true)
+QC_QUANTIZE(qc_quantize_lns_f64, double, true)
 
 #define QC_BLOCK_MAX(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* src, uint64_t n, uint32_t rank,                   \
@@ -294,8 +326,9 @@ QC_PACK(qc_pack_f64_u32, double, uint32_t)
 
 #define QC_UNPACK(NAME, P, T)                                                                  \
     extern "C" __global__ void NAME(T* dst, const P* src, uint64_t n, QcFormat format,         \
-                                    uint32_t bits, unsigned long long* first_bad) {            \
-        qc_unpack<P, T>(dst, src, n, format, bits, first_bad);                                 \
+                                    uint32_t bits, unsigned long long* first_bad,              \
+                                    uint32_t* undecided) {                                     \
+        qc_unpack<P, T>(dst, src, n, format, bits, first_bad, undecided);                      \
     }
 QC_UNPACK(qc_unpack_u8_f32, uint8_t, float)
 QC_UNPACK(qc_unpack_i16_f32, int16_t, float)

@@ -1,17 +1,20 @@
 // Per-element rounding math of every format and rounding mode, as __host__ __device__
 // functions. This is the Rust GENERAL path of src/format/ (grid.rs, rounding.rs, posit.rs,
-// float.rs, fixed.rs, block.rs, mod.rs) and src/philox.rs written again in integer C++: every
-// function says which Rust function it mirrors, and tests/cuda_host.rs compares the host
+// float.rs, fixed.rs, block.rs, lns.rs, lns_exact.rs, lns_approx.rs, mod.rs) and
+// src/philox.rs written again in integer C++: every function says which Rust function it mirrors, and tests/cuda_host.rs compares the host
 // build of this header (cuda/host_shim.cpp) with the Rust code bit for bit.
 //
-// Integer-only: values are taken apart and put together through their bits; the only f64
-// operations are bit casts. Nothing here depends on FMA contraction or on the device's
+// Integer-only except for lns's log2 estimate: values are taken apart and put together
+// through their bits. The lns estimate (qc_lns_log2_significand) is the Rust f64 computation
+// written with compat.cuh's single-rounding operations (never contracted into FMAs), so it
+// has the Rust bits; besides, every decision it takes part in is exact given its proven error
+// bound, so any estimate within that bound would give the same roundings. Nothing depends on the device's
 // floating-point modes, so host and device give the same bits.
 //
 // Formats and rounding modes are passed as plain structs (QcFormat, QcRounding) built on the
 // host from a validated Rust `Format`/`Rounding`; the functions assume valid parameters (the
-// ranges checked by Posit::new, Float::with_options, Fixed::with_options, Block::new and
-// Rounding::stochastic).
+// ranges checked by Posit::new, Float::with_options, Fixed::with_options, Block::new,
+// Lns::new and Rounding::stochastic).
 #ifndef QCANDLE_QUANT_CUH
 #define QCANDLE_QUANT_CUH
 
@@ -27,6 +30,7 @@
 //   family 2 fixed: a = wl, b = fl; flags bit0 = clamp, bit1 = sym.
 //   family 3 block: a = wl (the block's dim is host-side only).
 //   family 4 MX, 5 NVFP4: see "Block-scaled formats" below.
+//   family 6 lns:   a = w, b = f (fraction bits of the logarithm).
 struct QcFormat {
     int32_t family;
     int32_t a;
@@ -720,11 +724,504 @@ QC_HD double qc_nvfp4_round(double x, double s_b, double s_t, QcRounding r, uint
 }
 
 // ---------------------------------------------------------------------------------------
+// Logarithmic numbers lns<w,f> (lns.rs, lns_exact.rs, lns_approx.rs).
+//
+// A value is zero, NaN or ±2^(k / 2^f) with k in [k_min, k_max] = [-2^(w-2) + 1, 2^(w-2) - 1]
+// (lns.rs has the policy). Every rounding decision is `t >= b / 2^h` for t = log2|x| 2^f: a
+// fast f64 estimate of log2 (error below QC_LNS_LOG2_ERROR) decides it away from the boundary,
+// and qc_lns_pow_cmp, an exact comparison of m^(2^g) with 2^n by interval squaring, decides it
+// near the boundary. The value of a code is a 128-bit fixed-point product of constants, with
+// the same exact comparison near a rounding midpoint.
+//
+// The exact comparison on fixed-size arrays. Squaring an interval [lo, hi] around m^(2^g)
+// g times with P-bit bounds (truncated down and up) leaves a relative width below
+// 2^(g + 2 - P); it decides the comparison once that is below the relative distance
+// 2^(2^g (log2 m - n / 2^g)) - 1 > ln 2 * 2^g * |log2 m - n / 2^g| between m^(2^g) and 2^n,
+// so P = 128, 256, 512, 1024 bits decide every case with |log2 m - n / 2^g| above about
+// 2^(3 - P). The Rust code doubles P without limit; here P stops at QC_LNS_MAX_LIMBS 64-bit
+// limbs (1024 bits, 512 bytes of per-thread scratch). In lns rounding m < 2^54, g <= f + 23
+// <= 53, and |log2 m - n / 2^g| is the distance of log2 m from the nearest multiple of
+// 2^-g: over the at most 2^54 significands and 54 values of g it is heuristically never
+// below about 2^-(54 + 53 + 6) = 2^-113, so 256 bits should always suffice, but no proof
+// of a bound of practical size exists (the general lower bounds on linear forms in two
+// logarithms allow distances near 2^-(10^6)). So the cap is not a claim: a comparison still
+// undecided at the cap sets *undecided instead of guessing: the kernels report it, and the
+// host then quantizes the tensor with the CPU kernel, which has no cap (pack and unpack fail
+// with an error naming the CPU). tests/cuda_host.rs counts how
+// often each precision is reached (QC_LNS_COUNT below).
+
+#define QC_LNS 6
+
+// The largest interval precision of qc_lns_pow_cmp, in 64-bit limbs.
+#define QC_LNS_MAX_LIMBS 16
+
+// Hook called with the limb count of every interval squaring qc_lns_pow_cmp runs (the host
+// shim counts them; nothing on the device).
+#ifndef QC_LNS_COUNT
+#define QC_LNS_COUNT(limbs)
+#endif
+
+// out[0 .. la + lb) = a[0 .. la) * b[0 .. lb), little-endian 64-bit limbs.
+QC_HD void qc_limbs_mul(const uint64_t* a, int32_t la, const uint64_t* b, int32_t lb,
+                        uint64_t* out) {
+    for (int32_t i = 0; i < la + lb; ++i) out[i] = 0;
+    for (int32_t i = 0; i < la; ++i) {
+        uint64_t carry = 0;
+        for (int32_t j = 0; j < lb; ++j) {
+            // t = a_i b_j + out[i+j] + carry < 2^128, as (hi, lo).
+            uint64_t lo = a[i] * b[j];
+            uint64_t hi = qc_mulhi64(a[i], b[j]);
+            lo += out[i + j];
+            hi += lo < out[i + j] ? 1 : 0;
+            lo += carry;
+            hi += lo < carry ? 1 : 0;
+            out[i + j] = lo;
+            carry = hi;
+        }
+        out[i + lb] = carry;
+    }
+}
+
+// lns_exact.rs Bound: a * 2^e with a a normalised l-limb integer (top bit set).
+struct QcLnsBound {
+    uint64_t a[QC_LNS_MAX_LIMBS];
+    int64_t e;
+};
+
+// lns_exact.rs Bound::new(): m exactly, on l limbs.
+QC_HD void qc_lns_bound_init(QcLnsBound* b, uint64_t m, int32_t l) {
+    int32_t lz = qc_clz64(m);
+    for (int32_t i = 0; i < l - 1; ++i) b->a[i] = 0;
+    b->a[l - 1] = m << lz;
+    b->e = -(int64_t)lz - 64 * (int64_t)(l - 1);
+}
+
+// lns_exact.rs Bound::square(): the square truncated to l limbs, downward or upward.
+QC_HD void qc_lns_bound_square(QcLnsBound* b, int32_t l, bool up, uint64_t* product) {
+    qc_limbs_mul(b->a, l, b->a, l, product);
+    int64_t e = 2 * b->e;
+    if ((product[2 * l - 1] >> 63) == 0) {
+        // shl1: the top bit is known to be clear.
+        uint64_t carry = 0;
+        for (int32_t i = 0; i < 2 * l; ++i) {
+            uint64_t next = product[i] >> 63;
+            product[i] = (product[i] << 1) | carry;
+            carry = next;
+        }
+        e -= 1;
+    }
+    bool dropped = false;
+    for (int32_t i = 0; i < l; ++i) dropped = dropped || product[i] != 0;
+    for (int32_t i = 0; i < l; ++i) b->a[i] = product[l + i];
+    b->e = e + 64 * (int64_t)l;
+    if (up && dropped) {
+        bool carried = true;  // increment
+        for (int32_t i = 0; i < l && carried; ++i) {
+            b->a[i] += 1;
+            carried = b->a[i] == 0;
+        }
+        if (carried) {
+            // 2^(64 l): one bit longer (the lower limbs wrapped to zero).
+            b->a[l - 1] = 1ull << 63;
+            b->e += 1;
+        }
+    }
+}
+
+// lns_exact.rs interval_cmp(): -1 or 1 once decided with l-limb bounds, 0 while undecided
+// (m not a power of two).
+QC_HD_CALL int32_t qc_lns_interval_cmp(uint64_t m, uint32_t g, int64_t n, int32_t l) {
+    QcLnsBound lo, hi;
+    uint64_t product[2 * QC_LNS_MAX_LIMBS];
+    QC_LNS_COUNT(l);
+    qc_lns_bound_init(&lo, m, l);
+    qc_lns_bound_init(&hi, m, l);
+    for (uint32_t i = 0; i < g; ++i) {
+        qc_lns_bound_square(&lo, l, false, product);
+        qc_lns_bound_square(&hi, l, true, product);
+    }
+    // top_exponent(): floor(log2) of the bound.
+    if (lo.e + 64 * (int64_t)l - 1 >= n) return 1;
+    int64_t hi_top = hi.e + 64 * (int64_t)l - 1;
+    bool hi_pow2 = hi.a[l - 1] == (1ull << 63);
+    for (int32_t i = 0; i < l - 1; ++i) hi_pow2 = hi_pow2 && hi.a[i] == 0;
+    if (hi_top < n || (hi_top == n && hi_pow2)) return -1;
+    return 0;
+}
+
+// lns_exact.rs pow_cmp() with at most max_limbs limbs (a power of two, 2..=QC_LNS_MAX_LIMBS):
+// m^(2^g) compared with 2^n (m >= 1, g <= 58) as -1, 0, 1; when undecided at max_limbs,
+// sets *undecided and returns -1.
+QC_HD int32_t qc_lns_pow_cmp_limited(uint64_t m, uint32_t g, int64_t n, int32_t max_limbs,
+                                     bool* undecided) {
+    int32_t tz = 63 - qc_clz64(m & (0 - m));
+    if ((m >> tz) == 1) {
+        // m = 2^tz: compare tz 2^g (< 2^64 for g <= 58) with n.
+        int64_t lhs = (int64_t)tz << g;
+        return lhs < n ? -1 : (lhs > n ? 1 : 0);
+    }
+    for (int32_t l = 2; l <= max_limbs; l *= 2) {
+        int32_t c = qc_lns_interval_cmp(m, g, n, l);
+        if (c != 0) return c;
+    }
+    *undecided = true;
+    return -1;
+}
+
+// lns_exact.rs pow_cmp() (see the section comment for the cap).
+QC_HD int32_t qc_lns_pow_cmp(uint64_t m, uint32_t g, int64_t n, bool* undecided) {
+    return qc_lns_pow_cmp_limited(m, g, n, QC_LNS_MAX_LIMBS, undecided);
+}
+
+// lns_approx.rs LOG2_ERROR = 2^-44: the bound assumed on the log2 estimate's error.
+#define QC_LNS_LOG2_ERROR_BITS 0x3D30000000000000ull
+
+// lns_approx.rs EXP2_ERROR: the bound on exp2_fraction's error, in units of 2^-127.
+#define QC_LNS_EXP2_ERROR 256
+
+// lns_approx.rs log2_significand(): estimate of log2(m / 2^52) for 2^52 <= m < 2^53, the
+// same f64 operations in the same order (constants as bits: 1/21 ... 1/3, sqrt 2, log2 e).
+QC_HD double qc_lns_log2_significand(uint64_t m) {
+    double v = qc_dmul((double)m, qc_f64_from_bits(0x3CB0000000000000ull));  // exact
+    double offset = 0.0;
+    if (v > qc_f64_from_bits(0x3FF6A09E667F3BCDull)) {
+        v = qc_dmul(v, 0.5);
+        offset = 1.0;
+    }
+    double s = qc_ddiv(qc_dsub(v, 1.0), qc_dadd(v, 1.0));
+    double z = qc_dmul(s, s);
+    double p = qc_f64_from_bits(0x3FA8618618618618ull);                   // 1/21
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FAAF286BCA1AF28ull));  // 1/19
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FAE1E1E1E1E1E1Eull));  // 1/17
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FB1111111111111ull));  // 1/15
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FB3B13B13B13B14ull));  // 1/13
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FB745D1745D1746ull));  // 1/11
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FBC71C71C71C71Cull));  // 1/9
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FC2492492492492ull));  // 1/7
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FC999999999999Aull));  // 1/5
+    p = qc_dadd(qc_dmul(p, z), qc_f64_from_bits(0x3FD5555555555555ull));  // 1/3
+    p = qc_dadd(qc_dmul(p, z), 1.0);
+    double r = qc_dmul(qc_dmul(qc_dmul(2.0, s), p), qc_f64_from_bits(0x3FF71547652B82FEull));
+    return qc_dadd(r, offset);
+}
+
+// lns_approx.rs EXP2_CONSTANTS[i - 1] = floor(2^127 * 2^(2^-i)) for i = 1..=30, as (hi, lo).
+QC_HD void qc_lns_exp2_constant(int32_t i, uint64_t* hi, uint64_t* lo) {
+    switch (i) {
+    case 1: *hi = 0xb504f333f9de6484ull; *lo = 0x597d89b3754abe9full; return;
+    case 2: *hi = 0x9837f0518db8a96full; *lo = 0x46ad23182e42f6f6ull; return;
+    case 3: *hi = 0x8b95c1e3ea8bd6e6ull; *lo = 0xfbe4628758a53c90ull; return;
+    case 4: *hi = 0x85aac367cc487b14ull; *lo = 0xc5c95b8c2154c1b2ull; return;
+    case 5: *hi = 0x82cd8698ac2ba1d7ull; *lo = 0x3e2a475b46520bffull; return;
+    case 6: *hi = 0x8164d1f3bc030773ull; *lo = 0x7be56527bd14def4ull; return;
+    case 7: *hi = 0x80b1ed4fd999ab6cull; *lo = 0x25335719b6e6fd20ull; return;
+    case 8: *hi = 0x8058d7d2d5e5f6b0ull; *lo = 0x94d589f608ee4aa2ull; return;
+    case 9: *hi = 0x802c6436d0e04f50ull; *lo = 0xff8ce94a6797b3ceull; return;
+    case 10: *hi = 0x8016302f17467628ull; *lo = 0x3690dfe44d11d008ull; return;
+    case 11: *hi = 0x800b179c82028fd0ull; *lo = 0x945e54e2ae18f2f0ull; return;
+    case 12: *hi = 0x80058baf7fee3b5dull; *lo = 0x1c718b38e549cb93ull; return;
+    case 13: *hi = 0x8002c5d00fdcfcb6ull; *lo = 0xb6566a58c048be1full; return;
+    case 14: *hi = 0x800162e61bed4a48ull; *lo = 0xe84c2e1a463473d9ull; return;
+    case 15: *hi = 0x8000b17292f702a3ull; *lo = 0xaa22beacca949013ull; return;
+    case 16: *hi = 0x800058b92abbae02ull; *lo = 0x030c5fa5256f41feull; return;
+    case 17: *hi = 0x80002c5c8dade4d7ull; *lo = 0x1776c0f4dbea67d6ull; return;
+    case 18: *hi = 0x8000162e44eaf636ull; *lo = 0x526be456600bdbe4ull; return;
+    case 19: *hi = 0x80000b1721fa7c18ull; *lo = 0x8307016c1cd4e8b6ull; return;
+    case 20: *hi = 0x8000058b90de7e4cull; *lo = 0xecfc487503488bb1ull; return;
+    case 21: *hi = 0x800002c5c8678f36ull; *lo = 0xcbfce50a6de60b14ull; return;
+    case 22: *hi = 0x80000162e431db9full; *lo = 0x80b2347b5d62e516ull; return;
+    case 23: *hi = 0x800000b1721872d0ull; *lo = 0xc7b08cf1e0114152ull; return;
+    case 24: *hi = 0x80000058b90c1aa8ull; *lo = 0xa5c3736cb77e8dffull; return;
+    case 25: *hi = 0x8000002c5c8605a4ull; *lo = 0x635f2efc2362d978ull; return;
+    case 26: *hi = 0x800000162e4300e6ull; *lo = 0x35cf4a109e3939bdull; return;
+    case 27: *hi = 0x8000000b17217ff8ull; *lo = 0x1bef9c551590cf83ull; return;
+    case 28: *hi = 0x800000058b90bfddull; *lo = 0x4e39cd52c0cfa27cull; return;
+    case 29: *hi = 0x80000002c5c85fe6ull; *lo = 0xf72d669e0e76e411ull; return;
+    case 30: *hi = 0x8000000162e42ff1ull; *lo = 0x8f9ad35186d0df28ull; return;
+
+    default: *hi = 1ull << 63; *lo = 0; return;
+    }
+}
+
+// lns_approx.rs mul_shift127(): floor(a * b / 2^127) for 128-bit a, b (as hi, lo) whose
+// product is below 2^255.
+QC_HD void qc_lns_mul_shift127(uint64_t* hi, uint64_t* lo, uint64_t bhi, uint64_t blo) {
+    uint64_t a[2] = {*lo, *hi};
+    uint64_t b[2] = {blo, bhi};
+    uint64_t p[4];
+    qc_limbs_mul(a, 2, b, 2, p);
+    *lo = (p[1] >> 63) | (p[2] << 1);
+    *hi = (p[2] >> 63) | (p[3] << 1);
+}
+
+// lns_approx.rs exp2_fraction(): a lower bound of 2^127 * 2^(r / 2^f) within
+// QC_LNS_EXP2_ERROR units (r < 2^f, f <= 30), as (hi, lo).
+QC_HD void qc_lns_exp2_fraction(uint64_t r, int32_t f, uint64_t* hi, uint64_t* lo) {
+    *hi = 1ull << 63;
+    *lo = 0;
+    for (int32_t i = 1; i <= f; ++i) {
+        if (((r >> (f - i)) & 1) == 1) {
+            uint64_t chi, clo;
+            qc_lns_exp2_constant(i, &chi, &clo);
+            qc_lns_mul_shift127(hi, lo, chi, clo);
+        }
+    }
+}
+
+// lns.rs value_of(): the f64 nearest to 2^(k / 2^f) (Inf above f64's range, subnormal or
+// zero below it).
+QC_HD_CALL double qc_lns_value(int64_t k, int32_t f, bool* undecided) {
+    int64_t q = k >= 0 ? (k >> f) : ~((~k) >> f);  // floor(k / 2^f)
+    uint64_t r = (uint64_t)k & ((1ull << f) - 1);
+    if (r == 0) return qc_pow2((int32_t)(q < -2000 ? -2000 : (q > 2000 ? 2000 : q)));
+    if (q >= 1024) return qc_f64_from_bits(QC_F64_INF);
+    // Significant bits available: 53, fewer for subnormals.
+    int64_t p = q >= -1022 ? 53 : q + 1075;
+    if (p <= 0) return p == 0 ? qc_pow2(-1074) : 0.0;
+    uint64_t yhi, ylo;
+    qc_lns_exp2_fraction(r, f, &yhi, &ylo);
+    // s = 128 - p >= 75 discarded bits: kept = y >> s, rem = y mod 2^s, half = 2^(s-1),
+    // all of whose set bits lie in the high word.
+    int32_t sh = 64 - (int32_t)p;  // s - 64, in 11..=63
+    uint64_t kept = yhi >> sh;
+    uint64_t rem_hi = yhi & ((1ull << sh) - 1);
+    uint64_t half_hi = 1ull << (sh - 1);
+    bool up;
+    if (rem_hi >= half_hi) {
+        up = true;
+    } else {
+        // rem + EXP2_ERROR < half, in (hi, lo).
+        uint64_t lo2 = ylo + QC_LNS_EXP2_ERROR;
+        uint64_t hi2 = rem_hi + (lo2 < ylo ? 1 : 0);
+        if (hi2 < half_hi) {
+            up = false;
+        } else {
+            // Above the midpoint (2 kept + 1) / 2^p exactly when
+            // (2 kept + 1)^(2^f) < 2^(r + p 2^f).
+            up = qc_lns_pow_cmp(2 * kept + 1, (uint32_t)f, (int64_t)r + (p << f), undecided) < 0;
+        }
+    }
+    uint64_t m = kept + (up ? 1 : 0);
+    int32_t lsb = q >= -1022 ? (int32_t)q - 52 : -1074;
+    if (m == (1ull << 53)) {
+        m >>= 1;
+        lsb += 1;
+    }
+    return qc_scale_count(m, lsb);  // m as f64 * pow2(lsb), Inf above f64's range
+}
+
+// lns.rs LnsCode as (kind, negative, k).
+#define QC_LNS_ZERO 0
+#define QC_LNS_NAN 1
+#define QC_LNS_VALUE 2
+
+// lns.rs LnsCode.
+struct QcLnsCode {
+    int32_t kind;
+    bool negative;
+    int64_t k;
+};
+
+// A QcLnsCode.
+QC_HD QcLnsCode qc_lns_code(int32_t kind, bool negative, int64_t k) {
+    QcLnsCode c;
+    c.kind = kind;
+    c.negative = negative;
+    c.k = k;
+    return c;
+}
+
+// Lns::k_max(): 2^(w-2) - 1 (k_min is its negative, the reserved field k_min - 1).
+QC_HD int64_t qc_lns_k_max(int32_t w) { return ((int64_t)1 << (w - 2)) - 1; }
+
+// lns.rs log_at_least(): whether log2(m / 2^52) >= b / 2^g, exactly (g <= 53).
+QC_HD bool qc_lns_log_at_least(uint64_t m, uint32_t g, int64_t b, bool* undecided) {
+    return qc_lns_pow_cmp(m, g, ((int64_t)52 << g) + b, undecided) >= 0;
+}
+
+// lns.rs floor_log(): j = floor(log2(m / 2^52) 2^f), exact, and an estimate phi of the
+// fraction (within LOG2_ERROR 2^f).
+QC_HD void qc_lns_floor_log(uint64_t m, int32_t f, int64_t* j_out, double* phi_out,
+                            bool* undecided) {
+    double scale = qc_pow2(f);
+    double t = qc_dmul(qc_lns_log2_significand(m), scale);
+    // t >= 0 (the estimate of log2 v is exactly 0 at v = 1 and positive above), so
+    // truncation is floor, and t - floor(t) is exact.
+    int64_t j = (int64_t)t;
+    double phi = qc_dsub(t, (double)j);
+    double eta = qc_dmul(qc_f64_from_bits(QC_LNS_LOG2_ERROR_BITS), scale);
+    if (phi < eta && !qc_lns_log_at_least(m, (uint32_t)f, j, undecided)) {
+        j -= 1;
+        phi = qc_dadd(phi, 1.0);
+    } else if (phi > qc_dsub(1.0, eta) && qc_lns_log_at_least(m, (uint32_t)f, j + 1, undecided)) {
+        j += 1;
+        phi = qc_dsub(phi, 1.0);
+    }
+    *j_out = j;
+    *phi_out = phi;
+}
+
+// lns.rs above_threshold(): whether frac(t) >= num / 2^h (c its f64 value), j the exact
+// floor of log2(m / 2^52) 2^f and phi its estimated fraction within eta.
+QC_HD bool qc_lns_above_threshold(uint64_t m, int32_t f, int64_t j, int32_t h, uint64_t num,
+                                  double phi, double c, double eta, bool* undecided) {
+    double d = qc_dsub(phi, c);
+    if (qc_f64_from_bits(qc_abs_bits(d)) > eta) return phi > c;
+    return qc_lns_log_at_least(m, (uint32_t)(f + h), (j << h) + (int64_t)num, undecided);
+}
+
+// rounding.rs Stochastic::up_ratio(num, den) as Lns::stochastic_underflow calls it, for
+// |x| / min = a_m / b_m * 2^shift (a_m, b_m in [2^52, 2^53), shift <= 1): up when
+// R < floor(num 2^bits / den), R the top `bits` random bits, i.e. when
+// (R + 1) den <= num 2^bits, compared in 128 bits.
+QC_HD bool qc_lns_up_ratio(uint64_t a_m, uint64_t b_m, int32_t shift, uint32_t bits,
+                           uint32_t random) {
+    uint64_t r1 = (uint64_t)(random >> (32 - bits)) + 1;  // <= 2^23
+    // Left (R + 1) b_m 2^ls against right a_m 2^rs.
+    int32_t ls, rs;
+    if (shift >= 0) {
+        ls = 0;
+        rs = (int32_t)bits + shift;
+    } else {
+        // (R + 1) b_m 2^-shift >= 2^(52 - shift) > a_m 2^bits when -shift > bits.
+        if (-shift > (int32_t)bits) return false;
+        ls = -shift;
+        rs = (int32_t)bits;
+    }
+    // Both sides are below 2^100: left (R + 1) b_m < 2^76 shifted by at most 23, right
+    // a_m < 2^53 shifted by at most 24.
+    uint64_t lhi = qc_mulhi64(r1, b_m), llo = r1 * b_m;
+    if (ls > 0) {
+        lhi = (lhi << ls) | (llo >> (64 - ls));
+        llo <<= ls;
+    }
+    uint64_t rhi = rs > 0 ? a_m >> (64 - rs) : 0, rlo = a_m << rs;
+    return lhi < rhi || (lhi == rhi && llo <= rlo);
+}
+
+// Lns::round_code_stored(): the code of x rounded with r, for a result stored as f64
+// (f32_storage false) or as f32 (the kept-values rule compares x with the stored value of
+// the code above floor(t)). Sets *undecided if an exact comparison hit the precision cap.
+QC_HD QcLnsCode qc_lns_round_code(int32_t w, int32_t f, double x, QcRounding r,
+                                  uint32_t random, bool f32_storage, bool* undecided) {
+    if (qc_is_nan(x)) return qc_lns_code(QC_LNS_NAN, false, 0);
+    if (qc_is_zero(x)) return qc_lns_code(QC_LNS_ZERO, false, 0);
+    bool negative = qc_sign(x);
+    int64_t k_max = qc_lns_k_max(w), k_min = -k_max;
+    if (qc_is_inf(x)) return qc_lns_code(QC_LNS_VALUE, negative, k_max);
+    QcParts p = qc_parts(x);
+    int64_t j;
+    double phi;
+    qc_lns_floor_log(p.m, f, &j, &phi, undecided);
+    // floor(t) = e 2^f + j; phi estimates frac(t) within LOG2_ERROR 2^f.
+    int64_t floor_t = (int64_t)p.e * ((int64_t)1 << f) + j;
+    double eta = qc_dmul(qc_f64_from_bits(QC_LNS_LOG2_ERROR_BITS), qc_pow2(f));
+    bool exact_integer = p.m == (1ull << 52);
+    if (floor_t > k_max) return qc_lns_code(QC_LNS_VALUE, negative, k_max);
+    // Kept values: an input equal to the stored value of floor(t) + 1 keeps that code. Only
+    // codes of the format are kept: below k_min the input is not a value of it (the f32 of a
+    // smaller power).
+    if ((r.mode == QC_TOWARD_ZERO || r.mode == QC_STOCHASTIC) && phi > 0.5 && floor_t < k_max &&
+        floor_t >= k_min - 1) {
+        double v = qc_lns_value(floor_t + 1, f, undecided);
+        if (f32_storage) v = qc_f32_round_trip(v);
+        // Both nonnegative and not NaN: equal values have equal bits.
+        if (qc_f64_bits(v) == qc_abs_bits(x)) return qc_lns_code(QC_LNS_VALUE, negative, floor_t + 1);
+    }
+    int64_t k;
+    switch (r.mode) {
+    case QC_TOWARD_ZERO: k = floor_t; break;
+    case QC_STOCHASTIC: {
+        if (floor_t < k_min) {
+            // Lns::stochastic_underflow(): ±min with probability |x| / min64, else zero.
+            double min = qc_lns_value(k_min, f, undecided);
+            QcParts b = qc_parts(min);
+            bool up = qc_lns_up_ratio(p.m, b.m, p.e - b.e, (uint32_t)r.bits, random);
+            return up ? qc_lns_code(QC_LNS_VALUE, negative, k_min)
+                      : qc_lns_code(QC_LNS_ZERO, false, 0);
+        }
+        uint32_t bits = (uint32_t)r.bits;
+        uint64_t rr = (uint64_t)(random >> (32 - bits));
+        double c = qc_scale_count(rr + 1, -(int32_t)bits);  // (r + 1) 2^-bits, exact
+        bool up = !exact_integer &&
+                  qc_lns_above_threshold(p.m, f, j, (int32_t)bits, rr + 1, phi, c, eta, undecided);
+        k = floor_t + (up ? 1 : 0);
+        break;
+    }
+    default: {  // nearest-even, nearest-away: no ties (see lns.rs)
+        bool up = !exact_integer && qc_lns_above_threshold(p.m, f, j, 1, 1, phi, 0.5, eta, undecided);
+        k = floor_t + (up ? 1 : 0);
+        break;
+    }
+    }
+    if (k > k_max) return qc_lns_code(QC_LNS_VALUE, negative, k_max);
+    if (k >= k_min) return qc_lns_code(QC_LNS_VALUE, negative, k);
+    // Underflow of a deterministic rule: the linear midpoint min / 2, log floor half_min.
+    int64_t half_min = k_min - ((int64_t)1 << f);
+    bool to_min;
+    if (r.mode == QC_TOWARD_ZERO) to_min = false;
+    else if (floor_t > half_min) to_min = true;
+    else if (floor_t < half_min) to_min = false;
+    else if (r.mode == QC_NEAREST_AWAY) to_min = true;  // the tie, when t is an integer
+    else to_min = !exact_integer;
+    return to_min ? qc_lns_code(QC_LNS_VALUE, negative, k_min) : qc_lns_code(QC_LNS_ZERO, false, 0);
+}
+
+// Lns::code_value(): zero, NaN or ±2^(k / 2^f).
+QC_HD double qc_lns_code_value(int32_t f, QcLnsCode c, bool* undecided) {
+    if (c.kind == QC_LNS_ZERO) return 0.0;
+    if (c.kind == QC_LNS_NAN) return qc_f64_from_bits(QC_F64_NAN);
+    return qc_with_sign(qc_lns_value(c.k, f, undecided), c.negative);
+}
+
+// Lns::code_pattern(): sign in bit w-1, k in the low w-1 bits (two's complement); zero is
+// the reserved field with sign 0, NaN with sign 1.
+QC_HD uint32_t qc_lns_code_pattern(int32_t w, QcLnsCode c) {
+    uint32_t sign = 1u << (w - 1);
+    uint32_t reserved = (uint32_t)(-qc_lns_k_max(w) - 1);
+    if (c.kind == QC_LNS_ZERO) return reserved & (sign - 1);
+    if (c.kind == QC_LNS_NAN) return sign | (1u << (w - 2));
+    return (c.negative ? sign : 0) | ((uint32_t)c.k & (sign - 1));
+}
+
+// Lns::pattern_code(): the code of a w-bit pattern (upper bits ignored).
+QC_HD QcLnsCode qc_lns_pattern_code(int32_t w, uint32_t pattern) {
+    uint32_t mask = 0xFFFFFFFFu >> (32 - w);
+    uint32_t p = pattern & mask;
+    bool negative = (p >> (w - 1)) == 1;
+    // Sign-extend the (w-1)-bit field: bit w-2 is its sign.
+    uint32_t field = p & ((1u << (w - 1)) - 1);
+    uint32_t top = 1u << (w - 2);
+    int64_t k = (int64_t)(field ^ top) - (int64_t)top;
+    if (k == -qc_lns_k_max(w) - 1)
+        return negative ? qc_lns_code(QC_LNS_NAN, false, 0) : qc_lns_code(QC_LNS_ZERO, false, 0);
+    return qc_lns_code(QC_LNS_VALUE, negative, k);
+}
+
+// Lns::round_stored() (f32_storage: the f32 tensors' kept values).
+QC_HD_CALL double qc_lns_round(int32_t w, int32_t f, double x, QcRounding r, uint32_t random,
+                          bool f32_storage, bool* undecided) {
+    QcLnsCode c = qc_lns_round_code(w, f, x, r, random, f32_storage, undecided);
+    return qc_lns_code_value(f, c, undecided);
+}
+
+// Lns::encode(): the pattern of x rounded to nearest.
+QC_HD_CALL uint32_t qc_lns_encode(int32_t w, int32_t f, double x, bool* undecided) {
+    QcRounding ne = {QC_NEAREST_EVEN, 0};
+    return qc_lns_code_pattern(w, qc_lns_round_code(w, f, x, ne, 0, false, undecided));
+}
+
+// Lns::decode(): the value of a w-bit pattern (upper bits ignored); NaN for the NaN pattern.
+QC_HD_CALL double qc_lns_decode(int32_t w, int32_t f, uint32_t pattern, bool* undecided) {
+    return qc_lns_code_value(f, qc_lns_pattern_code(w, pattern), undecided);
+}
+
+// ---------------------------------------------------------------------------------------
 // Dispatch (mod.rs).
 
-// Format::round(): one value; block floating point treats x as a block of its own
-// (block_max([x]) = |x| for finite x).
-QC_HD double qc_round(double x, QcFormat f, QcRounding r, uint32_t random) {
+// Format::round() for every family but lns: one value; block floating point treats x as a
+// block of its own (block_max([x]) = |x| for finite x).
+QC_HD double qc_round_base(double x, QcFormat f, QcRounding r, uint32_t random) {
     switch (f.family) {
     case QC_POSIT: return qc_posit_round(f.a, f.b, x, r, random);
     case QC_FLOAT: return qc_float_round(f.a, f.b, f.flags, x, r, random);
@@ -745,32 +1242,65 @@ QC_HD double qc_round(double x, QcFormat f, QcRounding r, uint32_t random) {
     }
 }
 
+// Format::round() for a result stored as f32 (f32_storage) or f64. The storage type matters
+// only to lns (its kept-values rule: lns.rs round_stored with the CPU kernel's
+// `T::from_f64(v).to_f64()`). Sets *undecided where an lns comparison hit the precision cap
+// of qc_lns_pow_cmp (the result is then not to be used).
+QC_HD double qc_round_stored(double x, QcFormat f, QcRounding r, uint32_t random,
+                             bool f32_storage, bool* undecided) {
+    if (f.family == QC_LNS) return qc_lns_round(f.a, f.b, x, r, random, f32_storage, undecided);
+    return qc_round_base(x, f, r, random);
+}
+
+// Format::round(): qc_round_stored for an f64 result, ignoring *undecided.
+QC_HD double qc_round(double x, QcFormat f, QcRounding r, uint32_t random) {
+    bool undecided = false;
+    return qc_round_stored(x, f, r, random, false, &undecided);
+}
+
 // Whether qc_encode has no pattern for x (pack's error): NaN in a fin float format, and every
 // value of the fixed and block families.
 QC_HD bool qc_encode_fails(double x, QcFormat f) {
     switch (f.family) {
     case QC_POSIT: return false;
     case QC_FLOAT: return qc_float_encode_fails(f.flags, x);
+    case QC_LNS: return false;
     default: return true;
     }
 }
 
-// ops/pack.rs encode(): Posit::encode / Float::encode (QC_NO_PATTERN where those fail).
-QC_HD uint32_t qc_encode(double x, QcFormat f) {
+// ops/pack.rs encode(): Posit::encode / Float::encode / Lns::encode (QC_NO_PATTERN where
+// those fail); sets *undecided as qc_round_stored does.
+QC_HD uint32_t qc_encode_checked(double x, QcFormat f, bool* undecided) {
     switch (f.family) {
     case QC_POSIT: return qc_posit_encode(f.a, f.b, x);
     case QC_FLOAT: return qc_float_encode(f.a, f.b, f.flags, x);
+    case QC_LNS: return qc_lns_encode(f.a, f.b, x, undecided);
     default: return QC_NO_PATTERN;
     }
 }
 
-// ops/pack.rs decode(): Posit::decode / Float::decode (NaN for the other families).
-QC_HD double qc_decode(uint32_t pattern, QcFormat f) {
+// qc_encode_checked, ignoring *undecided.
+QC_HD uint32_t qc_encode(double x, QcFormat f) {
+    bool undecided = false;
+    return qc_encode_checked(x, f, &undecided);
+}
+
+// ops/pack.rs decode(): Posit::decode / Float::decode / Lns::decode (NaN for the other
+// families); sets *undecided as qc_round_stored does.
+QC_HD double qc_decode_checked(uint32_t pattern, QcFormat f, bool* undecided) {
     switch (f.family) {
     case QC_POSIT: return qc_posit_decode(f.a, f.b, pattern);
     case QC_FLOAT: return qc_float_decode(f.a, f.b, f.flags, pattern);
+    case QC_LNS: return qc_lns_decode(f.a, f.b, pattern, undecided);
     default: return qc_f64_from_bits(QC_F64_NAN);
     }
+}
+
+// qc_decode_checked, ignoring *undecided.
+QC_HD double qc_decode(uint32_t pattern, QcFormat f) {
+    bool undecided = false;
+    return qc_decode_checked(pattern, f, &undecided);
 }
 
 // ---------------------------------------------------------------------------------------

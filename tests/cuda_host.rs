@@ -15,6 +15,15 @@
 //! toward-zero and stochastic with 1, 8 and 23 random bits, with random words 0, u32::MAX,
 //! 2^31, a pseudo-random word, and the two words on either side of the point where the Rust
 //! result flips from rounding up to rounding down (found by bisection on the random word).
+//!
+//! lns<w,f> (`Lns::round_stored` with f64 and f32 storage, `encode`, `decode`, `value`):
+//! every value and its f64 neighbours, the log-domain midpoints and stochastic thresholds
+//! (values of the lns with one or two more fraction bits) for small formats; random inputs up
+//! to f = 30; near-boundary inputs at f = 23..30, which the log2 estimate cannot decide (a
+//! per-thread counter in the shim checks that the exact comparison ran); specials,
+//! saturation and underflow. The exact comparison itself is checked against big-integer
+//! powers and at every precision up to its cap, where it must answer correctly or report
+//! the comparison undecided.
 
 mod common;
 use common::{Mismatches, SplitMix};
@@ -22,7 +31,9 @@ use common::{Mismatches, SplitMix};
 use qcandle::backend::qc::{QcFormat, QcRounding};
 use qcandle::format::mx::ElementFormat;
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
-use qcandle::format::{Block, BlockScope, Float, Format, Mx, MxElement, Nvfp4, Overflow, Specials};
+use qcandle::format::{
+    Block, BlockScope, Float, Format, Lns, Mx, MxElement, Nvfp4, Overflow, Specials,
+};
 use qcandle::philox::{philox4x32_10, Stream};
 use qcandle::Rounding;
 
@@ -1082,8 +1093,642 @@ fn raw_format_mapping() {
     assert_eq!(f("fixed<16,8,sym>"), (2, 16, 8, 3));
     assert_eq!(f("fixed<8,-2,noclamp>"), (2, 8, -2, 0));
     assert_eq!(f("block<8,dim=1>"), (3, 8, 0, 0));
+    assert_eq!(f("mxfp8_e4m3"), (4, 0, 0, 0));
+    assert_eq!(f("mxint8"), (4, 5, 0, 0));
+    assert_eq!(f("nvfp4"), (5, 0, 0, 0));
+    assert_eq!(f("lns<8,3>"), (6, 8, 3, 0));
     let e4m3 = Float::with_options(4, 3, true, Overflow::Infinity, Specials::FiniteNan).unwrap();
     assert_eq!(Format::Float(e4m3), fmt("e4m3"));
+}
+
+// ---------------------------------------------------------------------------------------
+// lns<w,f>: rounding with f64 and f32 storage, encode, decode, the exact comparison
+// ---------------------------------------------------------------------------------------
+
+extern "C" {
+    fn qc_host_round_stored_batch(
+        x: *const f64,
+        random: *const u32,
+        out: *mut f64,
+        undecided: *mut u8,
+        n: usize,
+        family: i32,
+        a: i32,
+        b: i32,
+        flags: i32,
+        mode: i32,
+        bits: i32,
+        f32_storage: i32,
+    );
+    fn qc_host_lns_value_batch(k: *const i64, out: *mut f64, undecided: *mut u8, n: usize, f: i32);
+    fn qc_host_lns_pow_cmp(m: u64, g: u32, n: i64, max_limbs: i32) -> i32;
+    fn qc_host_lns_interval_cmp(m: u64, g: u32, n: i64, limbs: i32) -> i32;
+    fn qc_host_lns_log2_significand(m: u64) -> f64;
+    fn qc_host_lns_counts(out: *mut u64);
+}
+
+/// The calling thread's count of exact interval comparisons per precision (index i: 2^i
+/// limbs of 64 bits).
+fn lns_counts() -> [u64; 8] {
+    let mut c = [0u64; 8];
+    // SAFETY: out holds 8 words.
+    unsafe { qc_host_lns_counts(c.as_mut_ptr()) };
+    c
+}
+
+/// The shim's `qc_round_stored` on every x: the results and whether any was undecided.
+fn shim_lns_round(l: Lns, r: Rounding, xs: &[f64], rand: &[u32], f32: bool) -> (Vec<f64>, bool) {
+    assert_eq!(xs.len(), rand.len());
+    let f = raw(&Format::Lns(l));
+    let (mode, bits) = raw_rounding(r);
+    let mut out = vec![0.0; xs.len()];
+    let mut undecided = vec![0u8; xs.len()];
+    // SAFETY: the four arrays hold xs.len() elements.
+    unsafe {
+        qc_host_round_stored_batch(
+            xs.as_ptr(),
+            rand.as_ptr(),
+            out.as_mut_ptr(),
+            undecided.as_mut_ptr(),
+            xs.len(),
+            f.family,
+            f.a,
+            f.b,
+            f.flags,
+            mode,
+            bits,
+            f32 as i32,
+        )
+    };
+    (out, undecided.iter().any(|&u| u != 0))
+}
+
+/// The Rust rounding the CPU kernel runs: `round_stored` with the storage type's round trip.
+fn rust_lns(l: &Lns, x: f64, r: Rounding, random: u32, f32: bool) -> f64 {
+    let stored = |v: f64| if f32 { v as f32 as f64 } else { v };
+    match r {
+        Rounding::NearestEven => l.round_stored(x, NearestEven, random, stored),
+        Rounding::NearestAway => l.round_stored(x, NearestAway, random, stored),
+        Rounding::TowardZero => l.round_stored(x, TowardZero, random, stored),
+        Rounding::Stochastic { bits } => l.round_stored(x, Stochastic { bits }, random, stored),
+    }
+}
+
+/// The random words on either side of the point where the Rust result for `x` flips (as
+/// [`flip_words`]).
+fn lns_flip_words(l: &Lns, x: f64, k: u32, f32: bool) -> Option<[u32; 2]> {
+    let r = Rounding::Stochastic { bits: k };
+    let at = |top: u32| rust_lns(l, x, r, top << (32 - k), f32).to_bits();
+    let first = at(0);
+    let (mut lo, mut hi) = (0u32, (1u32 << k) - 1);
+    if at(hi) == first {
+        return None;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if at(mid) == first {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let low_ones = (1u32 << (32 - k)) - 1;
+    Some([(lo << (32 - k)) | low_ones, hi << (32 - k)])
+}
+
+/// Shim against Rust on `xs` in mode `r` with storage f64 or f32; returns the count.
+fn lns_compare(
+    l: &Lns,
+    r: Rounding,
+    xs: &[f64],
+    rand: &[u32],
+    f32: bool,
+    m: &mut Mismatches,
+) -> u64 {
+    let (got, undecided) = shim_lns_round(*l, r, xs, rand, f32);
+    m.check(!undecided, || {
+        format!("lns<{},{}> {r}: undecided comparison", l.w(), l.f())
+    });
+    for ((&x, &w), &g) in xs.iter().zip(rand).zip(&got) {
+        let want = rust_lns(l, x, r, w, f32);
+        m.check(want.to_bits() == g.to_bits(), || {
+            format!(
+                "lns<{},{}> {r} f32 {f32} x = {} random {w:#010x}: rust {} shim {}",
+                l.w(),
+                l.f(),
+                show(x),
+                show(want),
+                show(g)
+            )
+        });
+    }
+    xs.len() as u64
+}
+
+/// Every rounding mode (stochastic with 1, 8 and 23 bits, the flip words included) with f64
+/// and f32 storage; f32 storage takes the inputs as f32s (what an f32 tensor holds).
+fn lns_all_modes(l: &Lns, xs: &[f64], flips: bool, m: &mut Mismatches) -> u64 {
+    let mut checked = 0;
+    for f32 in [false, true] {
+        let xs: Vec<f64> = if f32 {
+            xs.iter().map(|&x| x as f32 as f64).collect()
+        } else {
+            xs.to_vec()
+        };
+        let words: Vec<u32> = (0..xs.len()).map(word).collect();
+        for r in DETERMINISTIC {
+            checked += lns_compare(l, r, &xs, &words, f32, m);
+        }
+        for k in STOCHASTIC_BITS {
+            let mut xr = Vec::with_capacity(xs.len() * 6);
+            let mut wr = Vec::with_capacity(xs.len() * 6);
+            for (i, &x) in xs.iter().enumerate() {
+                for w in [0, u32::MAX, 0x8000_0000, words[i]] {
+                    xr.push(x);
+                    wr.push(w);
+                }
+                if flips && k > 1 {
+                    for w in lns_flip_words(l, x, k, f32).into_iter().flatten() {
+                        xr.push(x);
+                        wr.push(w);
+                    }
+                }
+            }
+            checked += lns_compare(l, Rounding::Stochastic { bits: k }, &xr, &wr, f32, m);
+        }
+    }
+    checked
+}
+
+fn lns(w: u32, f: u32) -> Lns {
+    Lns::new(w, f).unwrap()
+}
+
+/// `x` and the f64s on either side of it (both signs).
+fn lns_with_neighbours(xs: &[f64]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(xs.len() * 6);
+    for &x in xs {
+        if !x.is_finite() || x == 0.0 {
+            continue;
+        }
+        let a = x.abs();
+        for v in [
+            f64::from_bits(a.to_bits() - 1),
+            a,
+            f64::from_bits(a.to_bits() + 1),
+        ] {
+            if v.is_finite() && v > 0.0 {
+                out.push(v);
+                out.push(-v);
+            }
+        }
+    }
+    out
+}
+
+/// The rounding boundaries of lns<w,f> (`extra` = 1: the log-domain midpoints
+/// `2^((k + 1/2)/2^f)`; `extra` = b: the stochastic thresholds `2^((k + j/2^b)/2^f)`) as the
+/// values of lns<w + extra, f + extra>, where they lie on the grid (`step` thins the codes).
+fn lns_boundaries(l: &Lns, extra: u32, step: i64) -> Vec<f64> {
+    let fine = lns(l.w() + extra, l.f() + extra);
+    let mut out = Vec::new();
+    let mut k = fine.k_min();
+    while k <= fine.k_max() {
+        out.push(fine.value(k));
+        k += step;
+    }
+    out
+}
+
+/// Specials, saturation and underflow inputs of lns<w,f>.
+fn lns_specials(l: &Lns) -> Vec<f64> {
+    let mut xs = vec![
+        0.0,
+        -0.0,
+        f64::NAN,
+        -f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::MAX,
+        -f64::MAX,
+        f64::MIN_POSITIVE,
+        f64::from_bits(1),
+        -f64::from_bits(1),
+        f64::from_bits(0x000F_FFFF_FFFF_FFFF),
+        1.0,
+        -1.0,
+    ];
+    let (max, min) = (l.max_value(), l.min_positive());
+    for v in [max, min, min / 2.0, min * 0.75, min / 4.0, max * 2.0] {
+        xs.push(v);
+    }
+    let n = lns_with_neighbours(&xs);
+    xs.extend(n);
+    xs
+}
+
+/// Formats whose every pattern and boundary is tested (small w, every f).
+const LNS_SMALL: [(u32, u32); 12] = [
+    (3, 0),
+    (3, 1),
+    (4, 0),
+    (4, 2),
+    (5, 1),
+    (6, 3),
+    (8, 3),
+    (8, 6),
+    (10, 4),
+    (12, 10),
+    (12, 0),
+    (16, 3),
+];
+
+#[test]
+fn lns_every_boundary_and_value_of_small_formats() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let before = lns_counts();
+    for (w, f) in LNS_SMALL {
+        let l = lns(w, f);
+        let step = if w >= 12 { 7 } else { 1 };
+        let mut xs = lns_specials(&l);
+        // The values themselves (kept in every mode) and their neighbours (toward-zero's
+        // boundaries), the log-domain midpoints (nearest) and 2-bit stochastic thresholds.
+        xs.extend(lns_with_neighbours(&lns_boundaries(&l, 0, step)));
+        xs.extend(lns_with_neighbours(&lns_boundaries(&l, 1, step)));
+        if w <= 10 {
+            xs.extend(lns_with_neighbours(&lns_boundaries(&l, 2, step)));
+        }
+        checked += lns_all_modes(&l, &xs, w <= 8, &mut m);
+        checked += lns_codec(&l, &xs, &mut m);
+    }
+    let after = lns_counts();
+    // The boundary inputs lie within the log2 estimate's error bound of a boundary: the exact
+    // comparison decides them.
+    assert!(after[1] > before[1], "the exact comparison never ran");
+    m.assert_none_of("lns boundaries", checked);
+}
+
+/// Shim encode and decode against `Lns::encode` / `Lns::decode` on `xs` and on every pattern
+/// (w <= 16; else the patterns of the encoded xs and random patterns).
+fn lns_codec(l: &Lns, xs: &[f64], m: &mut Mismatches) -> u64 {
+    let f = Format::Lns(*l);
+    let r = raw(&f);
+    let got = shim_encode(r, xs);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let want = l.encode(x);
+        m.check(want == g, || {
+            format!("{f} encode {}: rust {want:#x} shim {g:#x}", show(x))
+        });
+        // SAFETY: plain values.
+        let fails = unsafe { qc_host_encode_fails(x, r.family, r.a, r.b, r.flags) };
+        m.check(fails == 0, || format!("{f} encode_fails {}", show(x)));
+    }
+    let mut patterns: Vec<u32> = if l.w() <= 16 {
+        (0..1u32 << l.w()).collect()
+    } else {
+        let mut rng = SplitMix(0x1a5 ^ l.w() as u64);
+        (0..100_000).map(|_| rng.next_u32()).collect()
+    };
+    patterns.extend(&got);
+    // Bits above w are ignored.
+    patterns.push(u32::MAX);
+    let vals = shim_decode(r, &patterns);
+    for (&p, &v) in patterns.iter().zip(&vals) {
+        let want = l.decode(p);
+        m.check(want.to_bits() == v.to_bits(), || {
+            format!("{f} decode {p:#x}: rust {} shim {}", show(want), show(v))
+        });
+    }
+    (xs.len() + patterns.len()) as u64
+}
+
+/// A random f64 around lns<w,f>'s range (a third below min, a third above max).
+fn lns_random_input(l: &Lns, rng: &mut SplitMix) -> f64 {
+    let lo = l.min_positive().max(f64::MIN_POSITIVE).log2() as i32;
+    let hi = l.max_value().min(f64::MAX).log2() as i32;
+    let span = (hi - lo).max(4);
+    let (a, b) = match rng.below(3) {
+        0 => ((lo - span / 2).max(-1074), lo + 2),
+        1 => (lo, hi),
+        _ => (hi - 2, (hi + span / 2).min(1023)),
+    };
+    let x = rng.float_between(a, b.max(a + 1));
+    if rng.coin() {
+        -x
+    } else {
+        x
+    }
+}
+
+#[test]
+fn lns_random_inputs_up_to_f_30() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (i, (w, f, n)) in [
+        (8, 3, 20_000),
+        (12, 8, 20_000),
+        (16, 10, 20_000),
+        (24, 16, 20_000),
+        (32, 20, 20_000),
+        (32, 23, 40_000),
+        (31, 23, 20_000),
+        (32, 30, 40_000),
+        (32, 0, 10_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let l = lns(w, f);
+        let mut rng = SplitMix(0x7a11 + i as u64);
+        let xs: Vec<f64> = (0..n).map(|_| lns_random_input(&l, &mut rng)).collect();
+        checked += lns_all_modes(&l, &xs, false, &mut m);
+        checked += lns_codec(&l, &xs[..n / 4], &mut m);
+    }
+    m.assert_none_of("lns random inputs", checked);
+}
+
+#[test]
+fn lns_near_boundary_inputs_at_large_f_take_the_exact_path() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let mut rng = SplitMix(0xb0);
+    for (w, f) in [(32, 23), (30, 23), (32, 28), (32, 30)] {
+        let l = lns(w, f);
+        let before = lns_counts();
+        // Random codes near 1 and across the range: the value, its f64 neighbours (floor
+        // boundaries) and, where a finer lns exists, the nearest and stochastic boundaries
+        // beside it.
+        let mut xs = Vec::new();
+        for i in 0..3000 {
+            let k = if i % 2 == 0 {
+                rng.below(1 << 20) as i64 - (1 << 19)
+            } else {
+                rng.below(l.k_max() as u64 * 2) as i64 - l.k_max()
+            };
+            xs.push(l.value(k));
+            for extra in 1..=(30 - f).min(3) {
+                let fine = lns(32, f + extra);
+                let kf = (k << extra) + rng.below(1 << extra) as i64;
+                if kf >= fine.k_min() && kf <= fine.k_max() {
+                    xs.push(fine.value(kf));
+                }
+            }
+        }
+        let xs = lns_with_neighbours(&xs);
+        checked += lns_all_modes(&l, &xs, false, &mut m);
+        checked += lns_codec(&l, &xs, &mut m);
+        let after = lns_counts();
+        assert!(
+            after[1] > before[1] + 1000,
+            "lns<{w},{f}>: the exact comparison ran {} times",
+            after[1] - before[1]
+        );
+    }
+    m.assert_none_of("lns near boundaries", checked);
+}
+
+/// f32 inputs below min that equal the f32 of a smaller power `2^(k/2^f)` (k < k_min): the
+/// kept-values rule keeps only codes of the format, so toward-zero and stochastic rounding
+/// do not return such an input unchanged (lns.rs: `floor_t >= k_min - 1`).
+#[test]
+fn lns_inputs_below_min_are_not_kept_at_f32_storage() {
+    let tz = Rounding::TowardZero;
+    // 2^(-1006/8) as f32 lies just below the power: floor(t) = -1007, and k = -1006 is far
+    // below lns<5,3>'s k_min = -7.
+    let l = lns(5, 3);
+    let x = f32::from_bits(0x009837f0) as f64;
+    for (r, w) in [
+        (tz, 0),
+        (Rounding::Stochastic { bits: 23 }, u32::MAX),
+        (Rounding::Stochastic { bits: 8 }, u32::MAX),
+    ] {
+        let (got, undecided) = shim_lns_round(l, r, &[x, -x], &[w, w], true);
+        assert!(!undecided);
+        assert_eq!(got[0].to_bits(), 0, "{r}: {}", show(got[0]));
+        assert_eq!(got[1].to_bits(), 0, "{r}: {}", show(got[1]));
+        assert_eq!(rust_lns(&l, x, r, w, true).to_bits(), 0);
+    }
+    // The f32s of 2^(k/2^f) for k below, at and just above k_min (a wider lns with the same f
+    // gives them), in every mode at f32 and f64 storage; count those the old rule kept.
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    let mut below_power = 0;
+    for (w, f) in [
+        (5, 3),
+        (4, 0),
+        (6, 1),
+        (8, 3),
+        (8, 6),
+        (10, 4),
+        (12, 7),
+        (16, 10),
+    ] {
+        let l = lns(w, f);
+        let wide = lns(32, f);
+        let mut ks: Vec<i64> = (l.k_min() - 3 * (1 << f)..=l.k_min() + 2).collect();
+        // Far below: subnormal and tiny normal f32s.
+        ks.extend(((-149i64 << f)..(-120i64 << f)).step_by(((1 << f) / 3).max(1)));
+        let mut xs = Vec::new();
+        for k in ks {
+            if k < wide.k_min() {
+                continue;
+            }
+            let v = wide.value(k);
+            let x = v as f32 as f64;
+            if x == 0.0 {
+                continue;
+            }
+            if k < l.k_min() && x < v && f > 0 {
+                below_power += 1;
+                let got = shim_lns_round(l, tz, &[x], &[0], true).0[0];
+                m.check(got != x, || {
+                    format!("lns<{w},{f}> toward-zero kept {} (k = {k})", show(x))
+                });
+            }
+            xs.push(x);
+        }
+        let n = lns_with_neighbours(&xs);
+        xs.extend(n);
+        checked += lns_all_modes(&l, &xs, w <= 8, &mut m);
+    }
+    assert!(
+        below_power > 100,
+        "only {below_power} f32s below their power"
+    );
+    m.assert_none_of("lns below min", checked);
+}
+
+#[test]
+fn lns_values_of_large_f_match_value() {
+    let mut m = Mismatches::default();
+    let mut rng = SplitMix(0xfa1);
+    for f in [20u32, 23, 27, 30] {
+        let l = lns(32, f);
+        // k across the range, subnormal and overflowing values included.
+        let ks: Vec<i64> = (0..200_000)
+            .map(|i| match i % 3 {
+                0 => rng.below(1 << 24) as i64 - (1 << 23),
+                1 => rng.below(l.k_max() as u64 * 2 + 1) as i64 - l.k_max(),
+                _ => ((-1074i64 + rng.below(60) as i64) << f) + rng.below(1 << f) as i64,
+            })
+            .collect();
+        let mut out = vec![0.0; ks.len()];
+        let mut undecided = vec![0u8; ks.len()];
+        // SAFETY: the arrays hold ks.len() elements.
+        unsafe {
+            qc_host_lns_value_batch(
+                ks.as_ptr(),
+                out.as_mut_ptr(),
+                undecided.as_mut_ptr(),
+                ks.len(),
+                f as i32,
+            )
+        };
+        for ((&k, &v), &u) in ks.iter().zip(&out).zip(&undecided) {
+            let want = l.value(k);
+            m.check(u == 0 && want.to_bits() == v.to_bits(), || {
+                format!(
+                    "value({k}) f = {f}: rust {} shim {} undecided {u}",
+                    show(want),
+                    show(v)
+                )
+            });
+        }
+    }
+    m.assert_none("lns values");
+}
+
+#[test]
+fn lns_log2_estimate_has_the_rust_bits() {
+    let mut rng = SplitMix(0x10c2);
+    for i in 0..200_000u64 {
+        let m = match i {
+            0 => 1 << 52,
+            1 => (1 << 53) - 1,
+            _ => (1 << 52) | (rng.next_u64() >> 12),
+        };
+        // The Rust estimate through the public rounding is not reachable; compare with the
+        // same f64 steps written here (lns_approx.rs log2_significand).
+        let want = log2_significand_reference(m);
+        // SAFETY: plain values.
+        let got = unsafe { qc_host_lns_log2_significand(m) };
+        assert_eq!(want.to_bits(), got.to_bits(), "m = {m:#x}");
+    }
+}
+
+/// lns_approx.rs log2_significand, step for step.
+fn log2_significand_reference(m: u64) -> f64 {
+    let mut v = m as f64 * (1.0 / (1u64 << 52) as f64);
+    let mut offset = 0.0;
+    if v > std::f64::consts::SQRT_2 {
+        v *= 0.5;
+        offset = 1.0;
+    }
+    let s = (v - 1.0) / (v + 1.0);
+    let z = s * s;
+    let mut p = 1.0 / 21.0;
+    for c in [19.0, 17.0, 15.0, 13.0, 11.0, 9.0, 7.0, 5.0, 3.0, 1.0] {
+        p = p * z + 1.0 / c;
+    }
+    (2.0 * s) * p * std::f64::consts::LOG2_E + offset
+}
+
+#[test]
+fn lns_exact_comparison_is_exact_or_says_undecided_at_every_precision() {
+    use num_bigint::BigUint;
+    let mut rng = SplitMix(0xc0de);
+    let mut undecided_at_64 = 0u32;
+    let mut checked = 0;
+    for i in 0..2000u64 {
+        let m = match i % 5 {
+            // Just above a power of two: m^(2^g) is within about 2^(g - 63) of 2^n
+            // (relative), too close for 64-bit bounds.
+            0 => (1u64 << 63) + 1 + rng.below(4),
+            // Just below one: m^(2^g) just below 2^n.
+            1 => u64::MAX - rng.below(4),
+            2 => (1u64 << 52) | (rng.next_u64() >> 12),
+            3 => (1u64 << 53) | (rng.next_u64() >> 11) | 1,
+            _ => 1 + rng.below(1000),
+        };
+        let g = rng.below(11) as u32;
+        let mut p = BigUint::from(m);
+        for _ in 0..g {
+            p = &p * &p;
+        }
+        // floor(log2(m^(2^g))) and its neighbours, against the exact power.
+        let top = p.bits() as i64 - 1;
+        for n in [top - 1, top, top + 1] {
+            let want = match p.cmp(&(BigUint::from(1u32) << n as usize)) {
+                std::cmp::Ordering::Less => -1,
+                std::cmp::Ordering::Equal => 0,
+                std::cmp::Ordering::Greater => 1,
+            };
+            // SAFETY: plain values.
+            let full = unsafe { qc_host_lns_pow_cmp(m, g, n, 16) };
+            assert_eq!(full, want, "{m}^(2^{g}) vs 2^{n}");
+            checked += 1;
+            if m.is_power_of_two() {
+                continue;
+            }
+            for limbs in [1, 2, 4, 8, 16] {
+                // SAFETY: plain values.
+                let c = unsafe { qc_host_lns_interval_cmp(m, g, n, limbs) };
+                if c == 0 {
+                    assert!(
+                        limbs == 1,
+                        "{m}^(2^{g}) vs 2^{n} undecided with {limbs} limbs"
+                    );
+                } else {
+                    assert_eq!(c, want, "{m}^(2^{g}) vs 2^{n} with {limbs} limbs");
+                }
+            }
+        }
+    }
+    assert!(checked > 5000);
+    // Large g: 64-bit m whose power lies just above or below 2^n (n = floor(2^g log2 m) and
+    // the next integer), where 64-bit bounds, about 2^(g - 62) wide in relative terms, often
+    // cannot decide. Every answer must agree with the 1024-bit one or say undecided.
+    let cmp16 = |m: u64, g: u32, n: i64| unsafe { qc_host_lns_pow_cmp(m, g, n, 16) };
+    for _ in 0..8000 {
+        let m = rng.next_u64() | (1 << 63) | 1;
+        let g = 52 + rng.below(4) as u32;
+        let est = ((m as f64).log2() * (1u64 << g) as f64) as i64;
+        let (mut lo, mut hi) = (est - (1 << 14), est + (1 << 14));
+        assert!(cmp16(m, g, lo) > 0 && cmp16(m, g, hi) < 0);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if cmp16(m, g, mid) > 0 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        for n in [lo, hi] {
+            let want = cmp16(m, g, n);
+            for limbs in [1, 2, 4, 8, 16] {
+                // SAFETY: plain values.
+                let c = unsafe { qc_host_lns_interval_cmp(m, g, n, limbs) };
+                if c == 0 {
+                    undecided_at_64 += (limbs == 1) as u32;
+                    assert!(
+                        limbs <= 2,
+                        "{m}^(2^{g}) vs 2^{n} undecided with {limbs} limbs"
+                    );
+                } else {
+                    assert_eq!(c, want, "{m}^(2^{g}) vs 2^{n} with {limbs} limbs");
+                }
+            }
+        }
+    }
+    // Bounds too narrow say so instead of guessing, and so does the capped comparison.
+    assert!(
+        undecided_at_64 > 5,
+        "only {undecided_at_64} undecided with 64-bit bounds"
+    );
+    // SAFETY: plain values.
+    let capped = unsafe { qc_host_lns_pow_cmp((1u64 << 63) + 1, 5, 63 << 5, 1) };
+    assert_eq!(capped, 2, "a comparison undecided at the cap must say so");
 }
 
 // ---------------------------------------------------------------------------------------

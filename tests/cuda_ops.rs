@@ -58,6 +58,10 @@ const FORMATS: &[&str] = &[
     "fixed<32,-3>",
     "block<8>",
     "block<4>",
+    "lns<8,3>",
+    "lns<16,10>",
+    "lns<32,23>",
+    "lns<32,30>",
     "block<8,dim=0>",
     "block<6,dim=1>",
     "block<8,dim=-1>",
@@ -314,6 +318,9 @@ test_device!(pack_unpack_match_cpu, |gpu| {
         "e3m2",
         "e2m1",
         "float<8,23>",
+        "lns<8,3>",
+        "lns<16,10>",
+        "lns<32,23>",
     ];
     for dtype in [DType::F32, DType::F64, DType::F16] {
         // Without NaN: `fin` formats refuse it.

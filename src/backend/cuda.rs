@@ -6,6 +6,12 @@
 //! element `i` of the logical row-major order reads random word `i` of the same Philox stream,
 //! and block maxima are exact integer maxima. f32 and f64 tensors run on the device; f16 and
 //! bf16 tensors are rounded by the CPU kernel on a host copy (exact, but slow).
+//!
+//! lns<w,f> runs on the device too. Its exact comparisons (`qc_lns_pow_cmp`) stop at 1024
+//! bits of precision there, far beyond any case known to need more than 256; a kernel that
+//! meets a comparison undecided at that cap says so through a flag, and the host then
+//! quantizes the tensor with the CPU kernel (which has no cap), or fails pack and unpack with
+//! an error that names the CPU, so a result is never a guess.
 
 mod scaled;
 
@@ -94,6 +100,8 @@ impl DeviceFloat for f64 {
 
 /// Everything one quantize launch needs besides the memory.
 struct Plan {
+    /// Whether the format is lns (the kernels then report undecided comparisons).
+    lns: bool,
     format: QcFormat,
     rounding: QcRounding,
     seed: u64,
@@ -101,25 +109,56 @@ struct Plan {
     block: Option<(u64, u64)>,
 }
 
-/// The CUDA kernels do not round lns<w,f> yet: a clear error rather than a kernel that
-/// does not know the format.
-fn refuse_lns(format: &Format) -> Result<()> {
-    if matches!(format, Format::Lns(_)) {
-        candle_core::bail!(
-            "{format} has no CUDA kernel yet; quantize, pack and unpack it on the CPU"
-        );
+/// A zeroed device flag for the kernels' `undecided` argument when `format` is lns (its
+/// exact comparisons stop at the precision cap of `qc_lns_pow_cmp` in `cuda/quant.cuh`),
+/// else None (the kernel gets a null pointer and the host skips reading the flag back).
+fn undecided_flag(dev: &CudaDevice, format: &Format) -> Result<Option<CudaSlice<u32>>> {
+    match format {
+        Format::Lns(_) => Ok(Some(dev.alloc_zeros::<u32>(1)?)),
+        _ => Ok(None),
     }
-    Ok(())
+}
+
+/// Whether the kernel set the flag.
+fn flag_set(dev: &CudaDevice, flag: &Option<CudaSlice<u32>>) -> Result<bool> {
+    match flag {
+        Some(f) => Ok(dev.clone_dtoh(f)?[0] != 0),
+        None => Ok(false),
+    }
+}
+
+/// The error of pack and unpack when an lns comparison needed more precision than the
+/// device code has (the CPU has no such limit).
+fn beyond_device_precision(op: &str, format: &Format) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{op}: an exact {format} comparison needs more than the 1024 bits of precision of the \
+         CUDA kernel; {op} this tensor on the CPU"
+    ))
 }
 
 impl Plan {
+    /// The quantize kernel for element type `T`: `qc_quantize_lns_*` for lns formats (the
+    /// others carry none of lns's code), else `qc_quantize_*`.
+    fn kernel<T: DeviceFloat>(&self) -> String {
+        let lns = if self.lns { "lns_" } else { "" };
+        format!("qc_quantize_{lns}{}", T::SUFFIX)
+    }
+
+    /// The zeroed `undecided` flag of an lns launch (None otherwise).
+    fn undecided(&self, dev: &CudaDevice) -> Result<Option<CudaSlice<u32>>> {
+        if self.lns {
+            Ok(Some(dev.alloc_zeros::<u32>(1)?))
+        } else {
+            Ok(None)
+        }
+    }
+
     fn new(
         format: &Format,
         rounding: Rounding,
         stream: Option<Stream>,
         dims: &[usize],
     ) -> Result<Self> {
-        refuse_lns(format)?;
         // As cpu::quantize_slice: stochastic rounding without a stream uses (seed 0, call 0).
         let stream = match rounding {
             Rounding::Stochastic { .. } => Some(stream.unwrap_or_else(|| Stream::new(0, 0))),
@@ -130,6 +169,7 @@ impl Plan {
             _ => None,
         };
         Ok(Plan {
+            lns: matches!(format, Format::Lns(_)),
             format: QcFormat::new(format),
             rounding: QcRounding::new(rounding),
             seed: stream.map_or(0, |s| s.seed()),
@@ -171,12 +211,12 @@ fn quantize_typed<T: DeviceFloat>(
     src: &CudaSlice<T>,
     layout: &Layout,
     plan: &Plan,
-) -> Result<CudaSlice<T>> {
+) -> Result<(CudaSlice<T>, bool)> {
     let n = layout.shape().elem_count();
     // SAFETY: every element is written by the kernel below (n > 0) or there are none.
     let mut out = unsafe { dev.alloc::<T>(n)? };
     if n == 0 {
-        return Ok(out);
+        return Ok((out, false));
     }
     let view = src.slice(layout.start_offset()..);
     let info = layout_info(dev, layout)?;
@@ -184,8 +224,7 @@ fn quantize_typed<T: DeviceFloat>(
         Some(grid) => Some(block_maxima::<T>(dev, &view, layout, &info, grid)?),
         None => None,
     };
-    let func =
-        dev.get_or_load_custom_func(&format!("qc_quantize_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let func = dev.get_or_load_custom_func(&plan.kernel::<T>(), MODULE, ptx::QUANT)?;
     let (n64, rank, dst_strided, null) = (n as u64, layout.dims().len() as u32, 0i32, 0u64);
     let (inner, count) = plan.block.unwrap_or((1, 1));
     let mut b = func.builder();
@@ -204,9 +243,15 @@ fn quantize_typed<T: DeviceFloat>(
         None => b.arg(&null),
     };
     b.arg(&inner).arg(&count);
+    let mut undecided = plan.undecided(dev)?;
+    match &mut undecided {
+        Some(u) => b.arg(u),
+        None => b.arg(&null),
+    };
     // SAFETY: the signature of qc_quantize_* in cuda/quant.cu.
     unsafe { b.launch(launch_config(dev, n64.div_ceil(4))) }.w()?;
-    Ok(out)
+    let undecided = flag_set(dev, &undecided)?;
+    Ok((out, undecided))
 }
 
 /// Rounds the view (`data`, `layout`) in place.
@@ -215,10 +260,10 @@ fn quantize_in_place_typed<T: DeviceFloat>(
     data: &mut CudaSlice<T>,
     layout: &Layout,
     plan: &Plan,
-) -> Result<()> {
+) -> Result<bool> {
     let n = layout.shape().elem_count();
     if n == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let info = layout_info(dev, layout)?;
     let maxima = match plan.block {
@@ -228,8 +273,7 @@ fn quantize_in_place_typed<T: DeviceFloat>(
         }
         None => None,
     };
-    let func =
-        dev.get_or_load_custom_func(&format!("qc_quantize_{}", T::SUFFIX), MODULE, ptx::QUANT)?;
+    let func = dev.get_or_load_custom_func(&plan.kernel::<T>(), MODULE, ptx::QUANT)?;
     let (n64, rank, null) = (n as u64, layout.dims().len() as u32, 0u64);
     let dst_strided = info.is_some() as i32;
     let (inner, count) = plan.block.unwrap_or((1, 1));
@@ -251,9 +295,14 @@ fn quantize_in_place_typed<T: DeviceFloat>(
         None => b.arg(&null),
     };
     b.arg(&inner).arg(&count);
+    let mut undecided = plan.undecided(dev)?;
+    match &mut undecided {
+        Some(u) => b.arg(u),
+        None => b.arg(&null),
+    };
     // SAFETY: the signature of qc_quantize_* in cuda/quant.cu.
     unsafe { b.launch(launch_config(dev, n64.div_ceil(4))) }.w()?;
-    Ok(())
+    flag_set(dev, &undecided)
 }
 
 fn unsupported(op: &str, dtype: DType) -> candle_core::Error {
@@ -293,13 +342,21 @@ pub fn quantize(
     }
     let dev = &storage.device;
     let slice = match &storage.slice {
+        // An lns element undecided at the device's precision cap: the CPU kernel rounds the
+        // whole view instead (same bits; it has no cap).
         CudaStorageSlice::F32(s) => {
             let plan = Plan::new(format, rounding, stream, layout.dims())?;
-            CudaStorageSlice::F32(quantize_typed(dev, s, layout, &plan)?)
+            CudaStorageSlice::F32(match quantize_typed(dev, s, layout, &plan)? {
+                (_, true) => quantize_on_host(dev, s, layout, format, rounding, stream)?,
+                (out, false) => out,
+            })
         }
         CudaStorageSlice::F64(s) => {
             let plan = Plan::new(format, rounding, stream, layout.dims())?;
-            CudaStorageSlice::F64(quantize_typed(dev, s, layout, &plan)?)
+            CudaStorageSlice::F64(match quantize_typed(dev, s, layout, &plan)? {
+                (_, true) => quantize_on_host(dev, s, layout, format, rounding, stream)?,
+                (out, false) => out,
+            })
         }
         CudaStorageSlice::F16(s) => {
             CudaStorageSlice::F16(quantize_on_host(dev, s, layout, format, rounding, stream)?)
@@ -346,13 +403,24 @@ pub fn quantize_in_place(
     let dev = storage.device.clone();
     let dtype = storage.dtype();
     match &mut storage.slice {
+        // An lns element undecided at the device's precision cap is left as it was and the
+        // CPU kernel rounds the view again: in the nearest and toward-zero modes rounding a
+        // rounded value changes nothing (lns.rs), so every element gets the CPU's bits; in
+        // stochastic mode a rounded value above 2^(k/2^f) can still move up with its tiny
+        // log-domain probability (lns.rs module docs).
         CudaStorageSlice::F32(s) => {
             let plan = Plan::new(format, rounding, stream, layout.dims())?;
-            quantize_in_place_typed(&dev, s, layout, &plan)
+            if quantize_in_place_typed(&dev, s, layout, &plan)? {
+                quantize_in_place_on_host(&dev, s, layout, format, rounding, stream)?;
+            }
+            Ok(())
         }
         CudaStorageSlice::F64(s) => {
             let plan = Plan::new(format, rounding, stream, layout.dims())?;
-            quantize_in_place_typed(&dev, s, layout, &plan)
+            if quantize_in_place_typed(&dev, s, layout, &plan)? {
+                quantize_in_place_on_host(&dev, s, layout, format, rounding, stream)?;
+            }
+            Ok(())
         }
         CudaStorageSlice::F16(s) => {
             quantize_in_place_on_host(&dev, s, layout, format, rounding, stream)
@@ -376,7 +444,6 @@ pub fn pack(
     let dev = &storage.device;
     let n = layout.shape().elem_count();
     let start = layout.start_offset();
-    refuse_lns(format)?;
     let f = QcFormat::new(format);
     let mut failed = dev.alloc_zeros::<u32>(1)?;
     let (src_suffix, dst_suffix) = (
@@ -431,8 +498,11 @@ pub fn pack(
         CudaStorageSlice::F64(s) => by_pattern!(s),
         _ => unreachable!("checked above"),
     };
-    if dev.clone_dtoh(&failed)?[0] != 0 {
-        return Ok(None);
+    match dev.clone_dtoh(&failed)?[0] {
+        0 => {}
+        // An lns comparison beyond the device's precision (lns never lacks a pattern).
+        2 => return Err(beyond_device_precision("pack", format)),
+        _ => return Ok(None),
     }
     Ok(Some(CudaStorage {
         slice,
@@ -452,10 +522,11 @@ pub fn unpack(
     let dev = &storage.device;
     let n = layout.shape().elem_count();
     let start = layout.start_offset();
-    refuse_lns(format)?;
     let f = QcFormat::new(format);
     let bits = format.bits();
     let mut first_bad = dev.clone_htod(&[u64::MAX])?;
+    let mut undecided = undecided_flag(dev, format)?;
+    let null = 0u64;
     let src_suffix = match storage.dtype() {
         DType::U8 => "u8",
         DType::I16 => "i16",
@@ -487,6 +558,10 @@ pub fn unpack(
                     .arg(&f)
                     .arg(&bits)
                     .arg(&mut first_bad);
+                match &mut undecided {
+                    Some(u) => b.arg(u),
+                    None => b.arg(&null),
+                };
                 // SAFETY: the signature of qc_unpack_* in cuda/quant.cu.
                 unsafe { b.launch(cfg) }.w()?;
             }
@@ -517,6 +592,9 @@ pub fn unpack(
             _ => unreachable!("checked above"),
         };
         return Ok(Err(p));
+    }
+    if flag_set(dev, &undecided)? {
+        return Err(beyond_device_precision("unpack", format));
     }
     Ok(Ok(CudaStorage {
         slice,
