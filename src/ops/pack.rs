@@ -19,7 +19,7 @@ pub fn pattern_dtype(format: &Format) -> Result<DType> {
             "pack/unpack support posit, float and lns formats, not {format} (values of fixed point and block formats are best kept as floats)"
         ),
         Format::Mx(_) | Format::Nvfp4(_) => bail!(
-            "{format} elements have no pattern without their block's scale: pack/unpack support posit and float formats"
+            "{format} elements have no pattern without their block's scale: use pack_blocks/unpack_blocks, which keep the scales (pack/unpack support posit, float and lns formats)"
         ),
     };
     Ok(match bits {
