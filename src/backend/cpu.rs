@@ -222,25 +222,37 @@ fn map_f32_runs<P, R, S>(
             }
             let o = &mut out[start..start + len];
             let words = &words[..len];
-            match src {
-                Some(s) => {
-                    let inp = &s[first..first + len];
-                    if round_run_dispatch(plan, Some(inp), o, rule, words) {
-                        fix_slow(plan, inp, o, words, &slow);
-                    }
-                }
-                None => {
-                    // Elements left to the general path kept their input value.
-                    if round_run_dispatch(plan, None, o, rule, words) {
-                        let inp = staged_copy(o, &mut staged);
-                        fix_slow(plan, inp, o, words, &slow);
-                    }
-                }
-            }
+            let inp = src.map(|s| &s[first..first + len]);
+            round_run_and_fix(plan, inp, o, rule, words, &mut staged, &slow);
             start += len;
         }
     };
     for_each_chunk(dst, work);
+}
+
+/// Rounds one run of `out` through the vectorised pass, from `inp` or in place when `inp` is
+/// `None`, then redoes the elements the pass left to the general path (`slow`). In place,
+/// those elements kept their input value, so they are found in a staged copy of the run.
+#[inline(always)]
+fn round_run_and_fix<P: RunRounder, R: RoundingRule>(
+    plan: &P,
+    inp: Option<&[f32]>,
+    out: &mut [f32],
+    rule: R,
+    words: &[u32],
+    staged: &mut [f32; RUN],
+    slow: &impl Fn(f64, u32) -> f64,
+) {
+    if !round_run_dispatch(plan, inp, out, rule, words) {
+        return;
+    }
+    match inp {
+        Some(inp) => fix_slow(plan, inp, out, words, slow),
+        None => {
+            let inp = staged_copy(out, staged);
+            fix_slow(plan, inp, out, words, slow);
+        }
+    }
 }
 
 /// A copy of `v` in `buf` (the inputs of an in-place run, to scan while `v` is rewritten).
@@ -536,20 +548,8 @@ fn map_f32_slices<R: RoundingRule>(
                 let slow = |v, r| block.round(v, max, rule, r);
                 let o = &mut out[start + at..start + at + piece];
                 let words = &words[at..at + piece];
-                match src {
-                    Some(s) => {
-                        let inp = &s[i..i + piece];
-                        if round_run_dispatch(plan, Some(inp), o, rule, words) {
-                            fix_slow(plan, inp, o, words, &slow);
-                        }
-                    }
-                    None => {
-                        if round_run_dispatch(plan, None, o, rule, words) {
-                            let inp = staged_copy(o, &mut staged);
-                            fix_slow(plan, inp, o, words, &slow);
-                        }
-                    }
-                }
+                let inp = src.map(|s| &s[i..i + piece]);
+                round_run_and_fix(plan, inp, o, rule, words, &mut staged, &slow);
                 at += piece;
             }
             start += len;
