@@ -596,3 +596,320 @@ fn ties_go_to_the_lower_class_and_the_report_gives_the_range_over_tie_rules() ->
     );
     Ok(())
 }
+
+/// The values of `t` rounded (nearest even) to the block-scaled `format` in blocks along
+/// axis 1, by the scalar rules: blocks of 32 (MX) or 16 (NVFP4) consecutive indices of axis
+/// 1 for each position of the other axes, a shorter last block, NVFP4's tensor scale from
+/// the largest magnitude of the whole tensor.
+fn blocks_along_axis1(t: &Tensor, format: &Format) -> anyhow::Result<Vec<f64>> {
+    use qcandle::format::nvfp4::Nvfp4;
+    let dims = t.dims().to_vec();
+    let (outer, along) = (dims[0], dims[1]);
+    let inner: usize = dims[2..].iter().product();
+    let x = t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    let block = if matches!(format, Format::Nvfp4(_)) {
+        16
+    } else {
+        32
+    };
+    let s_t = Nvfp4::tensor_scale(x.iter().fold(0f64, |m, v| m.max(v.abs())));
+    let mut out = vec![0f64; x.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            for start in (0..along).step_by(block) {
+                let idx: Vec<usize> = (start..(start + block).min(along))
+                    .map(|a| (o * along + a) * inner + i)
+                    .collect();
+                let amax = idx.iter().fold(0f64, |m, &k| m.max(x[k].abs()));
+                for &k in &idx {
+                    out[k] = match format {
+                        Format::Mx(m) => m.round(
+                            x[k],
+                            m.scale_exponent(amax),
+                            qcandle::format::rounding::NearestEven,
+                            0,
+                        ),
+                        _ => Nvfp4::round(
+                            x[k],
+                            Nvfp4::block_scale(amax, s_t),
+                            s_t,
+                            qcandle::format::rounding::NearestEven,
+                            0,
+                        ),
+                    };
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn f32_bits(v: &[f64]) -> Vec<u32> {
+    v.iter().map(|&v| (v as f32).to_bits()).collect()
+}
+
+fn tensor_bits(t: &Tensor) -> anyhow::Result<Vec<u32>> {
+    Ok(t.to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}
+
+#[test]
+fn block_scaled_layers_round_weights_and_inputs_along_the_input_channels_and_sum_in_f32() -> R {
+    use qcandle::ptq::arith::BlockScaled;
+    let weights = trained_weights();
+    let x = images(ModelKind::Lenet5, 3, 21)?;
+    for name in ["mxfp8_e4m3", "mxfp4_e2m1", "mxint8", "nvfp4"] {
+        let format: Format = name.parse()?;
+        let arith = BlockScaled::new(&weights, format)?;
+        // conv2 (16, 6, 5, 5): one block of 6 channels per output and kernel position; fc1
+        // (120, 400): twelve blocks of 32 and one of 16 (MX), 25 of 16 (NVFP4).
+        let conv_in = Tensor::from_vec(
+            qcandle::report::normal_samples(3 * 6 * 12 * 12, 4),
+            (3, 6, 12, 12),
+            &Device::Cpu,
+        )?;
+        let fc_in = Tensor::from_vec(
+            qcandle::report::normal_samples(3 * 400, 5),
+            (3, 400),
+            &Device::Cpu,
+        )?;
+        for (layer, input, conv) in [("conv2", &conv_in, Some((1, 0))), ("fc1", &fc_in, None)] {
+            let w = weights.get(&format!("{layer}.weight"))?;
+            let b = weights
+                .get(&format!("{layer}.bias"))?
+                .to_dtype(DType::F32)?;
+            let rw = Tensor::from_vec(
+                blocks_along_axis1(w, &format)?
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect::<Vec<f32>>(),
+                w.dims(),
+                &Device::Cpu,
+            )?;
+            let rx = Tensor::from_vec(
+                blocks_along_axis1(input, &format)?
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect::<Vec<f32>>(),
+                input.dims(),
+                &Device::Cpu,
+            )?;
+            let expected = match conv {
+                Some((stride, padding)) => {
+                    let cfg = candle_nn::Conv2dConfig {
+                        stride,
+                        padding,
+                        ..Default::default()
+                    };
+                    qcandle::ops::conv2d(&rx, &rw, Some(&b), &cfg)?
+                }
+                None => rx.matmul(&rw.t()?)?.broadcast_add(&b)?,
+            };
+            let got = arith.layer(layer, conv, input)?;
+            assert_eq!(
+                tensor_bits(&got)?,
+                tensor_bits(&expected)?,
+                "{name} {layer}"
+            );
+            assert_ne!(
+                tensor_bits(&rx)?,
+                tensor_bits(input)?,
+                "{name}: the input must need rounding"
+            );
+        }
+        // The images enter the first layer as they are, and its rounding makes them blocks of
+        // one channel: each pixel its own scale.
+        let logits = run_plan(ModelKind::Lenet5, &arith, &x, |_, _| Ok(()))?;
+        assert_eq!(logits.dims(), [3, 10]);
+    }
+    Ok(())
+}
+
+#[test]
+fn methods_give_block_scaled_formats_one_f32_row_and_refuse_an_explicit_block_axis() -> R {
+    let formats: Vec<Format> = vec!["mxfp8_e4m3".parse()?, "nvfp4".parse()?];
+    let names: Vec<String> = methods(&formats).iter().map(Method::to_string).collect();
+    assert_eq!(
+        names,
+        ["float32", "float16", "int8", "mxfp8_e4m3 f32", "nvfp4 f32"]
+    );
+    qcandle::ptq::check_formats(&formats)?;
+    for text in ["mxfp8_e4m3<dim=0>", "nvfp4<dim=-2>"] {
+        let err = qcandle::ptq::check_formats(&[text.parse()?]).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("names its block axis"),
+            "{err:#}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_block_scaled_model_is_packed_codes_and_scales_and_reads_back_to_the_evaluated_values() -> R {
+    use qcandle::ptq::arith::BlockScaled;
+    let weights = trained_weights();
+    let f32_bytes = std::fs::metadata(&trained().0)?.len();
+    let dir = tempfile::tempdir()?;
+    let data = subset(1, 300);
+    for (name, bits, block) in [
+        ("mxfp8_e4m3", 8, 32),
+        ("mxfp6_e2m3", 6, 32),
+        ("mxfp4_e2m1", 4, 32),
+        ("nvfp4", 4, 16),
+    ] {
+        let format: Format = name.parse()?;
+        let path = dir.path().join(format!("{name}.safetensors"));
+        let bytes = write_quantized(&path, &weights, &format)?;
+        // Per weight: its codes, densely packed, and a scale byte per block of axis 1; per
+        // bias: f32.
+        let mut payload = 0;
+        for t in weights.tensors.values() {
+            let dims = t.dims();
+            payload += if dims.len() < 2 {
+                4 * t.elem_count()
+            } else {
+                let rows = t.elem_count() / dims[1];
+                (t.elem_count() * bits).div_ceil(8) + rows * dims[1].div_ceil(block)
+            };
+        }
+        let stored = read_tensors(&path)?;
+        let stored_bytes: usize = stored
+            .iter()
+            .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+            .sum();
+        assert_eq!(stored_bytes, payload, "{name}");
+        let ratio = bytes as f64 / f32_bytes as f64;
+        assert!(ratio < 0.3, "{name}: size ratio {ratio}");
+        for (tensor, t) in &stored {
+            let want = if tensor.ends_with(".bias") {
+                DType::F32
+            } else {
+                DType::U8
+            };
+            assert_eq!(t.dtype(), want, "{name} {tensor}");
+        }
+        assert_eq!(
+            stored.len(),
+            weights.tensors.len() + 5,
+            "{name}: a scales tensor per weight"
+        );
+        let back = read_weights(&path, None)?;
+        assert_eq!(back.format, Some(format));
+        for (tensor, t) in &weights.tensors {
+            let expected = if t.rank() < 2 {
+                tensor_bits(t)?
+            } else {
+                f32_bits(&blocks_along_axis1(t, &format)?)
+            };
+            assert_eq!(
+                tensor_bits(&back.tensors[tensor])?,
+                expected,
+                "{name} {tensor}"
+            );
+        }
+        let a = evaluate(&weights, &BlockScaled::new(&weights, format)?, &data)?;
+        let b = evaluate(&back, &BlockScaled::new(&back, format)?, &data)?;
+        assert_eq!((a.top1, a.top5, a.tied), (b.top1, b.top5, b.tied), "{name}");
+        assert!(a.top1 > 50.0, "{name}: top-1 {}", a.top1);
+        let again = dir.path().join(format!("{name}-again.safetensors"));
+        write_quantized(&again, &weights, &format)?;
+        assert!(std::fs::read(&again)? == std::fs::read(&path)?, "{name}");
+    }
+    Ok(())
+}
+
+/// Rewrites the safetensors file `from` to `to` after `edit` changed its tensors and
+/// metadata.
+fn edit_model(
+    from: &Path,
+    to: &Path,
+    edit: impl FnOnce(&mut HashMap<String, Tensor>, &mut HashMap<String, String>),
+) -> R {
+    let bytes = std::fs::read(from)?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)?;
+    let mut metadata = header.metadata().clone().unwrap_or_default();
+    let mut tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?;
+    edit(&mut tensors, &mut metadata);
+    let out = safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))?;
+    std::fs::write(to, out)?;
+    Ok(())
+}
+
+#[test]
+fn a_packed_model_with_missing_misshapen_or_mislabelled_parts_is_refused_by_name() -> R {
+    let weights = trained_weights();
+    let dir = tempfile::tempdir()?;
+    let good = dir.path().join("good.safetensors");
+    write_quantized(&good, &weights, &"nvfp4".parse()?)?;
+    let bad = dir.path().join("bad.safetensors");
+    type Edit = Box<dyn FnOnce(&mut HashMap<String, Tensor>, &mut HashMap<String, String>)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (
+            Box::new(|t, _| {
+                t.remove("fc1.weight.scales");
+            }),
+            "tensor `fc1.weight.scales` is missing",
+        ),
+        (
+            Box::new(|t, _| {
+                let s = t["fc2.weight.scales"].narrow(0, 0, 10).unwrap();
+                t.insert("fc2.weight.scales".into(), s);
+            }),
+            "packed weight `fc2.weight`",
+        ),
+        (
+            Box::new(|t, _| {
+                let c = t["conv1.weight"].to_dtype(DType::F32).unwrap();
+                t.insert("conv1.weight".into(), c);
+            }),
+            "tensor `conv1.weight` must be a vector of U8 bytes",
+        ),
+        (
+            Box::new(|_, m| {
+                m.insert("fc3.weight.format".into(), "mxfp4_e2m1<dim=1>".into());
+            }),
+            "metadata `fc3.weight.format`",
+        ),
+        (
+            Box::new(|_, m| {
+                m.insert("fc3.weight.format".into(), "nvfp4<dim=0>".into());
+            }),
+            "blocked along axis 1",
+        ),
+        (
+            Box::new(|_, m| {
+                m.remove("conv2.weight.tensor_scale");
+            }),
+            "metadata `conv2.weight.tensor_scale` is missing",
+        ),
+        (
+            Box::new(|_, m| {
+                m.insert("conv2.weight.tensor_scale".into(), "-1".into());
+            }),
+            "tensor scale",
+        ),
+        (
+            Box::new(|_, m| {
+                m.insert("conv2.weight.shape".into(), "16,6,5".into());
+            }),
+            "packed weight `conv2.weight`",
+        ),
+        (
+            Box::new(|_, m| {
+                m.remove("fc1.weight.format");
+            }),
+            "no `fc1.weight.format`",
+        ),
+    ];
+    for (i, (edit, expected)) in cases.into_iter().enumerate() {
+        edit_model(&good, &bad, edit)?;
+        let err = read_error(&bad, None);
+        assert!(err.contains(expected), "case {i}: {err}");
+        assert!(err.contains("bad.safetensors"), "case {i}: {err}");
+    }
+    Ok(())
+}

@@ -16,6 +16,15 @@
 //!   f64 so that posits of up to 32 bits are exact; on a CUDA device, formats whose GEMMs
 //!   run there (posits of at most 8 bits, every value an f32) are held in f32, which the
 //!   device GEMMs take, with the same values.
+//! * block-scaled (MX, NVFP4), as microxcaling's MX layers compute: the weights and every
+//!   layer's input rounded to the format in blocks along axis 1 (the input channels, the
+//!   reduction axis of both linear layers and convolutions), nearest even; products and
+//!   sums in f32 (candle's matmul and our convolution), the bias in f32, the layer's output
+//!   unrounded (the next layer rounds its input). Values are held in f32: NVFP4 values
+//!   (products of three scales) take a second rounding to f32 there, as its quantize op
+//!   gives for f32 tensors. A quantized model's weights are taken as stored: NVFP4 rounding
+//!   is not idempotent (the tensor scale follows the rounded maximum), and the file holds
+//!   the values that were evaluated.
 
 use std::collections::HashMap;
 
@@ -297,6 +306,42 @@ impl Arithmetic for PositGemm {
             ),
             None => quire::linear(x, &l.weight, Some(&l.bias), &self.format, self.acc),
         }
+    }
+}
+
+/// Block-scaled weights and layer inputs (MX, NVFP4), f32 products and sums.
+pub struct BlockScaled {
+    layers: HashMap<String, Layer>,
+    /// The rounding of every layer's input (the format blocked along axis 1).
+    quant: Quant,
+}
+
+impl BlockScaled {
+    /// `weights` rounded to the block-scaled `format` along their input channels (unless
+    /// they are already stored in `format`), on the weights' device.
+    pub fn new(weights: &Weights, format: Format) -> Result<Self> {
+        let along = super::block_file::along_inputs(&format)
+            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        let quant = Quant::new(along);
+        let stored = weights.format == Some(format);
+        let layers = layers(weights, |t| {
+            if stored || t.rank() < 2 {
+                t.to_dtype(DType::F32)
+            } else {
+                quantize_no_grad(&t.to_dtype(DType::F64)?, &quant)?.to_dtype(DType::F32)
+            }
+        })?;
+        Ok(BlockScaled { layers, quant })
+    }
+}
+
+impl Arithmetic for BlockScaled {
+    fn input(&self, images: &Tensor) -> Result<Tensor> {
+        images.to_dtype(DType::F32)
+    }
+    fn layer(&self, name: &str, conv: Option<(usize, usize)>, x: &Tensor) -> Result<Tensor> {
+        let x = quantize_no_grad(&x.to_dtype(DType::F32)?, &self.quant)?;
+        float_layer(layer(&self.layers, name)?, conv, &x)
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use super::block_file::{along_inputs, is_block_scaled};
 use super::model_file::stored_dtype;
 use super::{methods, Method};
 use crate::format::Format;
@@ -23,6 +24,9 @@ pub fn model_file_name(format: &Format) -> String {
 /// Why post-training quantization cannot take `format` (every reason: a row it cannot
 /// evaluate, a model it cannot save), or `None` when it can.
 pub fn unsupported(format: &Format) -> Option<String> {
+    if is_block_scaled(format) {
+        return along_inputs(format).err().map(|e| format!("{e:#}"));
+    }
     let mut reasons: Vec<String> = Vec::new();
     for method in methods(std::slice::from_ref(format)) {
         if let Method::Format { acc, .. } = method {
@@ -56,7 +60,8 @@ pub fn check_formats(formats: &[Format]) -> Result<()> {
     bail!(
         "post-training quantization cannot take {} of the formats given:\n  {}\n\
          It evaluates posit formats whose maxpos fits the quire (a naive and a quire row), \
-         float formats and clamped fixed point (a naive row), and saves each model as bit patterns.",
+         float formats and clamped fixed point (a naive row), MX and NVFP4 without `<dim=...>` \
+         (f32 sums of block-scaled operands), and saves each model as bit patterns.",
         problems.len(),
         problems.join("\n  ")
     )

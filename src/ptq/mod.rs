@@ -23,6 +23,7 @@
 //! | clamped fixed point (`fixed<wl,fl>`)        | naive                | two's complement integers      |
 //! | fixed point without clamping (`noclamp`)    | refused              | none: values beyond its word   |
 //! | block floating point                        | refused: it rounds whole blocks, not single operations | none |
+//! | MX, NVFP4 (without `<dim=...>`)             | f32 sums of block-scaled operands | packed codes and scales, f32 biases |
 //!
 //! A model holding NaN or infinite parameters is refused when it is read (see
 //! [`model_file`]): the scores of a diverged model would be meaningless, and formats
@@ -38,6 +39,7 @@
 //! with the same bits either way.
 
 pub mod arith;
+pub mod block_file;
 pub mod checks;
 pub mod model_file;
 
@@ -49,7 +51,7 @@ use candle_core::DType;
 use crate::data::Dataset;
 use crate::format::Format;
 use crate::quire::Accumulation;
-use arith::{run_plan, Arithmetic, Float16, Float32, Int8, PositGemm};
+use arith::{run_plan, Arithmetic, BlockScaled, Float16, Float32, Int8, PositGemm};
 pub use checks::{check_formats, model_file_name, prepare_out_dir};
 pub use model_file::{encode, read_weights, write_encoded, write_quantized, Encoded, Weights};
 
@@ -72,6 +74,12 @@ pub enum Method {
         /// Naive or quire accumulation.
         acc: Accumulation,
     },
+    /// Weights and layer inputs in a block-scaled `format` (MX, NVFP4) along the reduction
+    /// axis, f32 products and sums ([`BlockScaled`]).
+    BlockScaled {
+        /// The block-scaled format.
+        format: Format,
+    },
 }
 
 impl std::fmt::Display for Method {
@@ -87,15 +95,20 @@ impl std::fmt::Display for Method {
                 };
                 write!(f, "{format} {how}")
             }
+            Method::BlockScaled { format } => write!(f, "{format} f32"),
         }
     }
 }
 
 /// The methods evaluated for `formats`: float32, float16, int8, then each format naive
-/// and (for posits) with a quire.
+/// and (for posits) with a quire; a block-scaled format with f32 sums.
 pub fn methods(formats: &[Format]) -> Vec<Method> {
     let mut m = vec![Method::Float32, Method::Float16, Method::Int8];
     for &format in formats {
+        if matches!(format, Format::Mx(_) | Format::Nvfp4(_)) {
+            m.push(Method::BlockScaled { format });
+            continue;
+        }
         m.push(Method::Format {
             format,
             acc: Accumulation::Naive,
@@ -188,6 +201,7 @@ pub fn arithmetic(
             Box::new(Int8::new(weights, &calibration)?)
         }
         Method::Format { format, acc } => Box::new(PositGemm::new(weights, format, acc)?),
+        Method::BlockScaled { format } => Box::new(BlockScaled::new(weights, format)?),
     })
 }
 

@@ -9,7 +9,9 @@
 //! * posit and float formats: the format's own patterns ([`crate::ops::pack()`]);
 //! * clamped fixed point `fixed<wl,fl>`: the `wl`-bit two's complement integer `k` of the
 //!   value `k · 2^-fl`. Fixed point without clamping (`noclamp`) has values beyond its word
-//!   and cannot be stored; block floating point has no per-element pattern either.
+//!   and cannot be stored; block floating point has no per-element pattern either;
+//! * the block-scaled formats (MX, NVFP4): every weight packed with its block scales, the
+//!   biases in f32 ([`super::block_file`]).
 //!
 //! Reading either kind checks everything a wrong number could hide behind, and names the
 //! file and the problem: a missing, extra or wrongly shaped tensor (with the shape found and
@@ -25,6 +27,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
+use super::block_file::{self, is_block_scaled};
 use crate::format::grid::pow2;
 use crate::format::Fixed;
 use crate::format::Format;
@@ -91,12 +94,19 @@ pub struct Encoded {
     pub format: Format,
     /// The pattern tensors, sorted by name.
     pub tensors: Vec<(String, Tensor)>,
+    /// Metadata entries beside the format and the model (how to read packed weights back).
+    pub metadata: Vec<(String, String)>,
 }
 
-/// The dtype a quantized model file stores `format`'s patterns in, or why the format has
-/// no patterns to store (block floating point, fixed point without clamping).
+/// The dtype a quantized model file stores `format`'s patterns in (for the block-scaled
+/// formats: their packed codes and scale bytes), or why the format has no patterns to store
+/// (block floating point, fixed point without clamping).
 pub fn stored_dtype(format: &Format) -> Result<DType> {
     match format {
+        Format::Mx(_) | Format::Nvfp4(_) => {
+            block_file::along_inputs(format)?;
+            Ok(DType::U8)
+        }
         Format::Fixed(f) if !f.clamp() => bail!(
             "{format} is not clamped, so its values can lie beyond its {}-bit word and have no pattern to store",
             f.wl()
@@ -122,6 +132,15 @@ fn dtype_of_bits(bits: u32) -> DType {
 /// patterns a quantized model file holds.
 pub fn encode(weights: &Weights, format: &Format) -> Result<Encoded> {
     stored_dtype(format)?;
+    if is_block_scaled(format) {
+        let (tensors, metadata) = block_file::encode(&weights.tensors, format)?;
+        return Ok(Encoded {
+            model: weights.model,
+            format: *format,
+            tensors,
+            metadata,
+        });
+    }
     let mut names: Vec<&String> = weights.tensors.keys().collect();
     names.sort();
     let mut tensors = Vec::with_capacity(names.len());
@@ -138,16 +157,18 @@ pub fn encode(weights: &Weights, format: &Format) -> Result<Encoded> {
         model: weights.model,
         format: *format,
         tensors,
+        metadata: Vec::new(),
     })
 }
 
 /// Writes `encoded` with its format and model in the metadata, atomically. Returns the
 /// file's size in bytes.
 pub fn write_encoded(path: &Path, encoded: &Encoded) -> Result<u64> {
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         (FORMAT_KEY.to_string(), encoded.format.to_string()),
         (MODEL_KEY.to_string(), encoded.model.to_string()),
     ]);
+    metadata.extend(encoded.metadata.iter().cloned());
     let bytes = safetensors::serialize(
         encoded.tensors.iter().map(|(n, t)| (n.as_str(), t)),
         Some(metadata),
@@ -183,8 +204,19 @@ pub fn read_weights(path: &Path, model: Option<ModelKind>) -> Result<Weights> {
             path.display()
         ),
     };
-    check_parameters(model, &tensors, path)?;
     let format = format_from_metadata(&metadata, path)?;
+    if let Some(f) = format.filter(is_block_scaled) {
+        let values = block_file::decode(tensors, &metadata, &f)
+            .with_context(|| format!("{}", path.display()))?;
+        check_parameters(model, &values, path)?;
+        check_finite(&values, path)?;
+        return Ok(Weights {
+            model,
+            tensors: values,
+            format,
+        });
+    }
+    check_parameters(model, &tensors, path)?;
     let mut values = HashMap::new();
     for (name, t) in tensors {
         let v = match &format {

@@ -368,7 +368,13 @@ fn mutated_quantized_model_files_are_read_or_refused_without_a_panic() {
     let weights = read_weights(&mlp_model(), Some(ModelKind::Mlp)).unwrap();
     let mut rng = Rng::new(0x9e37_79b9);
     let (mut read, mut refused, mut tried) = (0, 0, 0);
-    for format in ["posit<8,0>", "fixed<6,3,sym>", "posit<16,1>"] {
+    for format in [
+        "posit<8,0>",
+        "fixed<6,3,sym>",
+        "posit<16,1>",
+        "mxfp4_e2m1",
+        "nvfp4",
+    ] {
         let format: Format = format.parse().unwrap();
         let valid = dir.path().join("valid.safetensors");
         write_quantized(&valid, &weights, &format).unwrap();
