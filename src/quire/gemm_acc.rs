@@ -21,6 +21,7 @@
 //! to f32 conversion, which is exactly that rounding (subnormals, overflow to infinity).
 
 use super::gemm_cpu::{Bias, Dims};
+use super::naive_f32::NaiveF32;
 use super::round_odd::{add_odd, mul_odd};
 use crate::format::float::{Overflow, Specials};
 use crate::format::rounding::NearestEven;
@@ -124,8 +125,36 @@ fn accumulate_gemm(
     for_rows(out, m, n, parallel, row);
 }
 
+/// Runs the vectorised row kernel ([`NaiveF32`]) over every row, with the bias of each.
+#[allow(clippy::too_many_arguments)]
+fn f32_rows(
+    kernel: &NaiveF32,
+    a: &[f64],
+    b: &[f64],
+    (m, k, n): Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    let row = |i: usize, dst: &mut [f64]| {
+        let per_row;
+        let bias_row = match bias {
+            Bias::None => None,
+            Bias::PerCol(v) => Some(&v[..n]),
+            Bias::PerRow(v) => {
+                per_row = vec![v[i]; n];
+                Some(&per_row[..])
+            }
+        };
+        kernel.row(&a[i * k..i * k + k], &b[..k * n], bias_row, dst);
+    };
+    for_rows(out, m, n, parallel, row);
+}
+
 /// `out = F(A · B + bias)` with products rounded to `op` and sums to `acc` (see the module
-/// docs); operands on `op`'s grid.
+/// docs); operands on `op`'s grid. Where both formats round through f32 runs, the
+/// vectorised row kernel ([`super::naive_f32`]) computes the same bits.
 #[allow(clippy::too_many_arguments)]
 pub fn naive_sum_gemm(
     op: &Format,
@@ -137,6 +166,9 @@ pub fn naive_sum_gemm(
     out: &mut [f64],
     parallel: bool,
 ) {
+    if let Some(kernel) = NaiveF32::with_accumulator(op, acc, false) {
+        return f32_rows(&kernel, a, b, dims, bias, out, parallel);
+    }
     let (op, acc) = (Rounder::new(op), Rounder::new(acc));
     let step = |s: f64, x: f64, y: f64| acc.round(add_odd(s, op.round(mul_odd(x, y))));
     accumulate_gemm(op, acc, a, b, dims, bias, out, parallel, step)
@@ -156,6 +188,9 @@ pub fn fma_gemm(
     parallel: bool,
 ) {
     debug_assert!(products_exact(op));
+    if let Some(kernel) = NaiveF32::with_accumulator(op, acc, true) {
+        return f32_rows(&kernel, a, b, dims, bias, out, parallel);
+    }
     let (op, acc) = (Rounder::new(op), Rounder::new(acc));
     let step = |s: f64, x: f64, y: f64| acc.round(add_odd(s, x * y));
     accumulate_gemm(op, acc, a, b, dims, bias, out, parallel, step)

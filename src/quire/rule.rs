@@ -130,9 +130,30 @@ impl GemmRule {
         self.format().round_rule(f64::from(x), NearestEven, 0)
     }
 
-    /// Every element of `xs` rounded to `F` ([`GemmRule::operand`]), in parallel.
+    /// Every element of `xs` rounded to `F` ([`GemmRule::operand`]), in parallel: through
+    /// the quantize kernel's f32 fast path where every value of `F` is an f32 (so rounding
+    /// in f32 is rounding the value), else one element at a time in f64.
     pub fn operands(&self, xs: &[f32]) -> Vec<f64> {
         let format = self.format();
+        if values_are_f32(&format) {
+            let mut rounded = vec![0f32; xs.len()];
+            let dims = [xs.len()];
+            let f32_path = crate::backend::cpu::quantize_slice(
+                Some(xs),
+                &mut rounded,
+                &dims,
+                &format,
+                crate::format::Rounding::NearestEven,
+                None,
+            );
+            if f32_path.is_ok() {
+                return rounded
+                    .par_iter()
+                    .with_min_len(4096)
+                    .map(|&v| f64::from(v))
+                    .collect();
+            }
+        }
         xs.par_iter()
             .with_min_len(4096)
             .map(|&x| format.round_rule(f64::from(x), NearestEven, 0))
@@ -167,6 +188,20 @@ impl GemmRule {
             GemmRule::Lns(arith) => lns_gemm(arith, a, b, dims, bias, out, parallel),
         }
     }
+}
+
+/// Whether every value of `format` is an f32: posits, floats and fixed point of at most 24
+/// bits whose range lies inside f32's (LNS values are irrational, block formats round blocks).
+fn values_are_f32(format: &Format) -> bool {
+    let elementwise = matches!(
+        format,
+        Format::Posit(_) | Format::Float(_) | Format::Fixed(_)
+    );
+    let (max, min) = (format.max_finite(), format.min_positive());
+    elementwise
+        && format.bits() <= 24
+        && max.is_some_and(|m| m <= f64::from(f32::MAX))
+        && min.is_some_and(|m| m >= 2f64.powi(-149))
 }
 
 /// The LNS arithmetic of `(lns, gauss)`, built once per process (its tables take a while).
