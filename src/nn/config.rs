@@ -413,9 +413,9 @@ impl QConfig {
     pub fn accumulate(&self, name: &str) -> Accumulate {
         self.layers
             .iter()
+            .rev()
             .filter(|o| glob_match(&o.pattern, name))
-            .filter_map(|o| o.accumulate)
-            .last()
+            .find_map(|o| o.accumulate)
             .unwrap_or(self.accumulate)
     }
 

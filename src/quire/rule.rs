@@ -206,7 +206,8 @@ fn values_are_f32(format: &Format) -> bool {
 
 /// The LNS arithmetic of `(lns, gauss)`, built once per process (its tables take a while).
 fn lns_arith(lns: crate::format::lns::Lns, gauss: GaussLog) -> Result<LnsArith, String> {
-    static CACHE: OnceLock<Mutex<HashMap<(u32, u32, GaussLog), LnsArith>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(u32, u32, GaussLog), LnsArith>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let key = (lns.w(), lns.f(), gauss);
     let cache = CACHE.get_or_init(Default::default);
     if let Some(a) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
