@@ -20,7 +20,13 @@
 //! 2-core development machine (110 ms at 128x400x120, 18 ns per multiply-add, a cost that
 //! does not depend on the shape), too long for a criterion sample.
 //!
-//! Run: `cargo bench --bench gemm` (add `-- 128x400x120` to run one shape).
+//! A second set of groups, `accumulate/<shape>`, times the forward GEMM of a linear layer under
+//! each `accumulate` setting (`qcandle::quire::rule_linear`, `x (m x k) · w (n x k)ᵀ`, no
+//! bias: operand rounding, kernel and output included) against the same `f32-matmul`
+//! baseline, at 128x400x120 and, for the settings fast enough, 1024³.
+//!
+//! Run: `cargo bench --bench gemm` (add `-- 128x400x120` to run one shape, `-- accumulate/`
+//! for the layer groups only).
 
 /// The tool's CPU thread settings, applied before the first candle op.
 #[path = "../src/bin/qcandle/threads.rs"]
@@ -34,7 +40,7 @@ use criterion::{
 };
 use qcandle::format::Format;
 use qcandle::quire::gemm_cpu::{accumulator_for, Accumulator};
-use qcandle::quire::{naive_matmul, quire_matmul};
+use qcandle::quire::{naive_matmul, quire_matmul, rule_linear, Accumulate, LayerArith};
 
 const SHAPES: &[(usize, usize, usize)] = &[(128, 400, 120), (1024, 1024, 1024)];
 
@@ -94,5 +100,63 @@ fn bench_gemm(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_gemm);
+/// `(format, setting, runs at 1024³)` of the `accumulate/` groups.
+const SETTINGS: &[(&str, &str, bool)] = &[
+    ("posit<8,0>", "quire", true),
+    ("posit<8,0>", "naive", false),
+    ("posit<16,1>", "quire", false),
+    ("posit<16,1>", "naive", false),
+    ("e4m3", "naive:fp16", false),
+    ("e4m3", "fma:fp32", false),
+    ("lns<16,8>", "lns:ideal", false),
+];
+
+fn bench_accumulate(c: &mut Criterion) {
+    threads::tune_cpu_threads();
+    for &(m, k, n) in SHAPES {
+        let big = m * k * n >= 1 << 28;
+        let x = Tensor::from_vec(
+            qcandle::report::normal_samples(m * k, 1),
+            (m, k),
+            &Device::Cpu,
+        )
+        .expect("x");
+        let w = Tensor::from_vec(
+            qcandle::report::normal_samples(k * n, 2),
+            (n, k),
+            &Device::Cpu,
+        )
+        .expect("w");
+        let wt = w.t().expect("wt").contiguous().expect("contiguous");
+        let mut g = c.benchmark_group(format!("accumulate/{m}x{k}x{n}"));
+        g.throughput(Throughput::Elements((m * k * n) as u64));
+        g.sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_secs(1));
+        if big {
+            g.sample_size(10).measurement_time(Duration::from_secs(5));
+        } else {
+            g.sample_size(20).measurement_time(Duration::from_secs(3));
+        }
+        g.bench_function("f32-matmul", |bench| {
+            bench.iter(|| x.matmul(&wt).expect("matmul"))
+        });
+        for &(format, setting, at_big) in SETTINGS {
+            if big && !at_big {
+                continue;
+            }
+            let f: Format = format.parse().expect("format");
+            let acc: Accumulate = setting.parse().expect("setting");
+            let arith = LayerArith::new(&acc, Some(f), Some(f), Some(f))
+                .expect("rules")
+                .expect("not f32");
+            let id = BenchmarkId::new(setting, format);
+            g.bench_with_input(id, &arith, |bench, arith| {
+                bench.iter(|| rule_linear(&x, &w, None, arith).expect("linear"))
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench_gemm, bench_accumulate);
 criterion_main!(benches);

@@ -414,3 +414,37 @@ fn csv_fields_read_back_what_csv_field_writes() {
     assert_eq!(csv_field("posit<8,0>"), "\"posit<8,0>\"");
     assert_eq!(csv_field("e4m3"), "e4m3");
 }
+
+#[test]
+fn an_accumulate_axis_sets_every_layers_arithmetic() {
+    let p = plan(
+        r#"
+name = "acc"
+[base]
+model = "mlp"
+data = "embedded"
+config = "posit<16,1>"
+[grid]
+accumulate = ["f32", "quire", "naive:fp16"]
+"#,
+    )
+    .unwrap();
+    assert_eq!(names(&p), ["acc-f32", "acc-quire", "acc-naive_fp16"]);
+    let settings: Vec<String> = p
+        .points
+        .iter()
+        .map(|pt| pt.settings.config.accumulate("fc1").to_string())
+        .collect();
+    assert_eq!(settings, ["f32", "quire", "naive:fp16"]);
+    let e = error(
+        r#"
+name = "acc"
+[grid]
+accumulate = ["quire", "exact"]
+"#,
+    );
+    assert!(
+        e.contains("grid.accumulate[1]") && e.contains("expected one of"),
+        "{e}"
+    );
+}

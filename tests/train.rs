@@ -89,6 +89,60 @@ fn lenet5_learns_fashion_mnist_in_float32_and_posit_16_1() -> R {
     Ok(())
 }
 
+/// Training with the layers' GEMMs in the simulated arithmetic (`accumulate`) learns: LeNet-5
+/// (convolutions through im2col) with every GEMM in posit<16,1> quire arithmetic, and an MLP
+/// whose every multiply and add is rounded to posit<16,1>, in e4m3 with fp16 sums, and in
+/// LNS arithmetic.
+#[test]
+fn training_with_accumulate_set_learns() -> R {
+    let uniform = |format: &str, acc: &str| -> anyhow::Result<QConfig> {
+        let text = format!(
+            "weight = \"{format}\"\nactivation = \"{format}\"\nerror = \"{format}\"\ngradient = \"{format}\"\naccumulate = \"{acc}\"\n"
+        );
+        Ok(QConfig::from_toml(&text)?)
+    };
+    // The fp8 preset (e4m3 forward, e5m2 backward, f32 weight copy) with fp16 sums.
+    let mut fp8 = QConfig::load("fp8")?;
+    fp8.accumulate = "naive:fp16".parse()?;
+    let cases = [
+        (
+            "lenet5",
+            "posit<16,1>",
+            "quire",
+            uniform("posit<16,1>", "quire")?,
+            2000,
+        ),
+        (
+            "mlp",
+            "posit<16,1>",
+            "naive",
+            uniform("posit<16,1>", "naive")?,
+            1200,
+        ),
+        ("mlp", "fp8", "naive:fp16", fp8, 1200),
+        (
+            "mlp",
+            "lns<16,8>",
+            "lns:ideal",
+            uniform("lns<16,8>", "lns:ideal")?,
+            600,
+        ),
+    ];
+    for (model, format, acc, config, n) in cases {
+        let data = subset(n, 500);
+        let opts = TrainOptions {
+            model: model.into(),
+            ..options(acc, 1)
+        };
+        let records = train(&data, &opts, &config, None, true)?;
+        let last = records.last().unwrap();
+        println!("{model} {format} {acc}: {last:?}");
+        // Chance is 10% top-1.
+        assert!(last.top1 > 40.0, "{model} {format} {acc}: {last:?}");
+    }
+    Ok(())
+}
+
 #[test]
 fn the_same_seed_reproduces_the_same_numbers_and_another_seed_does_not() -> R {
     let data = subset(640, 200);

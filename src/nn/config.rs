@@ -34,6 +34,23 @@
 //! weight = "none"
 //! ```
 //!
+//! `accumulate` (top level, and in `[[layer]]` entries) sets how each layer's GEMMs multiply
+//! and add, in forward and backward: `"f32"` (the default), `"quire"`, `"naive"`,
+//! `"naive:<format>"`, `"fma:<format>"` or `"lns:<impl>"` (the rules are in
+//! [`crate::quire::accumulate`]; not to be confused with the `accumulator` category, the
+//! optimizer's weight copy):
+//!
+//! ```toml
+//! weight = "posit<16,1>"
+//! activation = "posit<16,1>"
+//! error = "posit<16,1>"
+//! gradient = "posit<16,1>"
+//! accumulate = "quire"
+//! [[layer]]
+//! pattern = "fc3"
+//! accumulate = "naive"
+//! ```
+//!
 //! `seed` is the run's seed when `qcandle train` is given no `--seed` (the flag wins when
 //! given; without either the seed is 0). It seeds the initial weights, the batch order and
 //! the stochastic-rounding streams.
@@ -52,6 +69,7 @@ use serde_json::{Map, Value};
 use crate::format::{Format, Rounding};
 use crate::ops::Quant;
 use crate::optim::ParamQuant;
+use crate::quire::Accumulate;
 
 /// A number category of low-precision training.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -198,6 +216,8 @@ pub struct LayerOverride {
     pub pattern: String,
     /// The categories replaced; `None` switches the category off.
     pub set: BTreeMap<Category, Option<QuantSpec>>,
+    /// The `accumulate` setting of these layers, when the entry gives one.
+    pub accumulate: Option<Accumulate>,
 }
 
 /// The quantization config of a training run: one optional format per category, per-layer
@@ -210,6 +230,8 @@ pub struct QConfig {
     pub base: Categories,
     /// Per-layer replacements, applied in order.
     pub layers: Vec<LayerOverride>,
+    /// How every layer's GEMMs multiply and add (per-layer entries may replace it).
+    pub accumulate: Accumulate,
 }
 
 /// A config that could not be read: the message names the field.
@@ -271,6 +293,7 @@ impl QConfig {
             seed: 0,
             base: Categories::all(spec),
             layers: Vec::new(),
+            accumulate: Accumulate::F32,
         }
     }
 
@@ -307,6 +330,7 @@ impl QConfig {
                     accumulator: Some(format("float<8,23>")),
                 },
                 layers: Vec::new(),
+                accumulate: Accumulate::F32,
             }),
             _ => None,
         }
@@ -385,6 +409,16 @@ impl QConfig {
         categories
     }
 
+    /// The `accumulate` setting of layer `name` after applying the matching overrides.
+    pub fn accumulate(&self, name: &str) -> Accumulate {
+        self.layers
+            .iter()
+            .rev()
+            .filter(|o| glob_match(&o.pattern, name))
+            .find_map(|o| o.accumulate)
+            .unwrap_or(self.accumulate)
+    }
+
     /// The `[[layer]]` patterns that match none of `layer_names`, in file order, each
     /// once. Such a pattern changes nothing, which is usually a typo (`fc_1` for `fc1`)
     /// or a config written for another model; callers warn about each.
@@ -443,6 +477,7 @@ impl QConfig {
                         .as_u64()
                         .ok_or_else(|| ConfigError::new("seed", "expected an integer >= 0"))?
                 }
+                "accumulate" => config.accumulate = parse_accumulate(v, "accumulate")?,
                 "layer" | "layers" => {
                     let list = v.as_array().ok_or_else(|| {
                         ConfigError::new(key.as_str(), "expected a list of tables")
@@ -465,6 +500,13 @@ impl QConfig {
     fn to_value(&self) -> Value {
         let mut map = Map::new();
         map.insert("seed".into(), Value::from(self.seed));
+        // Written only when set, so configs without it keep their text (and run names).
+        if !self.accumulate.is_f32() {
+            map.insert(
+                "accumulate".into(),
+                Value::from(self.accumulate.to_string()),
+            );
+        }
         for c in Category::ALL {
             if let Some(spec) = self.base.get(c) {
                 map.insert(c.key().into(), spec_value(Some(spec)));
@@ -479,6 +521,9 @@ impl QConfig {
                     m.insert("pattern".into(), Value::from(o.pattern.clone()));
                     for (c, spec) in &o.set {
                         m.insert(c.key().into(), spec_value(*spec));
+                    }
+                    if let Some(a) = o.accumulate {
+                        m.insert("accumulate".into(), Value::from(a.to_string()));
                     }
                     Value::Object(m)
                 })
@@ -510,7 +555,7 @@ fn parse_category(key: &str, prefix: &str) -> Result<Category, ConfigError> {
             ConfigError::new(
                 format!("{prefix}{key}"),
                 format!(
-                    "unknown field; expected seed, layer or one of {}",
+                    "unknown field; expected seed, accumulate, layer or one of {}",
                     keys.join(", ")
                 ),
             )
@@ -575,8 +620,11 @@ fn parse_override(v: &Value, field: &str) -> Result<LayerOverride, ConfigError> 
         .ok_or_else(|| ConfigError::new(field, "expected a table"))?;
     let mut pattern = None;
     let mut set = BTreeMap::new();
+    let mut accumulate = None;
     for (key, v) in map {
-        if key == "pattern" {
+        if key == "accumulate" {
+            accumulate = Some(parse_accumulate(v, &format!("{field}.accumulate"))?);
+        } else if key == "pattern" {
             let p = v.as_str().filter(|p| !p.is_empty()).ok_or_else(|| {
                 ConfigError::new(format!("{field}.pattern"), "expected a non-empty string")
             })?;
@@ -587,7 +635,23 @@ fn parse_override(v: &Value, field: &str) -> Result<LayerOverride, ConfigError> 
         }
     }
     let pattern = pattern.ok_or_else(|| ConfigError::new(format!("{field}.pattern"), "missing"))?;
-    Ok(LayerOverride { pattern, set })
+    Ok(LayerOverride {
+        pattern,
+        set,
+        accumulate,
+    })
+}
+
+/// An `accumulate` value: a string such as `"quire"` or `"naive:fp16"`. Errors name `field`.
+fn parse_accumulate(v: &Value, field: &str) -> Result<Accumulate, ConfigError> {
+    let s = v.as_str().ok_or_else(|| {
+        ConfigError::new(
+            field,
+            format!("expected a string: one of {}", Accumulate::SPELLINGS),
+        )
+    })?;
+    s.parse()
+        .map_err(|e: crate::quire::AccumulateError| ConfigError::new(field, e.to_string()))
 }
 
 /// Glob match with `*` (any run, possibly empty) and `?` (one character).

@@ -10,6 +10,14 @@
 //! not change) gradients, so one quantizer after each linear or convolution layer rounds
 //! every activation and every error of the network.
 //!
+//! With an `accumulate` setting other than `f32` ([`crate::quire::accumulate`]),
+//! `QLinear` and `QConv2d` compute `f` itself in the simulated arithmetic: the forward GEMM
+//! in the activation format, the input-gradient GEMM in the error format and the weight and
+//! bias gradients in the gradient format ([`crate::quire::rule_linear`],
+//! [`crate::quire::rule_conv2d`]). The quantizers stay where they are: `Q_w` before the
+//! GEMM, `Q_act` after it (on values already on its grid), `Q_err` on the incoming gradient
+//! before the backward GEMMs; a fused ReLU follows the GEMM as a separate step.
+//!
 //! The layers keep the variable names of candle-nn's (`name.weight`, `name.bias`), so a
 //! model trained with them loads into a plain candle model and back.
 
@@ -18,6 +26,7 @@ use candle_nn::{Conv2dConfig, VarBuilder};
 
 use crate::nn::config::{Category, QConfig};
 use crate::ops::{quantize, Quant, Quantizer};
+use crate::quire::LayerArith;
 
 /// The activation (forward) and error (backward) quantizer of layer `name`, or `None` if
 /// both categories are off.
@@ -59,18 +68,29 @@ struct LayerParams {
     bias: Option<Tensor>,
     weight_quant: Option<Quant>,
     output: Option<Quantizer>,
+    /// The rules of the layer's GEMMs; `None` for `accumulate = "f32"`.
+    arith: Option<LayerArith>,
     name: String,
 }
 
 impl LayerParams {
-    fn new(name: String, weight: &Tensor, bias: Option<&Tensor>, config: &QConfig) -> Self {
-        LayerParams {
+    fn new(name: String, weight: &Tensor, bias: Option<&Tensor>, config: &QConfig) -> Result<Self> {
+        let format = |c: Category| config.layer(&name).get(c).map(|s| s.format);
+        let arith = LayerArith::new(
+            &config.accumulate(&name),
+            format(Category::Activation),
+            format(Category::Error),
+            format(Category::Gradient),
+        )
+        .map_err(|e| candle_core::Error::Msg(format!("layer {name}: {e}")))?;
+        Ok(LayerParams {
             weight: weight.clone(),
             bias: bias.cloned(),
             weight_quant: config.quant(&name, Category::Weight),
             output: output_quantizer(config, &name),
+            arith,
             name,
-        }
+        })
     }
 
     /// The weight and bias as the layer uses them: rounded, straight-through.
@@ -98,7 +118,7 @@ impl QLinear {
         let name = vb.prefix();
         let linear = candle_nn::linear(in_dim, out_dim, vb)?;
         Ok(QLinear {
-            params: LayerParams::new(name, linear.weight(), linear.bias(), config),
+            params: LayerParams::new(name, linear.weight(), linear.bias(), config)?,
         })
     }
 
@@ -121,7 +141,10 @@ impl QLinear {
 impl Module for QLinear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (w, b) = self.params.rounded()?;
-        let y = candle_nn::Linear::new(w, b).forward(x)?;
+        let y = match &self.params.arith {
+            Some(arith) => crate::quire::rule_linear(x, &w, b.as_ref(), arith)?,
+            None => candle_nn::Linear::new(w, b).forward(x)?,
+        };
         round_output(y, self.params.output.as_ref())
     }
 }
@@ -148,7 +171,7 @@ impl QConv2d {
         let name = vb.prefix();
         let layer = candle_nn::conv2d(in_channels, out_channels, kernel, conv, vb)?;
         Ok(QConv2d {
-            params: LayerParams::new(name, layer.weight(), layer.bias(), config),
+            params: LayerParams::new(name, layer.weight(), layer.bias(), config)?,
             config: conv,
             relu: false,
         })
@@ -181,6 +204,11 @@ impl QConv2d {
 impl Module for QConv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (w, b) = self.params.rounded()?;
+        if let Some(arith) = &self.params.arith {
+            let y = crate::quire::rule_conv2d(x, &w, b.as_ref(), &self.config, arith)?;
+            let y = if self.relu { y.relu()? } else { y };
+            return round_output(y, self.params.output.as_ref());
+        }
         // The output quantizer runs inside the convolution op (same streams and calls).
         let quantizer = self.params.output.as_ref();
         crate::ops::conv2d_quantized(x, &w, b.as_ref(), &self.config, self.relu, quantizer)

@@ -10,15 +10,31 @@
 //!   (`cuda/gemm.cu`), with the CPU GEMMs' bits.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
+//! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
+//!   `naive:<format>`, `fma:<format>`, `lns:<impl>`) and the rule of each; [`rule`] resolves
+//!   it for one GEMM's format; [`gemm_acc`] and [`gemm_lns`] are the kernels of the
+//!   accumulator-format and LNS rules; [`layer_linear`] and [`layer_conv`] are the layers'
+//!   GEMMs with their backward passes.
 
+pub mod accumulate;
 pub mod accumulator;
+pub mod gemm_acc;
 pub mod gemm_cpu;
 #[cfg(feature = "cuda")]
 pub mod gemm_cuda;
+pub mod gemm_lns;
 pub mod int_dot;
+pub mod layer_conv;
+mod layer_io;
+pub mod layer_linear;
 pub mod naive_f32;
 pub mod ops;
 pub mod round_odd;
+pub mod rule;
 
+pub use accumulate::{Accumulate, AccumulateError, LnsSum};
 pub use accumulator::Quire;
+pub use layer_conv::rule_conv2d;
+pub use layer_linear::rule_linear;
 pub use ops::{conv2d, linear, matmul, naive_matmul, quire_matmul, Accumulation};
+pub use rule::{GemmRule, LayerArith};

@@ -11,6 +11,12 @@
 //! Applies to posits with n <= 24 and maxpos^2 <= 2^125, and floats with at most 21
 //! mantissa bits whose squared range lies inside f32's normal range (fp16, e5m2, e4m3, ...),
 //! so that no product or sum leaves f32's normal range.
+//!
+//! The same kernel serves `naive:<A>` and `fma:<A>` ([`super::gemm_acc`]) when both the
+//! operand format `F` and the accumulator `A` apply: products rounded with `F`'s plan (or,
+//! fused, left exact in f64), sums with `A`'s, the output with `F`'s. A sum of a value of `F`
+//! and one of `A` is zero or at least the smaller of their smallest magnitudes, and below
+//! twice the larger maximum, so it stays inside f32's normal range too.
 
 use super::round_odd::add_odd;
 use crate::backend::f32_plan::{F32Plan, RunRounder};
@@ -32,15 +38,14 @@ fn to_f32_odd(v: f64) -> f32 {
     })
 }
 
-/// The row kernel of one format.
-pub struct NaiveF32 {
+/// Nearest-even rounding of f32 runs to one format.
+struct RunRounding {
     plan: F32Plan,
     format: Format,
 }
 
-impl NaiveF32 {
-    /// The kernel for `format`, where it applies (see the module docs).
-    pub fn new(format: &Format) -> Option<Self> {
+impl RunRounding {
+    fn new(format: &Format) -> Option<Self> {
         let fits = match format {
             Format::Posit(p) => p.n() <= 24 && 2 * p.max_scale() <= 125,
             Format::Float(f) => {
@@ -52,7 +57,7 @@ impl NaiveF32 {
         if !fits {
             return None;
         }
-        Some(NaiveF32 {
+        Some(RunRounding {
             plan: F32Plan::new(format, RuleKind::NearestEven)?,
             format: *format,
         })
@@ -69,8 +74,44 @@ impl NaiveF32 {
             }
         }
     }
+}
+
+/// The row kernel of one operand format and one accumulator format.
+pub struct NaiveF32 {
+    op: RunRounding,
+    /// The accumulator's rounding; `None` when it is the operand format's.
+    sum: Option<RunRounding>,
+    /// Products left exact and added with one rounding (`fma`).
+    fused: bool,
+}
+
+impl NaiveF32 {
+    /// The kernel of `naive` in `format`, where it applies (see the module docs).
+    pub fn new(format: &Format) -> Option<Self> {
+        Some(NaiveF32 {
+            op: RunRounding::new(format)?,
+            sum: None,
+            fused: false,
+        })
+    }
+
+    /// The kernel of `naive:<acc>` (`fused` false) or `fma:<acc>` (`fused` true, products
+    /// of `op` exact in f64) for operands in `op`, where it applies.
+    pub fn with_accumulator(op: &Format, acc: &Format, fused: bool) -> Option<Self> {
+        Some(NaiveF32 {
+            op: RunRounding::new(op)?,
+            sum: Some(RunRounding::new(acc)?),
+            fused,
+        })
+    }
+
+    fn sum(&self) -> &RunRounding {
+        self.sum.as_ref().unwrap_or(&self.op)
+    }
 
     /// One output row: `out[j] = round(... round(round(0 + round(a_0 b_0j)) + ...) + bias_j)`
+    /// (with an accumulator: sums rounded to it, products to the operand format or fused,
+    /// the result rounded to the operand format)
     /// for `a` (k values), `b` (k x n, row-major) and the row's bias (if any).
     pub fn row(&self, a: &[f64], b: &[f64], bias: Option<&[f64]>, out: &mut [f64]) {
         let n = out.len();
@@ -80,20 +121,31 @@ impl NaiveF32 {
         for (t, &x) in a.iter().enumerate() {
             let brow = &b[t * n..t * n + n];
             // Products of two such values are exact in f64 (at most 2 x 22 significand bits).
-            for (p, &y) in tmp.iter_mut().zip(brow) {
-                *p = to_f32_odd(x * y);
+            if self.fused {
+                for ((s, &c), &y) in tmp.iter_mut().zip(&acc).zip(brow) {
+                    *s = to_f32_odd(add_odd(c as f64, x * y));
+                }
+            } else {
+                for (p, &y) in tmp.iter_mut().zip(brow) {
+                    *p = to_f32_odd(x * y);
+                }
+                self.op.round(&tmp, &mut prod);
+                for ((s, &c), &p) in tmp.iter_mut().zip(&acc).zip(&prod) {
+                    *s = to_f32_odd(add_odd(c as f64, p as f64));
+                }
             }
-            self.round(&tmp, &mut prod);
-            for ((s, &c), &p) in tmp.iter_mut().zip(&acc).zip(&prod) {
-                *s = to_f32_odd(add_odd(c as f64, p as f64));
-            }
-            self.round(&tmp, &mut acc);
+            self.sum().round(&tmp, &mut acc);
         }
         if let Some(bias) = bias {
             for ((s, &c), &v) in tmp.iter_mut().zip(&acc).zip(bias) {
                 *s = to_f32_odd(add_odd(c as f64, v));
             }
-            self.round(&tmp, &mut acc);
+            self.sum().round(&tmp, &mut acc);
+        }
+        if self.sum.is_some() {
+            // The output in the operand format.
+            tmp.copy_from_slice(&acc);
+            self.op.round(&tmp, &mut acc);
         }
         for (o, &c) in out.iter_mut().zip(&acc) {
             *o = c as f64;

@@ -361,6 +361,13 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
         (Some(_), _) => bail!("`category` needs a `format` to set it to"),
         (_, Some(_)) => bail!("`format` needs a `category` (or `all`) to set"),
     }
+    if let Some(Value::Accumulate(a)) = get(Key::Accumulate) {
+        config.accumulate = *a;
+        for layer in &mut config.layers {
+            layer.accumulate = None;
+        }
+        overrides.push(format!("accumulate={a}"));
+    }
     let data: DataSource = text(Key::Data, "fashion-mnist").parse()?;
     let data_dir = match get(Key::DataDir) {
         Some(Value::Path(_, resolved)) => Some(resolved.clone()),

@@ -36,7 +36,8 @@
 //! not rounded; a table `{ format = "...", rounding = "stochastic" }` sets the rounding);
 //! and the pair `category` + `format`, which sets the named category (or `all`: every
 //! category but the accumulator) to the format, so that one grid can set each category
-//! alone. Relative paths (`config` files, `data-dir`) are relative to the spec file's
+//! alone; and `accumulate`, the GEMM arithmetic of every layer (`"quire"`, `"naive:fp16"`, ...;
+//! see [`crate::quire::accumulate`]), replacing the config's in every layer. Relative paths (`config` files, `data-dir`) are relative to the spec file's
 //! directory, so a spec means the same from any working directory.
 
 use std::fmt;
@@ -83,6 +84,8 @@ pub enum Key {
     Category,
     /// The format that `category` is set to.
     Format,
+    /// The `accumulate` setting of every layer.
+    Accumulate,
 }
 
 impl Key {
@@ -102,7 +105,7 @@ impl Key {
             Key::TrainLimit,
         ];
         keys.extend(Category::ALL.map(Key::Quant));
-        keys.extend([Key::Category, Key::Format]);
+        keys.extend([Key::Category, Key::Format, Key::Accumulate]);
         keys
     }
 
@@ -123,6 +126,7 @@ impl Key {
             Key::Quant(c) => c.key(),
             Key::Category => "category",
             Key::Format => "format",
+            Key::Accumulate => "accumulate",
         }
     }
 
@@ -173,6 +177,8 @@ pub enum Value {
     Quant(Option<QuantSpec>),
     /// The categories `category` names: one, or every one but the accumulator (`all`).
     Categories(CategoryChoice),
+    /// An `accumulate` setting.
+    Accumulate(crate::quire::Accumulate),
 }
 
 /// What the `category` key names.
@@ -211,6 +217,7 @@ impl fmt::Display for Value {
             },
             Value::Categories(CategoryChoice::One(c)) => f.write_str(c.key()),
             Value::Categories(CategoryChoice::All) => f.write_str("all"),
+            Value::Accumulate(a) => write!(f, "{a}"),
         }
     }
 }
@@ -230,6 +237,7 @@ impl Value {
             (Key::Seed, v) => format!("s{v}"),
             (Key::TrainLimit, v) => format!("n{v}"),
             (Key::Quant(c), v) => format!("{}-{v}", c.key()),
+            (Key::Accumulate, v) => format!("acc-{v}"),
             (_, v) => v.to_string(),
         };
         file_safe(&text)
@@ -628,6 +636,10 @@ impl Reader<'_> {
                 Value::Real(x)
             }
             Key::Quant(_) | Key::Format => Value::Quant(quant_value(v, field)?),
+            Key::Accumulate => {
+                let s = text()?;
+                Value::Accumulate(s.parse().map_err(|e| anyhow!("{field}: {e}"))?)
+            }
             Key::Category => {
                 let s = text()?;
                 Value::Categories(match s.as_str() {

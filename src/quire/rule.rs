@@ -1,0 +1,269 @@
+//! One GEMM's arithmetic: an [`Accumulate`] setting resolved for the format `F` the GEMM
+//! computes in ([`GemmRule`]), and the three rules of a layer ([`LayerArith`]).
+//!
+//! A rule rounds the GEMM's operands to `F` ([`GemmRule::operands`]), runs the kernel of its
+//! setting on f64 row-major slices ([`GemmRule::gemm`]) and hands back each output as the
+//! f32 a tensor of `F` holds ([`GemmRule::output`]). The kernels:
+//!
+//! * `quire`: [`super::gemm_cpu::quire_gemm`] (the narrowest exact accumulator);
+//! * `naive`: [`super::gemm_cpu::naive_gemm`] (operation tables for 8-bit formats);
+//! * `naive:<A>` and `fma:<A>`: [`super::gemm_acc`];
+//! * `lns:<impl>`: [`super::gemm_lns`].
+//!
+//! Each is checked against a scalar reference loop in `tests/accumulate_layers.rs`.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use rayon::prelude::*;
+
+use super::accumulate::Accumulate;
+use super::accumulator::quire_support;
+use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
+use super::gemm_cpu::{naive_gemm, quire_gemm, Bias, Dims};
+use super::gemm_lns::lns_gemm;
+use crate::format::rounding::NearestEven;
+use crate::format::{Format, Posit};
+use crate::lns::{GaussLog, LnsArith};
+
+/// The arithmetic of one GEMM (see the module docs and [`super::accumulate`]).
+#[derive(Debug, Clone)]
+pub enum GemmRule {
+    /// Exact sums in a quire of this posit, one rounding per output.
+    Quire(Posit),
+    /// Every product and partial sum rounded to the format.
+    Naive(Format),
+    /// Products rounded to `op`, sums to `acc`, the output to `op`.
+    NaiveSum {
+        /// The GEMM's format `F`.
+        op: Format,
+        /// The accumulator's format.
+        acc: Format,
+    },
+    /// One rounding to `acc` per multiply-add, the output rounded to `op`.
+    Fma {
+        /// The GEMM's format `F`.
+        op: Format,
+        /// The accumulator's format.
+        acc: Format,
+    },
+    /// LNS arithmetic of one lns format.
+    Lns(LnsArith),
+}
+
+/// Why `format` cannot take single-operation rounding (`naive`, `naive:<A>`, `fma:<A>`), if
+/// it cannot.
+fn elementwise(format: &Format, role: &str) -> Result<(), String> {
+    match format {
+        Format::Block(_) | Format::Mx(_) | Format::Nvfp4(_) => Err(format!(
+            "{role} {format} rounds whole blocks, not single operations"
+        )),
+        Format::Lns(_) => Err(format!(
+            "{role} {format} is logarithmic: its arithmetic is accumulate = \"lns:<impl>\""
+        )),
+        Format::Posit(p) => quire_support(*p),
+        Format::Float(_) | Format::Fixed(_) => Ok(()),
+    }
+}
+
+impl GemmRule {
+    /// The rule of `setting` for a GEMM in `format`; `None` for `f32`; an error naming why
+    /// the setting cannot apply to the format.
+    pub fn new(setting: &Accumulate, format: &Format) -> Result<Option<GemmRule>, String> {
+        let f = *format;
+        Ok(Some(match setting {
+            Accumulate::F32 => return Ok(None),
+            Accumulate::Quire => match f {
+                Format::Posit(p) => {
+                    quire_support(p)?;
+                    GemmRule::Quire(p)
+                }
+                other => {
+                    return Err(format!(
+                        "quire needs a posit format, got {other} (naive, naive:<format> and fma:<format> take any elementwise format)"
+                    ))
+                }
+            },
+            Accumulate::Naive => {
+                elementwise(&f, "naive:")?;
+                GemmRule::Naive(f)
+            }
+            Accumulate::NaiveSum(acc) => {
+                elementwise(&f, "naive:<format>: the operand format")?;
+                elementwise(acc, "naive:<format>: the accumulator")?;
+                GemmRule::NaiveSum { op: f, acc: *acc }
+            }
+            Accumulate::Fma(acc) => {
+                elementwise(&f, "fma:<format>: the operand format")?;
+                elementwise(acc, "fma:<format>: the accumulator")?;
+                if !products_exact(&f) {
+                    return Err(format!(
+                        "fma:<format> needs operand products exact in f64 (at most 26 significand bits, products inside f64's normal range); {f} has more"
+                    ));
+                }
+                GemmRule::Fma { op: f, acc: *acc }
+            }
+            Accumulate::Lns(sum) => match f {
+                Format::Lns(l) => GemmRule::Lns(lns_arith(l, sum.gauss_log(l.f()))?),
+                other => {
+                    return Err(format!(
+                        "{setting} needs an lns format, got {other}"
+                    ))
+                }
+            },
+        }))
+    }
+
+    /// The format `F` the GEMM computes in (its operands' and its result's).
+    pub fn format(&self) -> Format {
+        match self {
+            GemmRule::Quire(p) => Format::Posit(*p),
+            GemmRule::Naive(f) => *f,
+            GemmRule::NaiveSum { op, .. } | GemmRule::Fma { op, .. } => *op,
+            GemmRule::Lns(a) => Format::Lns(a.lns()),
+        }
+    }
+
+    /// `x` rounded to `F` (nearest even), as the f64 value the kernels take.
+    #[inline]
+    pub fn operand(&self, x: f32) -> f64 {
+        self.format().round_rule(f64::from(x), NearestEven, 0)
+    }
+
+    /// Every element of `xs` rounded to `F` ([`GemmRule::operand`]), in parallel: through
+    /// the quantize kernel's f32 fast path where every value of `F` is an f32 (so rounding
+    /// in f32 is rounding the value), else one element at a time in f64.
+    pub fn operands(&self, xs: &[f32]) -> Vec<f64> {
+        let format = self.format();
+        if values_are_f32(&format) {
+            let mut rounded = vec![0f32; xs.len()];
+            let dims = [xs.len()];
+            let f32_path = crate::backend::cpu::quantize_slice(
+                Some(xs),
+                &mut rounded,
+                &dims,
+                &format,
+                crate::format::Rounding::NearestEven,
+                None,
+            );
+            if f32_path.is_ok() {
+                return rounded
+                    .par_iter()
+                    .with_min_len(4096)
+                    .map(|&v| f64::from(v))
+                    .collect();
+            }
+        }
+        xs.par_iter()
+            .with_min_len(4096)
+            .map(|&x| format.round_rule(f64::from(x), NearestEven, 0))
+            .collect()
+    }
+
+    /// The f32 a tensor holds for the kernel's output `v` (a value of `F`).
+    #[inline]
+    pub fn output(v: f64) -> f32 {
+        v as f32
+    }
+
+    /// `out (m x n) = A (m x k) · B (k x n) [+ bias]` under this rule; `a`, `b` and the
+    /// bias row-major and already rounded to `F`. `parallel` spreads rows over the rayon
+    /// pool (leave it off inside an outer parallel loop).
+    pub fn gemm(
+        &self,
+        a: &[f64],
+        b: &[f64],
+        dims: Dims,
+        bias: Bias,
+        out: &mut [f64],
+        parallel: bool,
+    ) {
+        match self {
+            GemmRule::Quire(p) => quire_gemm(*p, a, b, dims, bias, out, parallel),
+            GemmRule::Naive(f) => naive_gemm(f, a, b, dims, bias, out, parallel),
+            GemmRule::NaiveSum { op, acc } => {
+                naive_sum_gemm(op, acc, a, b, dims, bias, out, parallel)
+            }
+            GemmRule::Fma { op, acc } => fma_gemm(op, acc, a, b, dims, bias, out, parallel),
+            GemmRule::Lns(arith) => lns_gemm(arith, a, b, dims, bias, out, parallel),
+        }
+    }
+}
+
+/// Whether every value of `format` is an f32: posits, floats and fixed point of at most 24
+/// bits whose range lies inside f32's (LNS values are irrational, block formats round blocks).
+fn values_are_f32(format: &Format) -> bool {
+    let elementwise = matches!(
+        format,
+        Format::Posit(_) | Format::Float(_) | Format::Fixed(_)
+    );
+    let (max, min) = (format.max_finite(), format.min_positive());
+    elementwise
+        && format.bits() <= 24
+        && max.is_some_and(|m| m <= f64::from(f32::MAX))
+        && min.is_some_and(|m| m >= 2f64.powi(-149))
+}
+
+/// The LNS arithmetic of `(lns, gauss)`, built once per process (its tables take a while).
+fn lns_arith(lns: crate::format::lns::Lns, gauss: GaussLog) -> Result<LnsArith, String> {
+    type Cache = Mutex<HashMap<(u32, u32, GaussLog), LnsArith>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = (lns.w(), lns.f(), gauss);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(a) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(a);
+    }
+    let arith = LnsArith::new(lns, gauss).map_err(|e| e.to_string())?;
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, arith.clone());
+    }
+    Ok(arith)
+}
+
+/// The rules of a layer's three GEMMs: forward (in the activation format), input gradient
+/// (error format) and weight and bias gradients (gradient format).
+#[derive(Debug, Clone)]
+pub struct LayerArith {
+    /// The setting they come from.
+    pub setting: Accumulate,
+    /// `Y = X·Wᵀ + b`, in the activation format.
+    pub forward: GemmRule,
+    /// `dX = dY·W`, in the error format.
+    pub input_grad: GemmRule,
+    /// `dW = dYᵀ·X` and `db = Σ dY`, in the gradient format.
+    pub weight_grad: GemmRule,
+}
+
+impl LayerArith {
+    /// The rules of `setting` for a layer whose activation, error and gradient formats are
+    /// given; `None` for `f32`; an error naming the category at fault.
+    pub fn new(
+        setting: &Accumulate,
+        activation: Option<Format>,
+        error: Option<Format>,
+        gradient: Option<Format>,
+    ) -> Result<Option<LayerArith>, String> {
+        if setting.is_f32() {
+            return Ok(None);
+        }
+        let rule = |f: Option<Format>, category: &str, gemm: &str| -> Result<GemmRule, String> {
+            let f = f.ok_or_else(|| {
+                format!(
+                    "accumulate = \"{setting}\" needs a{} {category} format: the {gemm} is computed in it (set {category}, or use accumulate = \"f32\")",
+                    if category == "error" || category == "activation" { "n" } else { "" }
+                )
+            })?;
+            GemmRule::new(setting, &f)
+                .map_err(|e| {
+                    format!("accumulate = \"{setting}\" in the {category} format ({gemm}): {e}")
+                })?
+                .ok_or_else(|| "f32 has no rule".to_string())
+        };
+        Ok(Some(LayerArith {
+            setting: *setting,
+            forward: rule(activation, "activation", "forward GEMM")?,
+            input_grad: rule(error, "error", "input-gradient GEMM")?,
+            weight_grad: rule(gradient, "gradient", "weight-gradient GEMM")?,
+        }))
+    }
+}
