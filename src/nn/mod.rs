@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod config;
 pub mod layers;
 pub mod models;
+pub mod transformer;
 
 pub use blocks::{
     Activation, NormStats, QActivation, QAvgPool2d, QEmbedding, QLayerNorm, QMatMul, QRmsNorm,
@@ -13,3 +14,4 @@ pub use blocks::{
 pub use config::{Categories, Category, ConfigError, LayerOverride, QConfig, QuantSpec};
 pub use layers::{round_vars_in_place, QConv2d, QLinear, QSequential, QWrap};
 pub use models::{CifarNet, LeNet5, Mlp, Model, ModelKind, Stage};
+pub use transformer::{Transformer, TransformerConfig, MODADD_P};
