@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod config;
 pub mod layers;
 pub mod models;
+pub mod quantized_vb;
 pub mod transformer;
 
 pub use blocks::{
@@ -14,4 +15,5 @@ pub use blocks::{
 pub use config::{Categories, Category, ConfigError, LayerOverride, QConfig, QuantSpec};
 pub use layers::{round_vars_in_place, QConv2d, QLinear, QSequential, QWrap};
 pub use models::{CifarNet, LeNet5, Mlp, Model, ModelKind, Stage};
+pub use quantized_vb::quantized_var_builder;
 pub use transformer::{Transformer, TransformerConfig, MODADD_P};
