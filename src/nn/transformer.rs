@@ -192,7 +192,7 @@ impl Transformer {
         let all = [
             c.vocab, c.classes, c.seq_len, c.width, c.heads, c.layers, c.mlp,
         ];
-        if all.contains(&0) || c.width % c.heads != 0 {
+        if all.contains(&0) || !c.width.is_multiple_of(c.heads) {
             candle_core::bail!(
                 "transformer: every size must be >= 1 and the heads must divide the width, got \
                  {c:?}"
