@@ -124,3 +124,103 @@ fn the_transformer_learns_to_route_a_token_to_the_last_position() -> R {
     );
     Ok(())
 }
+
+#[test]
+fn lenet5_classic_is_lenet5_with_tanh_and_average_pooling() -> R {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = ModelKind::Lenet5Classic.build(vb, &QConfig::float32())?;
+    let count: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
+    assert_eq!(count, 61_706);
+    // The same computation written with candle ops on the model's variables.
+    let v = varmap.data().lock().unwrap().clone();
+    let t = |n: &str| v[n].as_tensor().clone();
+    let x = (Tensor::arange(0f32, 2.0 * 784.0, &Device::Cpu)?.reshape((2, 1, 28, 28))? / 1568.0)?;
+    let padded = (x
+        .affine(1.0, 1.0)?
+        .pad_with_zeros(2, 2, 2)?
+        .pad_with_zeros(3, 2, 2)?
+        - 1.0)?;
+    let conv = |x: &Tensor, l: &str| -> anyhow::Result<Tensor> {
+        let b = t(&format!("{l}.bias")).reshape((1, (), 1, 1))?;
+        Ok(x.conv2d(&t(&format!("{l}.weight")), 0, 1, 1, 1)?
+            .broadcast_add(&b)?)
+    };
+    let fc = |x: &Tensor, l: &str| -> anyhow::Result<Tensor> {
+        let w = t(&format!("{l}.weight"));
+        Ok(x.matmul(&w.t()?)?.broadcast_add(&t(&format!("{l}.bias")))?)
+    };
+    let h = conv(&padded, "conv1")?.tanh()?.avg_pool2d(2)?;
+    let h = conv(&h, "conv2")?.tanh()?.avg_pool2d(2)?.flatten_from(1)?;
+    let h = fc(&fc(&h, "fc1")?.tanh()?, "fc2")?.tanh()?;
+    let expected = fc(&h, "fc3")?;
+    let got = model.forward(&x)?;
+    let diff = (got - expected)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(diff < 1e-5, "differs by {diff}");
+    Ok(())
+}
+
+#[test]
+fn ptq_refuses_the_transformer() -> R {
+    let dir = tempfile::tempdir()?;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    ModelKind::Transformer.build(vb, &QConfig::float32())?;
+    let path = dir.path().join("model.safetensors");
+    varmap.save(&path)?;
+    let e = qcandle::ptq::read_weights(&path, Some(ModelKind::Transformer)).unwrap_err();
+    assert!(format!("{e:#}").contains("transformer is not one"), "{e:#}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "about 2 minutes: 20 epochs of modadd"]
+fn the_transformer_learns_modular_addition_above_chance_on_held_out_pairs() -> R {
+    // `qcandle train --model transformer --data modadd --epochs 20 --batch 64 --lr 3e-3
+    // --optimizer adamw`: the held-out pairs are answered far above chance (1/97 ≈ 1%).
+    let mut options = options("transformer", 20, 3e-3, 64);
+    options.optimizer = OptimizerKind::AdamW;
+    options.seed = 0;
+    let epochs = train(
+        &modadd(MODADD_P)?,
+        &options,
+        &QConfig::float32(),
+        None,
+        true,
+    )?;
+    let last = epochs.last().unwrap();
+    assert!(last.top1 > 5.0, "top-1 {} on held-out pairs", last.top1);
+    Ok(())
+}
+
+#[test]
+fn a_cli_run_trains_the_transformer_on_modadd() -> R {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("run");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_qcandle"))
+        .args([
+            "train",
+            "--model",
+            "transformer",
+            "--data",
+            "modadd",
+            "--epochs",
+            "1",
+        ])
+        .args([
+            "--train-limit",
+            "256",
+            "--batch",
+            "64",
+            "--config",
+            "posit<16,1>",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .status()?;
+    assert!(status.success());
+    let metrics = std::fs::read_to_string(out.join("metrics.csv"))?;
+    assert_eq!(metrics.lines().count(), 2, "{metrics}");
+    Ok(())
+}
