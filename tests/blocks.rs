@@ -431,3 +431,78 @@ fn embedding_backward_matches_finite_differences() -> R {
     check_finite_differences(&var(&varmap, "e.weight"), &g, &f, "table");
     Ok(())
 }
+
+#[test]
+fn batch_norm_matches_candle_nn_and_rounds_its_running_statistics() -> R {
+    use candle_core::ModuleT;
+    use qcandle::nn::QBatchNorm2d;
+    let config = QConfig::from_toml(
+        "weight = \"posit<8,1>\"\nactivation = \"e4m3\"\nerror = \"bf16\"\nmomentum = \"posit<6,0>\"",
+    )?;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let layer = QBatchNorm2d::new(3, 1e-5, 0.1, vb.pp("bn"), &config)?;
+    for name in ["bn.weight", "bn.bias"] {
+        var(&varmap, name).set(&randn(&[3], name.len() as u64, DType::F32))?;
+    }
+    let w = var(&varmap, "bn.weight");
+    let b = var(&varmap, "bn.bias");
+    let x = Var::from_tensor(&act_q(&randn(&[4, 3, 2, 2], 21, DType::F32)))?;
+    // The reference: candle-nn's BatchNorm on the rounded weights, with its own statistics.
+    let w_ref = Var::from_tensor(&weight_q(&w))?;
+    let b_ref = Var::from_tensor(&weight_q(&b))?;
+    let zeros = Var::from_tensor(&Tensor::zeros(3, DType::F32, &Device::Cpu)?)?;
+    let ones = Var::from_tensor(&Tensor::ones(3, DType::F32, &Device::Cpu)?)?;
+    let reference = candle_nn::BatchNorm::new_with_momentum(
+        3,
+        zeros.as_tensor().clone(),
+        ones.as_tensor().clone(),
+        w_ref.as_tensor().clone(),
+        b_ref.as_tensor().clone(),
+        1e-5,
+        0.1,
+    )?;
+    let x_ref = Var::from_tensor(x.as_tensor())?;
+    let y = layer.forward_t(&x, true)?;
+    let y_ref = reference.forward_t(&x_ref, true)?;
+    assert_same(&y, &act_q(&y_ref), "training forward");
+    let p6 = |t: &Tensor| quantize_no_grad(t, &q("posit<6,0>")).unwrap();
+    let (mean, var_) = layer.running_stats();
+    assert_same(mean, &p6(reference.running_mean()), "running mean");
+    assert_same(var_, &p6(reference.running_var()), "running variance");
+    assert_ne!(
+        bits(mean),
+        bits(reference.running_mean()),
+        "posit<6,0> rounds the mean"
+    );
+    let g = randn(&[4, 3, 2, 2], 22, DType::F32);
+    let grads = grads_of(&y, &g, &[x.as_tensor(), w.as_tensor(), b.as_tensor()]);
+    let grads_ref = grads_of(
+        &y_ref,
+        &err_q(&g),
+        &[x_ref.as_tensor(), w_ref.as_tensor(), b_ref.as_tensor()],
+    );
+    for (i, (a, b)) in grads.iter().zip(&grads_ref).enumerate() {
+        assert_same(a, b, &format!("gradient {i}"));
+    }
+    // Evaluation uses the rounded running statistics.
+    let eval_ref = candle_nn::BatchNorm::new_with_momentum(
+        3,
+        mean.copy()?,
+        var_.copy()?,
+        w_ref.as_tensor().clone(),
+        b_ref.as_tensor().clone(),
+        1e-5,
+        0.1,
+    )?;
+    assert_same(
+        &layer.forward_t(&x, false)?,
+        &act_q(&eval_ref.forward_t(&x, false)?),
+        "evaluation forward",
+    );
+    let e = layer
+        .forward_t(&randn(&[1, 3, 1, 1], 1, DType::F32), true)
+        .unwrap_err();
+    assert!(e.to_string().contains("more than one value"), "{e}");
+    Ok(())
+}

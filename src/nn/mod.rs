@@ -2,6 +2,7 @@
 //! ([`config`]), quantized layers ([`layers`]), quantized blocks for transformers and
 //! classic networks ([`blocks`]) and a small model zoo ([`models`]).
 
+pub mod batch_norm;
 pub mod blocks;
 pub mod config;
 pub mod layers;
@@ -9,6 +10,7 @@ pub mod models;
 pub mod quantized_vb;
 pub mod transformer;
 
+pub use batch_norm::QBatchNorm2d;
 pub use blocks::{
     Activation, NormStats, QActivation, QAvgPool2d, QEmbedding, QLayerNorm, QMatMul, QRmsNorm,
 };
