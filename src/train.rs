@@ -296,7 +296,8 @@ fn sorted_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
 
 /// PyTorch's default initialisation from a Philox stream keyed by the seed and the name:
 /// uniform in ±1/√fan_in, fan_in = the product of all dimensions but the first (the
-/// weight's) or, for a bias, its weight's fan-in.
+/// weight's) or, for a bias, its weight's fan-in. A layer whose weight is 1-D is a
+/// normalisation: its gain starts at 1 and its bias at 0.
 pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
     let vars = sorted_vars(varmap)?;
     for (name, var) in &vars {
@@ -306,6 +307,12 @@ pub fn init_vars(varmap: &VarMap, seed: u64) -> Result<()> {
             .find(|(n, _)| *n == format!("{layer}.weight"))
             .map_or(var, |p| &p.1);
         let dims = weight.dims();
+        if dims.len() == 1 {
+            // A normalisation layer (its weight is a gain): gain 1, bias 0.
+            let start: f32 = if name.ends_with(".weight") { 1.0 } else { 0.0 };
+            var.set(&Tensor::full(start, var.shape(), var.device())?.to_dtype(var.dtype())?)?;
+            continue;
+        }
         let fan_in: usize = dims.iter().skip(1).product::<usize>().max(1);
         let bound = 1.0 / (fan_in as f64).sqrt();
         let n = var.elem_count();

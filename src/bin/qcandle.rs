@@ -144,10 +144,10 @@ enum Command {
 
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// Model: mlp, lenet5, lenet5-unpadded, cifarnet.
+    /// Model: mlp, lenet5, lenet5-unpadded, cifarnet, lenet5-classic, transformer.
     #[arg(long, default_value = "lenet5")]
     model: String,
-    /// Dataset: fashion-mnist, mnist, or embedded (the Fashion-MNIST subset in the binary).
+    /// Dataset: fashion-mnist, mnist, embedded (the Fashion-MNIST subset in the binary), or modadd (modular addition mod 97, generated; for the transformer).
     #[arg(long, default_value = "fashion-mnist")]
     data: String,
     /// Directory of the IDX .gz files (default: $QCANDLE_DATA, then the dataset's

@@ -5,7 +5,8 @@
 //! or the same names without `.gz`) from a directory; [`embedded`] gives the first 6000
 //! training and 1000 test items of Fashion-MNIST, compiled into the library, so examples
 //! and tests run without any download. [`DataSource`] is the choice between the two as the
-//! command line spells it (`fashion-mnist`, `mnist` or `embedded`).
+//! command line spells it (`fashion-mnist`, `mnist` or `embedded`, or `modadd`, the
+//! synthetic sequence task of [`modadd`], generated in memory).
 //!
 //! A data directory that is missing or is a file, a missing file, and a corrupt file (see
 //! [`idx`] for the checks, made as the file is read, so a file declaring or inflating to
@@ -21,6 +22,7 @@
 //! hf-hub; this one reads the `.gz` files as distributed and needs no network.
 
 pub mod idx;
+pub mod modadd;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -56,10 +58,12 @@ pub enum DatasetName {
     FashionMnist,
     /// MNIST: 28x28 grayscale handwritten digits, 10 classes.
     Mnist,
+    /// Modular addition (see [`modadd`]), generated, not read from files.
+    ModAdd,
 }
 
 impl DatasetName {
-    /// Every dataset name, in the order they are listed in messages.
+    /// Every dataset read from files, in the order they are listed in messages.
     pub const ALL: [DatasetName; 2] = [DatasetName::FashionMnist, DatasetName::Mnist];
 
     /// The name as written on the command line.
@@ -67,6 +71,7 @@ impl DatasetName {
         match self {
             DatasetName::FashionMnist => "fashion-mnist",
             DatasetName::Mnist => "mnist",
+            DatasetName::ModAdd => "modadd",
         }
     }
 
@@ -74,7 +79,7 @@ impl DatasetName {
     pub fn default_dir(self) -> Option<&'static Path> {
         match self {
             DatasetName::FashionMnist => Some(Path::new(FASHION_MNIST_DEFAULT_DIR)),
-            DatasetName::Mnist => None,
+            DatasetName::Mnist | DatasetName::ModAdd => None,
         }
     }
 
@@ -91,6 +96,7 @@ impl DatasetName {
                 "download the official MNIST files ({files}) and pass --data-dir DIR or set \
                  {DATA_ENV}=DIR to their directory"
             ),
+            DatasetName::ModAdd => "it is generated in memory and reads no files".to_string(),
         }
     }
 }
@@ -122,6 +128,8 @@ pub enum DataSource {
     Files(DatasetName),
     /// The subset compiled into the library (see [`embedded`]).
     Embedded,
+    /// Modular addition mod 97, generated in memory (see [`modadd`]).
+    ModAdd,
 }
 
 impl DataSource {
@@ -129,7 +137,15 @@ impl DataSource {
     pub const EMBEDDED: &'static str = "embedded";
 
     /// Every source name, in the order they are listed in messages.
-    pub const NAMES: [&'static str; 3] = ["fashion-mnist", "mnist", DataSource::EMBEDDED];
+    pub const NAMES: [&'static str; 4] = [
+        "fashion-mnist",
+        "mnist",
+        DataSource::EMBEDDED,
+        DataSource::MODADD,
+    ];
+
+    /// The name of the modular-addition task.
+    pub const MODADD: &'static str = "modadd";
 
     /// Loads the dataset: [`load`] from `dir` for files, [`embedded`] for the subset (which
     /// reads no directory, so giving one is an error rather than silently ignored).
@@ -138,6 +154,10 @@ impl DataSource {
             (DataSource::Files(name), dir) => load(name, dir),
             (DataSource::Embedded, None) => embedded(),
             (DataSource::Embedded, Some(dir)) => Err(DataError::DirectoryWithEmbedded {
+                dir: dir.to_path_buf(),
+            }),
+            (DataSource::ModAdd, None) => modadd::modadd(modadd::MODADD_P),
+            (DataSource::ModAdd, Some(dir)) => Err(DataError::DirectoryWithGenerated {
                 dir: dir.to_path_buf(),
             }),
         }
@@ -149,6 +169,7 @@ impl fmt::Display for DataSource {
         match self {
             DataSource::Files(name) => name.fmt(f),
             DataSource::Embedded => f.write_str(DataSource::EMBEDDED),
+            DataSource::ModAdd => f.write_str(DataSource::MODADD),
         }
     }
 }
@@ -159,6 +180,9 @@ impl FromStr for DataSource {
     fn from_str(s: &str) -> Result<Self, DataError> {
         if s.trim().eq_ignore_ascii_case(DataSource::EMBEDDED) {
             return Ok(DataSource::Embedded);
+        }
+        if s.trim().eq_ignore_ascii_case(DataSource::MODADD) {
+            return Ok(DataSource::ModAdd);
         }
         s.parse()
             .map(DataSource::Files)
@@ -211,6 +235,12 @@ pub enum DataError {
         /// The directory that was given.
         dir: PathBuf,
     },
+    /// A data directory given with a generated dataset (`modadd`), which reads no files.
+    #[error("modadd is generated in memory and reads no files; a data directory ({}) cannot be used with it", dir.display())]
+    DirectoryWithGenerated {
+        /// The directory that was given.
+        dir: PathBuf,
+    },
     /// A file of the dataset is absent, compressed and uncompressed.
     #[error(
         "{dataset}: expected {} (or it uncompressed, without .gz) but it does not exist; {}",
@@ -256,7 +286,8 @@ impl From<DataError> for candle_core::Error {
 }
 
 /// A dataset in memory: images `(N, 1, 28, 28)` f32 in `[-1, 1]` (`x / 127.5 - 1`: pixel 0
-/// is -1, 255 is 1) and labels `(N)` u32 in `0..10`, on the CPU.
+/// is -1, 255 is 1) and labels `(N)` u32 in `0..10`, on the CPU; for [`modadd`], token rows
+/// `(N, 1, 1, 3)` and labels in `0..97`.
 #[derive(Debug, Clone)]
 pub struct Dataset {
     /// Which dataset.
@@ -296,7 +327,13 @@ pub fn resolve_dir(
 ///
 /// Each of the [`FILES`] is read compressed, or uncompressed (name without `.gz`) when the
 /// `.gz` is absent. Errors name the file and say how to obtain the dataset.
+///
+/// [`DatasetName::ModAdd`] reads no files: it is generated ([`modadd::modadd`]) and `dir` is
+/// not used.
 pub fn load(name: DatasetName, dir: Option<&Path>) -> Result<Dataset, DataError> {
+    if name == DatasetName::ModAdd {
+        return modadd::modadd(modadd::MODADD_P);
+    }
     let dir = resolve_dir(name, dir, std::env::var_os(DATA_ENV))?;
     check_dir(name, &dir)?;
     let path_of = |file: &str| -> Result<PathBuf, DataError> {

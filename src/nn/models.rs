@@ -1,6 +1,7 @@
-//! A small model zoo built from the quantized layers: MLP, LeNet-5 and CifarNet.
+//! A small model zoo built from the quantized layers: MLP, LeNet-5 (with ReLU and max
+//! pooling, or the classic TanH and average pooling), CifarNet and a small transformer.
 //!
-//! Every model takes images (N, C, H, W) scaled to [-1, 1] and returns logits (N, 10);
+//! Every image model takes images (N, C, H, W) scaled to [-1, 1] and returns logits (N, 10);
 //! images of another shape are refused before the first layer with a message saying what
 //! the model needs and what it was given ([`ModelKind::check_input`]). The input is rounded
 //! with the activation format of the pseudo-layer `input` (real hardware would hold its input
@@ -18,6 +19,17 @@
 //! ReLU → max-pool 2 → fc 120 → ReLU → fc 84 → ReLU → fc 10: 61,706 parameters. Without the
 //! padding, fc1 sees 16·4·4 inputs instead of 16·5·5 and the count is 44,426.
 //!
+//! LeNet-5 classic is LeCun et al. (1998)'s activations and pooling on the same sizes, as the
+//! posit literature trains it: TanH after every layer but the last, and 2x2 average pooling
+//! (rounded by its own quantizer, since a mean of grid values is off the grid), 61,706
+//! parameters. Its activations and pools are named `tanh1`..`tanh4` and `pool1`, `pool2`.
+//!
+//! The transformer ([`crate::nn::transformer`]) takes rows of 3 token ids, held as f32
+//! "images" (N, 1, 1, 3) so it runs on the same datasets' plumbing (`--data modadd`), and
+//! returns logits (N, 97). It is not a list of stages: its [`plan`](ModelKind::plan) is
+//! empty and [`has_plan`](ModelKind::has_plan) is false, so post-training quantization,
+//! which replays plans, refuses it.
+//!
 //! CifarNet is TF-slim's CIFAR-10 network without local response normalisation and
 //! dropout, with 2x2 pooling: conv 5x5 (64, same) → ReLU → max-pool 2 → conv 5x5 (64, same)
 //! → ReLU → max-pool 2 → fc 384 → ReLU → fc 192 → ReLU → fc 10 on 3x32x32 images.
@@ -28,8 +40,10 @@ use std::str::FromStr;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, VarBuilder};
 
+use crate::nn::blocks::{Activation, QActivation, QAvgPool2d};
 use crate::nn::config::{Category, QConfig};
 use crate::nn::layers::{QConv2d, QLinear};
+use crate::nn::transformer::{Transformer, TransformerConfig};
 use crate::ops::{quantize_no_grad, Quant};
 
 /// The models of the zoo.
@@ -43,23 +57,47 @@ pub enum ModelKind {
     Lenet5Unpadded,
     /// CifarNet on 3x32x32 images.
     CifarNet,
+    /// LeNet-5 with TanH and average pooling on 28x28 images padded to 32x32.
+    Lenet5Classic,
+    /// A 2-block pre-norm transformer (width 128, 4 heads) on 3 tokens (modular addition).
+    Transformer,
 }
 
 impl ModelKind {
-    /// Every model, with its command-line name.
-    pub const ALL: [(ModelKind, &'static str); 4] = [
+    /// Every image model (a plan of stages, classes 0..10), with its command-line name.
+    pub const ALL: [(ModelKind, &'static str); 5] = [
         (ModelKind::Mlp, "mlp"),
         (ModelKind::Lenet5, "lenet5"),
         (ModelKind::Lenet5Unpadded, "lenet5-unpadded"),
         (ModelKind::CifarNet, "cifarnet"),
+        (ModelKind::Lenet5Classic, "lenet5-classic"),
     ];
 
-    /// The input image shape (C, H, W) the model expects.
+    /// The sequence models (token rows in, no plan of stages), with their command-line name.
+    pub const SEQUENCE: [(ModelKind, &'static str); 1] = [(ModelKind::Transformer, "transformer")];
+
+    /// Every model of the zoo: [`ALL`](Self::ALL), then [`SEQUENCE`](Self::SEQUENCE).
+    pub fn every() -> impl Iterator<Item = (ModelKind, &'static str)> {
+        ModelKind::ALL.into_iter().chain(ModelKind::SEQUENCE)
+    }
+
+    /// The input shape (C, H, W) the model expects: images, or for the transformer its 3
+    /// tokens as a 1x1x3 "image".
     pub fn input_shape(self) -> (usize, usize, usize) {
         match self {
             ModelKind::CifarNet => (3, 32, 32),
-            _ => (1, 28, 28),
+            ModelKind::Transformer => (1, 1, TransformerConfig::default().seq_len),
+            ModelKind::Mlp
+            | ModelKind::Lenet5
+            | ModelKind::Lenet5Unpadded
+            | ModelKind::Lenet5Classic => (1, 28, 28),
         }
+    }
+
+    /// Whether the model is a [plan](Self::plan) of stages (every image model), which
+    /// post-training quantization can replay; the transformer is not.
+    pub fn has_plan(self) -> bool {
+        self != ModelKind::Transformer
     }
 
     /// Checks that images of shape `dims` suit the model, before any layer sees them.
@@ -83,21 +121,31 @@ impl ModelKind {
 
     /// Builds the model's variables under `vb` and the model itself: the layers of its
     /// [plan](Self::plan), after the rounding of the input.
+    ///
+    /// The transformer's input is token ids, which are not rounded.
     pub fn build(self, vb: VarBuilder, config: &QConfig) -> Result<Model> {
+        if self == ModelKind::Transformer {
+            let transformer = Transformer::new(TransformerConfig::default(), vb, config)?;
+            return Ok(Model {
+                kind: self,
+                input: None,
+                body: Body::Transformer(Box::new(transformer)),
+            });
+        }
         let input = config.quant("input", Category::Activation);
         // The model checks its input before rounding it; its layers need not check again.
         let layers = Layers::build(self.plan(), None, &vb, config)?;
         Ok(Model {
             kind: self,
             input,
-            layers,
+            body: Body::Layers(layers),
         })
     }
 }
 
 impl fmt::Display for ModelKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = ModelKind::ALL.iter().find(|(k, _)| k == self).map(|p| p.1);
+        let name = ModelKind::every().find(|(k, _)| k == self).map(|p| p.1);
         f.write_str(name.unwrap_or("?"))
     }
 }
@@ -106,12 +154,11 @@ impl FromStr for ModelKind {
     type Err = candle_core::Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        ModelKind::ALL
-            .iter()
+        ModelKind::every()
             .find(|(_, name)| *name == s)
             .map(|p| p.0)
             .ok_or_else(|| {
-                let names: Vec<&str> = ModelKind::ALL.iter().map(|p| p.1).collect();
+                let names: Vec<&str> = ModelKind::every().map(|p| p.1).collect();
                 candle_core::Error::Msg(format!(
                     "unknown model `{s}`; models: {}",
                     names.join(", ")
@@ -125,7 +172,14 @@ impl FromStr for ModelKind {
 pub struct Model {
     kind: ModelKind,
     input: Option<Quant>,
-    layers: Layers,
+    body: Body,
+}
+
+/// What a model computes after the rounding of its input.
+#[derive(Debug, Clone)]
+enum Body {
+    Layers(Layers),
+    Transformer(Box<Transformer>),
 }
 
 impl Model {
@@ -138,7 +192,10 @@ impl Model {
     /// loop can place their random streams.
     pub fn quants(&self) -> Vec<Quant> {
         let mut quants: Vec<Quant> = self.input.iter().cloned().collect();
-        quants.extend(self.layers.quants());
+        quants.extend(match &self.body {
+            Body::Layers(layers) => layers.quants(),
+            Body::Transformer(t) => t.quants(),
+        });
         quants
     }
 }
@@ -152,7 +209,10 @@ impl Module for Model {
             Some(q) => quantize_no_grad(x, q)?,
             None => x.clone(),
         };
-        self.layers.forward(&x)
+        match &self.body {
+            Body::Layers(layers) => layers.forward(&x),
+            Body::Transformer(t) => t.forward(&x),
+        }
     }
 }
 
@@ -173,6 +233,8 @@ enum Layer {
     Relu,
     MaxPool(usize),
     Flatten,
+    Tanh(QActivation),
+    AvgPool(QAvgPool2d),
 }
 
 impl Layers {
@@ -217,6 +279,12 @@ impl Layers {
                 Stage::Relu => Layer::Relu,
                 Stage::MaxPool(k) => Layer::MaxPool(k),
                 Stage::Flatten => Layer::Flatten,
+                Stage::Tanh { name } => {
+                    Layer::Tanh(QActivation::new(&name, Activation::Tanh, config))
+                }
+                Stage::AvgPool { name, kernel } => {
+                    Layer::AvgPool(QAvgPool2d::new(&name, kernel, kernel, config)?)
+                }
             });
         }
         Ok(Layers { check, layers })
@@ -227,6 +295,8 @@ impl Layers {
         let layer_quants = self.layers.iter().map(|layer| match layer {
             Layer::Conv(c) => c.quants(),
             Layer::Linear(l) => l.quants(),
+            Layer::Tanh(a) => a.quants(),
+            Layer::AvgPool(p) => p.quants(),
             _ => vec![],
         });
         layer_quants.flatten().collect()
@@ -247,6 +317,8 @@ impl Module for Layers {
                 Layer::Relu => x.relu()?,
                 Layer::MaxPool(k) => crate::ops::max_pool2d(&x, *k, *k)?,
                 Layer::Flatten => x.flatten_from(1)?,
+                Layer::Tanh(a) => a.forward(&x)?,
+                Layer::AvgPool(p) => p.forward(&x)?,
             };
         }
         Ok(x)
@@ -367,12 +439,26 @@ pub enum Stage {
     MaxPool(usize),
     /// Flattens every dimension after the batch.
     Flatten,
+    /// TanH, its output and error rounded by the quantizer of layer `name`.
+    Tanh {
+        /// Layer name.
+        name: String,
+    },
+    /// Average pooling with a square window and equal stride, its output and error rounded
+    /// by the quantizer of layer `name`.
+    AvgPool {
+        /// Layer name.
+        name: String,
+        /// Window side (and stride).
+        kernel: usize,
+    },
 }
 
 impl ModelKind {
     /// The model's definition: its forward pass as a list of stages, with the layers' names
     /// and sizes. [`ModelKind::build`] builds a model of exactly these stages (plus the
-    /// rounding of its input and its layers' quantizers).
+    /// rounding of its input and its layers' quantizers). The transformer is not a list of
+    /// stages: its plan is empty (see [`has_plan`](Self::has_plan)).
     pub fn plan(self) -> Vec<Stage> {
         use Stage::*;
         let conv = |name: &str, in_channels, out_channels, padding| Conv {
@@ -401,7 +487,40 @@ impl ModelKind {
             let head = mlp_plan(&[16 * side * side, 120, 84, 10]);
             pad.into_iter().chain(convs).chain(head).collect()
         };
+        let tanh = |i: usize| Tanh {
+            name: format!("tanh{i}"),
+        };
+        let avg_pool = |i: usize| AvgPool {
+            name: format!("pool{i}"),
+            kernel: 2,
+        };
         match self {
+            ModelKind::Transformer => Vec::new(),
+            ModelKind::Lenet5Classic => {
+                let mut stages = vec![
+                    Pad {
+                        pad: 2,
+                        value: -1.0,
+                    },
+                    conv("conv1", 1, 6, 0),
+                    tanh(1),
+                    avg_pool(1),
+                    conv("conv2", 6, 16, 0),
+                    tanh(2),
+                    avg_pool(2),
+                ];
+                // The head of LeNet-5 with TanH in place of ReLU.
+                let mut head = mlp_plan(&[16 * 5 * 5, 120, 84, 10]);
+                let mut i = 2;
+                for stage in &mut head {
+                    if *stage == Relu {
+                        i += 1;
+                        *stage = tanh(i);
+                    }
+                }
+                stages.append(&mut head);
+                stages
+            }
             ModelKind::Mlp => mlp_plan(&[784, 256, 128, 10]),
             ModelKind::Lenet5 => lenet5(true),
             ModelKind::Lenet5Unpadded => lenet5(false),
