@@ -57,6 +57,8 @@ pub mod quire;
 pub mod report;
 #[cfg(feature = "cli")]
 pub mod run_dir;
+#[cfg(feature = "cli")]
+pub mod run_stats;
 pub mod stats;
 #[cfg(feature = "cli")]
 pub mod sweep;

@@ -8,11 +8,13 @@
 //!   nothing changed, so `SQNR = -20 log10(relative error)`);
 //! - mean signed error (bias) `Σe / n`, and relative bias `Σe / Σ|x|`.
 //!
-//! Counts, over the elements whose `x` is finite (`finite_inputs`): `flushed` (`x ≠ 0`,
-//! `q = 0`), `at_max` (`|q|` is the format's largest finite magnitude: saturation, or an input
-//! already there), `at_min` (`|q|` is its smallest positive magnitude, where a posit puts
-//! every nonzero value below it), `became_nonfinite` (`q` is NaN or ±Inf: overflow), and
-//! `exact` (`q = x`). The largest and smallest magnitudes are compared in the tensor's dtype;
+//! Counts, over the elements whose `x` is finite and nonzero (a zero rounds to zero in every
+//! format; [`RoundingStats::fraction`] divides by their number, which is also the
+//! histogram's total): `flushed` (`q = 0`), `at_max` (`|q|` is the format's largest finite
+//! magnitude: saturation, or an input already there), `at_min` (`|q|` is its smallest
+//! positive magnitude, where a posit puts every nonzero value below it), `became_nonfinite`
+//! (`q` is NaN or ±Inf: overflow), and `exact` (`q = x`). Zeros are counted apart
+//! (`zero_inputs`). The largest and smallest magnitudes are compared in the tensor's dtype;
 //! formats whose range depends on the data (block floating point, MX, NVFP4) count neither.
 //! Inputs that are already NaN/±Inf are counted apart (`nonfinite_inputs`) and left out of
 //! everything else.
@@ -58,7 +60,7 @@ pub struct RoundingStats {
     pub nonfinite_inputs: u64,
     /// Elements whose input was zero.
     pub zero_inputs: u64,
-    /// Elements left unchanged (`q = x`).
+    /// Nonzero inputs left unchanged (`q = x`).
     pub exact: u64,
     /// Nonzero inputs rounded to zero.
     pub flushed: u64,
@@ -106,11 +108,11 @@ impl RoundingStats {
                 self.nonfinite_inputs += 1;
                 continue;
             }
-            self.exact += u64::from(x == q);
             if x == 0.0 {
                 self.zero_inputs += 1;
             } else {
                 self.histogram.add(x);
+                self.exact += u64::from(x == q);
                 self.flushed += u64::from(q == 0.0);
             }
             if !q.is_finite() {
@@ -177,9 +179,14 @@ impl RoundingStats {
         (self.sum_abs_x > 0.0).then(|| self.sum_e / self.sum_abs_x)
     }
 
-    /// `count / finite_inputs` (0 without finite inputs).
+    /// Finite nonzero inputs: the denominator of [`RoundingStats::fraction`].
+    pub fn nonzero_inputs(&self) -> u64 {
+        self.finite_inputs() - self.zero_inputs
+    }
+
+    /// `count / nonzero_inputs` (0 without nonzero finite inputs).
     pub fn fraction(&self, count: u64) -> f64 {
-        match self.finite_inputs() {
+        match self.nonzero_inputs() {
             0 => 0.0,
             n => count as f64 / n as f64,
         }
@@ -222,7 +229,7 @@ mod tests {
         let s = RoundingStats::of(&x, &q, Limits::of::<f32>(&posit8()));
         assert_eq!(
             (s.count, s.nonfinite_inputs, s.zero_inputs, s.exact),
-            (7, 1, 1, 1)
+            (7, 1, 1, 0)
         );
         assert_eq!(
             (s.flushed, s.at_max, s.at_min, s.became_nonfinite),
@@ -255,7 +262,8 @@ mod tests {
         assert!((s.sqnr_db().unwrap() - by_hand).abs() < 1e-6, "{by_hand}");
         assert!((by_hand - 2.0847).abs() < 1e-4);
         assert_eq!(s.mean_error(), Some(sum_e / 6.0));
-        assert_eq!(s.fraction(s.at_max), 1.0 / 6.0);
+        assert_eq!(s.fraction(s.at_max), 1.0 / 5.0);
+        assert_eq!(s.nonzero_inputs(), s.histogram.total());
         // log2|x|: 0.1 in [2^-4, 2^-3), 1.7 in [1, 2), 2.6 in [2, 4), 300 in [256, 512),
         // 1e-9 in [2^-30, 2^-29).
         assert_eq!(
