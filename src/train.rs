@@ -444,19 +444,7 @@ impl Trainer {
                 return Err(Stopped { epoch }.into());
             }
             let (images, labels) = batch?;
-            let sampled = self
-                .stats
-                .as_ref()
-                .is_some_and(|s| s.every().is_sampled(i + 1, count));
-            if let Some(stats) = self.stats.as_ref().filter(|_| sampled) {
-                stats.set_on(true);
-            }
-            let step = self.step(&images, &labels);
-            if let Some(stats) = self.stats.as_mut().filter(|_| sampled) {
-                stats.set_on(false);
-                stats.collect(epoch, i + 1, count);
-            }
-            let loss = f64::from(step?);
+            let loss = f64::from(self.train_step(&images, &labels, epoch, i + 1, count)?);
             if !loss.is_finite() {
                 bail!("epoch {epoch}, batch {i}: the training loss is {loss}");
             }
@@ -464,6 +452,32 @@ impl Trainer {
             progress(i + 1, count, total / (i + 1) as f64);
         }
         Ok(total / count.max(1) as f64)
+    }
+
+    /// [`Trainer::step`] as step `step` (1-based) of the `steps` of `epoch`: with statistics
+    /// enabled, a sampled step is recorded (collectors switched on for it only). Returns the
+    /// batch's loss.
+    pub fn train_step(
+        &mut self,
+        images: &Tensor,
+        labels: &Tensor,
+        epoch: usize,
+        step: usize,
+        steps: usize,
+    ) -> Result<f32> {
+        let sampled = self
+            .stats
+            .as_ref()
+            .is_some_and(|s| s.every().is_sampled(step, steps));
+        if let Some(stats) = self.stats.as_ref().filter(|_| sampled) {
+            stats.set_on(true);
+        }
+        let loss = self.step(images, labels);
+        if let Some(stats) = self.stats.as_mut().filter(|_| sampled) {
+            stats.set_on(false);
+            stats.collect(epoch, step, steps);
+        }
+        loss
     }
 
     /// One training step on a batch: forward, cross-entropy loss, backward, optimizer

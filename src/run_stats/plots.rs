@@ -150,7 +150,7 @@ pub struct Panel {
 /// Panels per row of [`histograms`].
 const PANELS_PER_ROW: usize = 3;
 
-/// Draws `panels` in rows of [`PANELS_PER_ROW`] into `path` (PNG, atomically), under
+/// Draws `panels` in rows of three into `path` (PNG, atomically), under
 /// `title` (see the [module docs](self) for what a panel shows).
 pub fn histograms(title: &str, panels: &[Panel], path: &Path) -> Result<()> {
     crate::plot::register_font()?;

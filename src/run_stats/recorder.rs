@@ -41,7 +41,7 @@ impl FromStr for StatsEvery {
 impl StatsEvery {
     /// Whether step `step` (1-based) of an epoch of `steps` steps is recorded.
     pub fn is_sampled(self, step: usize, steps: usize) -> bool {
-        step % self.0 == 0 || step == steps
+        step.is_multiple_of(self.0) || step == steps
     }
 }
 

@@ -94,7 +94,7 @@ impl FormatGrid {
         let most = self.per_binade.iter().map(|p| p.1).max().unwrap_or(0);
         let mut dense = self.per_binade.iter().filter(|p| p.1 == most).map(|p| p.0);
         let first = dense.next().unwrap_or(0);
-        (first, dense.last().unwrap_or(first))
+        (first, dense.next_back().unwrap_or(first))
     }
 
     /// The binades of the smallest and the largest positive value.

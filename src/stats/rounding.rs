@@ -258,7 +258,7 @@ mod tests {
         assert!((rel - 236.0 / 90009.66f64.sqrt()).abs() < 1e-6, "{rel}");
         assert!((s.sqnr_db().unwrap() - (-20.0 * rel.log10())).abs() < 1e-9);
         // Σe² = 236² + 0.00625² + 0.0125² + 0.025² + (2^-6)² = 55696.001064...
-        let by_hand = 10.0 * (90009.66f64 / 55696.001_064).log10();
+        let by_hand = 10.0 * (90_009.66f64 / 55_696.001_064).log10();
         assert!((s.sqnr_db().unwrap() - by_hand).abs() < 1e-6, "{by_hand}");
         assert!((by_hand - 2.0847).abs() < 1e-4);
         assert_eq!(s.mean_error(), Some(sum_e / 6.0));
