@@ -224,7 +224,10 @@ impl MapFloatsInPlace for QuantizeOp {
         let before = self.collector.as_ref().map(|_| cpu::gather(v, layout));
         cpu::quantize_in_place(v, layout, &self.format, self.rounding, self.stream)?;
         if let (Some(c), Some(x)) = (&self.collector, before) {
-            c.record(&self.format, &x, &cpu::gather(v, layout));
+            match layout.contiguous_offsets() {
+                Some((start, end)) => c.record(&self.format, &x, &v[start..end]),
+                None => c.record(&self.format, &x, &cpu::gather(v, layout)),
+            }
         }
         Ok(())
     }

@@ -28,7 +28,9 @@ pub struct Pooled {
     pub stats: RoundingStats,
 }
 
-/// Fractions of the nonzero finite inputs, from the histogram, against the format's grid.
+/// Fractions of the nonzero finite inputs, from the histogram, against the format's grid
+/// (by whole binades: a value above the largest finite value but in its binade counts as in
+/// range, as does one below the smallest positive value in its binade).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Placement {
     /// Below the smallest positive value (binades below its binade).
@@ -253,14 +255,15 @@ mod tests {
         let grid = grid_of("posit<8,0>").unwrap();
         let mut h = Log2Histogram::new();
         // Below minpos 2^-6 (binade -7), at minpos (binade -6: in range), densest (-1, 0),
-        // above maxpos 64 (binade 7).
-        for x in [0.01, 2f64.powi(-6), 0.5, 1.5, 1.9, 200.0, 3.0, 100.0] {
+        // above maxpos 64 (binade 7 and up; 100 lies above maxpos but in its binade 6, and
+        // counts as in range).
+        for x in [0.01, 2f64.powi(-6), 0.5, 1.5, 1.9, 200.0, 3.0, 100.0, 300.0] {
             h.add(x);
         }
         let p = Placement::of(&h, &grid).unwrap();
         assert_eq!(
             (p.below_range, p.above_range, p.in_densest),
-            (0.125, 0.25, 0.375)
+            (1.0 / 9.0, 2.0 / 9.0, 3.0 / 9.0)
         );
         assert!(Placement::of(&Log2Histogram::new(), &grid).is_none());
     }

@@ -16,10 +16,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use rayon::prelude::*;
+
 use crate::backend::cpu::Element;
 use crate::format::Format;
 
 use super::rounding::{Limits, RoundingStats};
+
+/// Elements per part of [`Collector::record`].
+pub const CHUNK: usize = 1 << 16;
 
 /// Where in a model a quantizer rounds: a layer name and a number category key (`weight`,
 /// `activation`, `error`, `gradient`, `momentum`, `accumulator`).
@@ -73,12 +78,26 @@ impl Collector {
 
     /// Records one rounding to `format` of the values `x` into `q` (a whole tensor or a part
     /// of one, element by element).
+    ///
+    /// Values are taken in fixed runs of [`CHUNK`] elements, counted in parallel, so the
+    /// parts (and with [`Collector::take`]'s canonical order, the merged sums) do not depend
+    /// on the number of threads.
     pub fn record<T: Element>(&self, format: &Format, x: &[T], q: &[T]) {
-        let part = RoundingStats::of(x, q, Limits::of::<T>(format));
+        let limits = Limits::of::<T>(format);
+        let n = x.len().min(q.len());
+        let parts: Vec<RoundingStats> = if n <= CHUNK {
+            vec![RoundingStats::of(x, q, limits)]
+        } else {
+            x[..n]
+                .par_chunks(CHUNK)
+                .zip(q[..n].par_chunks(CHUNK))
+                .map(|(x, q)| RoundingStats::of(x, q, limits))
+                .collect()
+        };
         self.parts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(part);
+            .extend(parts);
     }
 
     /// Everything recorded since the last call, merged (in the canonical order of the parts);

@@ -91,44 +91,89 @@ impl RoundingStats {
         s
     }
 
-    /// Adds the pairs `(x[i], q[i])`, in order.
-    ///
-    /// # Panics
-    /// Never: elements past the shorter slice are ignored.
+    /// Adds the pairs `(x[i], q[i])`, in order (elements past the shorter slice are
+    /// ignored).
     pub fn record<T: Element>(&mut self, x: &[T], q: &[T], limits: Limits) {
-        let max = limits.max.unwrap_or(f64::NAN);
-        let min = limits.min.unwrap_or(f64::NAN);
-        let n = x.len().min(q.len());
-        self.count += n as u64;
-        let (mut sum_x2, mut sum_e2, mut sum_e, mut sum_abs_x) =
-            (self.sum_x2, self.sum_e2, self.sum_e, self.sum_abs_x);
-        for (&x, &q) in x.iter().zip(q) {
-            let (x, q) = (x.to_f64(), q.to_f64());
-            if !x.is_finite() {
-                self.nonfinite_inputs += 1;
-                continue;
-            }
-            if x == 0.0 {
-                self.zero_inputs += 1;
-            } else {
-                self.histogram.add(x);
-                self.exact += u64::from(x == q);
-                self.flushed += u64::from(q == 0.0);
-            }
-            if !q.is_finite() {
-                self.became_nonfinite += 1;
-                continue;
-            }
-            let a = q.abs();
-            self.at_max += u64::from(a == max);
-            self.at_min += u64::from(a == min);
-            let e = q - x;
-            sum_x2 += x * x;
-            sum_e2 += e * e;
-            sum_e += e;
-            sum_abs_x += x.abs();
+        if let (Some(x), Some(q)) = (T::as_f32s(x), T::as_f32s(q)) {
+            return self.record_f32(x, q, limits);
         }
-        (self.sum_x2, self.sum_e2, self.sum_e, self.sum_abs_x) = (sum_x2, sum_e2, sum_e, sum_abs_x);
+        let mut acc = Sums::from(&*self);
+        for (&x, &q) in x.iter().zip(q) {
+            self.add_pair(&mut acc, x.to_f64(), q.to_f64(), limits);
+        }
+        acc.store(self);
+    }
+
+    /// [`RoundingStats::record`] of f32 values: zeros rounded to zero and normal inputs with a
+    /// finite result (the common cases) inline, the binade counted by the f32 exponent byte;
+    /// every other pair through the general path. The same operations in the same order as
+    /// the general path (a zero rounded to zero adds `+0` to each sum there, which changes no
+    /// sum), so the same bits.
+    fn record_f32(&mut self, x: &[f32], q: &[f32], limits: Limits) {
+        let max = limits.max.map_or(f32::NAN, |m| m as f32);
+        let min = limits.min.map_or(f32::NAN, |m| m as f32);
+        let mut acc = Sums::from(&*self);
+        // Normal inputs per exponent byte (1 to 254: binade e - 127).
+        let mut by_exponent = [0u64; 256];
+        let (mut zeros, mut exact, mut flushed, mut at_max, mut at_min) = (0u64, 0, 0, 0, 0);
+        for (&xv, &qv) in x.iter().zip(q) {
+            let bits = xv.to_bits();
+            if bits << 1 == 0 && qv == 0.0 {
+                zeros += 1;
+                continue;
+            }
+            let e = (bits >> 23) & 0xff;
+            if e == 0 || e == 0xff || !qv.is_finite() {
+                // Subnormal or non-finite input, or non-finite result: the general path.
+                self.add_pair(&mut acc, f64::from(xv), f64::from(qv), limits);
+                continue;
+            }
+            by_exponent[e as usize] += 1;
+            exact += u64::from(xv == qv);
+            flushed += u64::from(qv == 0.0);
+            let a = qv.abs();
+            at_max += u64::from(a == max);
+            at_min += u64::from(a == min);
+            acc.add(f64::from(xv), f64::from(qv));
+        }
+        self.count += zeros;
+        self.zero_inputs += zeros;
+        for (e, &c) in by_exponent.iter().enumerate().take(255).skip(1) {
+            if c > 0 {
+                self.count += c;
+                self.histogram.add_to_bin(e as i32 - 127, c);
+            }
+        }
+        self.exact += exact;
+        self.flushed += flushed;
+        self.at_max += at_max;
+        self.at_min += at_min;
+        acc.store(self);
+    }
+
+    /// One pair through the general path (the sums in `acc`).
+    #[inline(always)]
+    fn add_pair(&mut self, acc: &mut Sums, x: f64, q: f64, limits: Limits) {
+        self.count += 1;
+        if !x.is_finite() {
+            self.nonfinite_inputs += 1;
+            return;
+        }
+        if x == 0.0 {
+            self.zero_inputs += 1;
+        } else {
+            self.histogram.add(x);
+            self.exact += u64::from(x == q);
+            self.flushed += u64::from(q == 0.0);
+        }
+        if !q.is_finite() {
+            self.became_nonfinite += 1;
+            return;
+        }
+        let a = q.abs();
+        self.at_max += u64::from(Some(a) == limits.max);
+        self.at_min += u64::from(Some(a) == limits.min);
+        acc.add(x, q);
     }
 
     /// Adds `other`'s sums and counts to these (sums in this order: `self` then `other`).
@@ -212,6 +257,39 @@ impl RoundingStats {
     }
 }
 
+/// The four running sums of [`RoundingStats`], kept in registers during a pass.
+struct Sums {
+    x2: f64,
+    e2: f64,
+    e: f64,
+    abs_x: f64,
+}
+
+impl Sums {
+    fn from(s: &RoundingStats) -> Self {
+        Sums {
+            x2: s.sum_x2,
+            e2: s.sum_e2,
+            e: s.sum_e,
+            abs_x: s.sum_abs_x,
+        }
+    }
+
+    /// Adds a pair of finite values: `x²`, `(q - x)²`, `q - x`, `|x|`.
+    #[inline(always)]
+    fn add(&mut self, x: f64, q: f64) {
+        let e = q - x;
+        self.x2 += x * x;
+        self.e2 += e * e;
+        self.e += e;
+        self.abs_x += x.abs();
+    }
+
+    fn store(self, s: &mut RoundingStats) {
+        (s.sum_x2, s.sum_e2, s.sum_e, s.sum_abs_x) = (self.x2, self.e2, self.e, self.abs_x);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +366,39 @@ mod tests {
         assert_eq!(same.relative_error(), Some(0.0));
         let empty = RoundingStats::of::<f32>(&[0.0], &[0.0], Limits::of::<f32>(&e4m3));
         assert_eq!((empty.sqnr_db(), empty.relative_bias()), (None, None));
+    }
+
+    #[test]
+    fn the_f32_pass_gives_the_bits_of_the_general_pass() {
+        let format: Format = "e4m3".parse().unwrap();
+        let mut x: Vec<f32> = (0..5000)
+            .map(|i| ((i as f32) * 0.618).sin() * 2f32.powi(i % 40 - 20))
+            .collect();
+        x.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::from_bits(3),
+            1e30,
+            -1e-40,
+        ]);
+        let q: Vec<f32> = x
+            .iter()
+            .map(|&v| format.round(f64::from(v), crate::Rounding::NearestEven, 0) as f32)
+            .collect();
+        let fast = RoundingStats::of(&x, &q, Limits::of::<f32>(&format));
+        let (x64, q64): (Vec<f64>, Vec<f64>) = x
+            .iter()
+            .zip(&q)
+            .map(|(&a, &b)| (f64::from(a), f64::from(b)))
+            .unzip();
+        let mut general = RoundingStats::of(&x64, &q64, Limits::of::<f32>(&format));
+        assert_eq!(fast.canonical_key(), general.canonical_key());
+        assert_eq!(fast.histogram, general.histogram);
+        assert!(fast.became_nonfinite > 0 && fast.flushed > 0 && fast.at_max > 0);
+        general.count += 1;
+        assert_ne!(fast, general);
     }
 
     #[test]
