@@ -25,7 +25,8 @@
 //! (quantized layers, models and their configs), [`optim`] (low-precision optimizers),
 //! [`quire`] (exact posit dot products), [`lns`] (arithmetic on logarithmic-number-system
 //! codes: exact products, sums by Gaussian logarithms, a naive matrix product), [`report`] (the formats table and rounding-error
-//! statistics) and [`device`] (the CPU or a CUDA GPU by name, as `--device` takes it).
+//! statistics), [`stats`] (what a rounding did to a tensor, where a format's values lie, and
+//! the collectors that observe quantizers) and [`device`] (the CPU or a CUDA GPU by name, as `--device` takes it).
 //!
 //! The `cli` feature (on by default) adds the `qcandle` command-line tool and the modules
 //! only it needs: `data` (datasets), `io` (tensor files), `train` and `run_dir` (training
@@ -56,6 +57,9 @@ pub mod quire;
 pub mod report;
 #[cfg(feature = "cli")]
 pub mod run_dir;
+#[cfg(feature = "cli")]
+pub mod run_stats;
+pub mod stats;
 #[cfg(feature = "cli")]
 pub mod sweep;
 #[cfg(feature = "cli")]

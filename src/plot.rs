@@ -91,7 +91,7 @@ pub fn training_curves(
 
 /// Registers the embedded font as plotters' "sans-serif" family (the family its default
 /// text styles use), once per process.
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok()

@@ -11,7 +11,10 @@
 //! Output directory (`--out`): `run.json` (options, config and per-epoch records),
 //! `metrics.csv`, `config.toml`, `model.safetensors` (the weights as candle-nn names
 //! them), `checkpoint.safetensors` (weights and optimizer state after the last finished
-//! epoch) and `curves.png`.
+//! epoch) and `curves.png`; with statistics ([`train_with_stats`]), `stats.csv`,
+//! `stats_hist.csv` and `stats.json` ([`crate::run_stats`]), which resume with the run.
+//! Recording statistics changes no number of the training: it is not part of the run's
+//! identity, and a run may be resumed with or without it.
 //!
 //! Run identity: a directory holds one run, named by everything that changes its results:
 //! the model, the config's contents (not the spelling of its path), the optimizer, learning
@@ -58,6 +61,7 @@ use crate::optim::{
 };
 use crate::philox::Stream;
 use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
+use crate::run_stats::{StatsEvery, StatsLog, StatsRecorder};
 
 /// Set by [`request_stop`]; checked before every training step.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -281,6 +285,8 @@ pub struct Trainer {
     quants: Vec<Quant>,
     /// The opened `options.device`: the variables, optimizer state and batches live here.
     device: Device,
+    /// The statistics being recorded, when enabled.
+    stats: Option<StatsRecorder>,
 }
 
 /// Variable names in a fixed order (the var map is a hash map).
@@ -363,7 +369,38 @@ impl Trainer {
             optimizer,
             quants,
             device,
+            stats: None,
         })
+    }
+
+    /// Records rounding statistics from now on, every `every` steps and at each epoch's last
+    /// step (see [`crate::run_stats`]): a collector per (layer, category) is attached to the
+    /// model's quantizers, except the forward rounding of the weights (which the optimizer
+    /// keeps on their grid, so it changes nothing), and to the optimizer's. CPU only: an error
+    /// on another device.
+    pub fn enable_stats(&mut self, every: StatsEvery) -> Result<()> {
+        if !self.device.is_cpu() {
+            bail!(
+                "rounding statistics are recorded on the CPU only; train without --stats on {}",
+                self.options.device
+            );
+        }
+        let model_quants = self.model.quants().len();
+        let observed: Vec<Quant> = self.quants[..model_quants]
+            .iter()
+            .filter(|q| q.site().is_none_or(|s| s.category != "weight"))
+            .chain(&self.quants[model_quants..])
+            .cloned()
+            .collect();
+        self.stats = Some(StatsRecorder::attach(every, &observed));
+        Ok(())
+    }
+
+    /// The statistics samples of the epoch just trained (empty without statistics).
+    pub fn take_stats_samples(&mut self) -> Vec<crate::run_stats::Sample> {
+        self.stats
+            .as_mut()
+            .map_or_else(Vec::new, StatsRecorder::take_samples)
     }
 
     /// The model.
@@ -406,12 +443,15 @@ impl Trainer {
         let batches = data.train_batches(self.options.batch, epoch, self.options.seed)?;
         let count = batches.len();
         let mut total = 0.0;
+        if let Some(stats) = &mut self.stats {
+            stats.discard();
+        }
         for (i, batch) in batches.enumerate() {
             if STOP.load(Ordering::SeqCst) {
                 return Err(Stopped { epoch }.into());
             }
             let (images, labels) = batch?;
-            let loss = f64::from(self.step(&images, &labels)?);
+            let loss = f64::from(self.train_step(&images, &labels, epoch, i + 1, count)?);
             if !loss.is_finite() {
                 bail!("epoch {epoch}, batch {i}: the training loss is {loss}");
             }
@@ -419,6 +459,32 @@ impl Trainer {
             progress(i + 1, count, total / (i + 1) as f64);
         }
         Ok(total / count.max(1) as f64)
+    }
+
+    /// [`Trainer::step`] as step `step` (1-based) of the `steps` of `epoch`: with statistics
+    /// enabled, a sampled step is recorded (collectors switched on for it only). Returns the
+    /// batch's loss.
+    pub fn train_step(
+        &mut self,
+        images: &Tensor,
+        labels: &Tensor,
+        epoch: usize,
+        step: usize,
+        steps: usize,
+    ) -> Result<f32> {
+        let sampled = self
+            .stats
+            .as_ref()
+            .is_some_and(|s| s.every().is_sampled(step, steps));
+        if let Some(stats) = self.stats.as_ref().filter(|_| sampled) {
+            stats.set_on(true);
+        }
+        let loss = self.step(images, labels);
+        if let Some(stats) = self.stats.as_mut().filter(|_| sampled) {
+            stats.set_on(false);
+            stats.collect(epoch, step, steps);
+        }
+        loss
     }
 
     /// One training step on a batch: forward, cross-entropy loss, backward, optimizer
@@ -536,6 +602,21 @@ pub fn train(
     out: Option<&Path>,
     quiet: bool,
 ) -> Result<Vec<EpochRecord>> {
+    train_with_stats(data, options, config, out, quiet, None)
+}
+
+/// [`train`], recording rounding statistics every `stats` steps when given (see
+/// [`crate::run_stats`]): written to `out` with each epoch's results and resumed with the run.
+/// The statistics of epochs finished before are kept whether or not `stats` is given now;
+/// recording them changes no number of the training.
+pub fn train_with_stats(
+    data: &Dataset,
+    options: &TrainOptions,
+    config: &QConfig,
+    out: Option<&Path>,
+    quiet: bool,
+    stats: Option<StatsEvery>,
+) -> Result<Vec<EpochRecord>> {
     options.validate()?;
     let kind: ModelKind = options.model.parse()?;
     kind.check_input(data.train_images.dims())?;
@@ -548,6 +629,10 @@ pub fn train(
         None => data,
     };
     let mut trainer = Trainer::new(options.clone(), config.clone())?;
+    if let Some(every) = stats {
+        trainer.enable_stats(every)?;
+    }
+    let mut stats_log = StatsLog::default();
     let layers = trainer.layer_names()?;
     let layer_refs: Vec<&str> = layers.iter().map(String::as_str).collect();
     for pattern in config.unmatched_patterns(&layer_refs) {
@@ -596,14 +681,22 @@ pub fn train(
                 .with_context(|| format!("cannot resume {} from {CHECKPOINT}", dir.display()))?;
             record.epochs = previous.epochs;
             record.files = previous.files;
+            stats_log = resumed_stats(dir, &record, &damage);
             if !damage.is_empty() {
-                save_run(dir, &trainer, &mut record)?;
-                let what: Vec<String> = damage.iter().map(|d| d.to_string()).collect();
-                note(&format!(
-                    "{}: {}; rewritten from the checkpoint",
-                    dir.display(),
-                    what.join(", ")
-                ));
+                save_run(dir, &trainer, &mut record, &stats_log)?;
+                // Damaged statistics were reported by `resumed_stats`: they are not rebuilt.
+                let what: Vec<String> = damage
+                    .iter()
+                    .filter(|d| !crate::run_stats::FILES.contains(&d.file()))
+                    .map(|d| d.to_string())
+                    .collect();
+                if !what.is_empty() {
+                    note(&format!(
+                        "{}: {}; rewritten from the checkpoint",
+                        dir.display(),
+                        what.join(", ")
+                    ));
+                }
             }
             if !quiet && !record.epochs.is_empty() {
                 note(&format!(
@@ -635,8 +728,9 @@ pub fn train(
             top5,
             seconds,
         });
+        stats_log.samples.extend(trainer.take_stats_samples());
         if let Some(lock) = &lock {
-            save_run(lock.dir(), &trainer, &mut record)?;
+            save_run(lock.dir(), &trainer, &mut record, &stats_log)?;
         }
     }
     Ok(record.epochs)
@@ -838,9 +932,49 @@ fn resumable(dir: &Path, current: &RunRecord) -> Result<Option<(RunRecord, Vec<D
     Ok(Some((previous, damage)))
 }
 
-/// Writes the model, checkpoint, config, metrics and curves of `record`, then `run.json`
-/// listing their digests (last: it marks the epoch as complete).
-fn save_run(dir: &Path, trainer: &Trainer, record: &mut RunRecord) -> Result<()> {
+/// The statistics of the finished epochs of the run being resumed in `dir`: read back from
+/// its files when `record` lists them and they are intact, else none (with a note naming
+/// what was lost: statistics cannot be rebuilt from the checkpoint).
+fn resumed_stats(dir: &Path, record: &RunRecord, damage: &[Damage]) -> StatsLog {
+    let listed = crate::run_stats::FILES
+        .iter()
+        .any(|f| record.files.contains_key(*f));
+    if !listed {
+        return StatsLog::default();
+    }
+    let lost = |why: String| {
+        note(&format!(
+            "{}: {why}; the rounding statistics of epochs 1 to {} are lost (statistics cannot be \
+             rebuilt from the checkpoint), later epochs are recorded as usual",
+            dir.display(),
+            record.epochs.len()
+        ));
+        StatsLog::default()
+    };
+    if let Some(d) = damage
+        .iter()
+        .find(|d| crate::run_stats::FILES.contains(&d.file()))
+    {
+        return lost(d.to_string());
+    }
+    let read = |name: &str| std::fs::read_to_string(dir.join(name));
+    let parsed = read("stats.csv")
+        .and_then(|s| Ok((s, read("stats_hist.csv")?)))
+        .map_err(anyhow::Error::from)
+        .and_then(|(s, h)| StatsLog::parse(&s, &h));
+    match parsed {
+        Ok(mut log) => {
+            log.truncate_to(record.epochs.len());
+            log
+        }
+        Err(e) => lost(format!("{e:#}")),
+    }
+}
+
+/// Writes the model, checkpoint, config, metrics and curves of `record` and the statistics
+/// of `stats` (when it holds any), then `run.json` listing their digests (last: it marks the
+/// epoch as complete).
+fn save_run(dir: &Path, trainer: &Trainer, record: &mut RunRecord, stats: &StatsLog) -> Result<()> {
     let model: Vec<(String, Tensor)> = sorted_vars(&trainer.varmap)?
         .into_iter()
         .map(|(n, v)| (n, v.as_tensor().clone()))
@@ -859,7 +993,25 @@ fn save_run(dir: &Path, trainer: &Trainer, record: &mut RunRecord) -> Result<()>
         &[accuracy],
         &dir.join("curves.png"),
     )?;
-    record.files = digests(dir, &RUN_FILES)?;
+    let mut files = RUN_FILES.to_vec();
+    if stats.samples.is_empty() {
+        // Files of statistics that were lost (damaged) are not results any more.
+        for name in crate::run_stats::FILES {
+            match std::fs::remove_file(dir.join(name)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("cannot remove {name}"));
+                }
+                _ => {}
+            }
+        }
+    } else {
+        write_text(&dir.join("stats.csv"), &stats.stats_csv())?;
+        write_text(&dir.join("stats_hist.csv"), &stats.hist_csv())?;
+        let summary = crate::run_stats::summary::summary_json(stats);
+        write_text(&dir.join("stats.json"), &summary)?;
+        files.extend(crate::run_stats::FILES);
+    }
+    record.files = digests(dir, &files)?;
     write_text(
         &dir.join("run.json"),
         &serde_json::to_string_pretty(record)?,

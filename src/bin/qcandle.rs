@@ -19,7 +19,8 @@ use clap::{Parser, Subcommand};
 use qcandle::data::Dataset;
 use qcandle::device::DeviceSpec;
 use qcandle::nn::{ModelKind, QConfig};
-use qcandle::train::{train, OptimizerKind, TrainOptions};
+use qcandle::run_stats::StatsEvery;
+use qcandle::train::{train, train_with_stats, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
 
 /// The reader of standard output closed the pipe.
@@ -117,6 +118,32 @@ enum Command {
         #[arg(long, default_value = "")]
         title: String,
     },
+    /// Rounding statistics of a run trained with --stats: a table of its sites (layer and
+    /// category), worst SQNR first, and pictures (SQNR heatmaps, histograms against the
+    /// format, flushed and saturated fractions over time).
+    Stats {
+        /// The run directory.
+        run: PathBuf,
+        /// Where to write the pictures (default: the run directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// What rounding each tensor of a model file to a format does, without training: the
+    /// rounding error and a histogram of log2|x| against the format.
+    Inspect {
+        /// A .safetensors file of float tensors (a run's model.safetensors).
+        model: PathBuf,
+        /// Formats (repeatable).
+        #[arg(long = "format", required = true)]
+        formats: Vec<Format>,
+        /// Also draw the histograms against each format into this PNG file (one file per
+        /// format: the format's name is added before the extension when there are several).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print the table only, without the text histograms.
+        #[arg(long)]
+        brief: bool,
+    },
     /// Post-training quantization: evaluate a trained model in float32, float16, int8 and
     /// each format with naive and quire arithmetic; save the quantized model.
     Ptq(PtqArgs),
@@ -189,6 +216,11 @@ struct TrainArgs {
     /// run: a run resumes only on the same kind.
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
+    /// Record rounding statistics of every layer and category every N steps and at each
+    /// epoch's last step (`--stats` alone: every=50) into stats.csv, stats_hist.csv and
+    /// stats.json; CPU only. Changes no number of the training.
+    #[arg(long, value_name = "every=N", num_args = 0..=1, default_missing_value = "every=50")]
+    stats: Option<StatsEvery>,
 }
 
 #[derive(clap::Args)]
@@ -293,6 +325,12 @@ fn run_train(args: TrainArgs) -> Result<()> {
     // Everything is checked before the data is read and before --out is created.
     options.validate()?;
     options.device.open()?;
+    if args.stats.is_some() && options.device != DeviceSpec::Cpu {
+        anyhow::bail!(
+            "--stats records rounding statistics on the CPU only; train on {} without it",
+            options.device
+        );
+    }
     let data = load_data(&args.data, args.data_dir.as_deref())?;
     let out = args
         .out
@@ -308,7 +346,7 @@ fn run_train(args: TrainArgs) -> Result<()> {
         options.device,
         out.display()
     );
-    let records = train(&data, &options, &config, Some(&out), args.quiet)?;
+    let records = train_with_stats(&data, &options, &config, Some(&out), args.quiet, args.stats)?;
     out!("{}", qcandle::train::metrics_csv(&records));
     if let Some(kib) = peak_rss_kib() {
         note!("peak resident memory: {:.1} MiB", kib as f64 / 1024.0);
@@ -496,6 +534,93 @@ fn ptq_table(
     Ok(report.markdown)
 }
 
+/// `qcandle stats RUN`: the table of the run's statistics, worst first, and its pictures.
+fn run_stats(run: &std::path::Path, out: Option<&std::path::Path>) -> Result<()> {
+    let record = finished_run(run)?;
+    if !record.files.contains_key("stats.csv") {
+        anyhow::bail!(
+            "{} holds no rounding statistics: train it with --stats (running the same command \
+             with --stats and more --epochs records the new epochs)",
+            run.display()
+        );
+    }
+    let read = |name: &str| {
+        std::fs::read_to_string(run.join(name))
+            .with_context(|| format!("cannot read {}", run.join(name).display()))
+    };
+    let log = qcandle::run_stats::StatsLog::parse(&read("stats.csv")?, &read("stats_hist.csv")?)
+        .with_context(|| format!("{}", run.display()))?;
+    let epochs = log.epochs();
+    let (first, last) = (epochs.first().copied(), epochs.last().copied());
+    let dir = out.unwrap_or(run);
+    qcandle::ptq::prepare_out_dir(dir)?;
+    let title = format!("{} {}", record.options.model, record.options.config_name);
+    let written = qcandle::run_stats::plots::write_plots(&log, &title, dir)?;
+    outln!(
+        "{}: rounding statistics of epochs {} to {}, last epoch pooled over its sampled steps, \
+         worst SQNR first\n",
+        run.display(),
+        first.unwrap_or(0),
+        last.unwrap_or(0)
+    );
+    out!("{}", qcandle::run_stats::summary::worst_first_table(&log));
+    for path in written {
+        note!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `qcandle inspect MODEL --format F`: per tensor and format, the table and the histograms.
+fn run_inspect(
+    model: &std::path::Path,
+    formats: &[Format],
+    plot: Option<&std::path::Path>,
+    brief: bool,
+) -> Result<()> {
+    if let Some(path) = plot {
+        check_plot_path(path)?;
+    }
+    let tensors = qcandle::io::read_tensors(model)?;
+    let mut all = Vec::new();
+    for format in formats {
+        let rows = qcandle::run_stats::inspect::inspect(&tensors, format)?;
+        if let Some(path) = plot {
+            let path = if formats.len() > 1 {
+                let label = qcandle::train::config_label(&format.to_string());
+                let stem = path
+                    .file_stem()
+                    .map_or("inspect".into(), |s| s.to_string_lossy());
+                path.with_file_name(format!("{stem}-{label}.png"))
+            } else {
+                path.to_path_buf()
+            };
+            let panels: Vec<_> = rows
+                .iter()
+                .map(|r| qcandle::run_stats::plots::Panel {
+                    caption: r.name.clone(),
+                    histogram: r.stats.histogram.clone(),
+                    format: r.format.to_string(),
+                })
+                .collect();
+            let title = format!("{}: log2|x| against {format}", model.display());
+            qcandle::run_stats::plots::histograms(&title, &panels, &path)?;
+            note!("wrote {}", path.display());
+        }
+        all.extend(rows);
+    }
+    if all.is_empty() {
+        anyhow::bail!("{} holds no float tensor", model.display());
+    }
+    out!("{}", qcandle::run_stats::inspect::table(&all));
+    if !brief {
+        for row in &all {
+            outln!();
+            out!("{}", qcandle::run_stats::inspect::histogram_text(row));
+        }
+    }
+    Ok(())
+}
+
 fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
     out!("{}", qcandle::report::demo_report(samples, seed)?);
     let data = qcandle::data::embedded()?;
@@ -588,6 +713,13 @@ fn run(command: Command) -> Result<()> {
         } => run_quantize(format, rounding, seed, &input, &output)?,
         Command::Train(args) => run_train(args)?,
         Command::Ptq(args) => run_ptq(args)?,
+        Command::Stats { run, out } => run_stats(&run, out.as_deref())?,
+        Command::Inspect {
+            model,
+            formats,
+            plot,
+            brief,
+        } => run_inspect(&model, &formats, plot.as_deref(), brief)?,
         Command::Sweep { command } => sweep::run(command)?,
         Command::Compare { runs, plot, title } => run_compare(&runs, plot.as_deref(), &title)?,
         Command::Demo {

@@ -70,6 +70,7 @@ use crate::format::{Format, Rounding};
 use crate::ops::Quant;
 use crate::optim::ParamQuant;
 use crate::quire::Accumulate;
+use crate::stats::Site;
 
 /// A number category of low-precision training.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -433,18 +434,20 @@ impl QConfig {
         unmatched
     }
 
-    /// The quantizer of `category` in layer `layer`, with its own random stream.
+    /// The quantizer of `category` in layer `layer`, with its own random stream, labelled
+    /// with its [`Site`].
     pub fn quant(&self, layer: &str, category: Category) -> Option<Quant> {
         let spec = self.layer(layer).get(category)?;
         Some(
             Quant::new(spec.format)
                 .with_rounding(spec.rounding)
-                .with_seed(stream_seed(self.seed, layer, category)),
+                .with_seed(stream_seed(self.seed, layer, category))
+                .with_site(Site::new(layer, category.key())),
         )
     }
 
     /// The optimizer's quantizers for the variable `var_name` (`conv1.weight` belongs to
-    /// layer `conv1`).
+    /// layer `conv1`, and its quantizers are labelled with that layer's [`Site`]s).
     pub fn param_quant(&self, var_name: &str) -> ParamQuant {
         let layer = var_name.rsplit_once('.').map_or(var_name, |(l, _)| l);
         // Streams are per variable, not per layer, so a layer's weight and bias draw
@@ -455,6 +458,7 @@ impl QConfig {
                 Quant::new(s.format)
                     .with_rounding(s.rounding)
                     .with_seed(stream_seed(self.seed, var_name, c))
+                    .with_site(Site::new(layer, c.key()))
             })
         };
         ParamQuant {

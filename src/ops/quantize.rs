@@ -9,6 +9,11 @@
 //! Stochastic rounding reads its random bits from a Philox stream keyed by the [`Quant`]'s
 //! seed; each stochastic call takes the next call index from the Quant's counter (shared by
 //! its clones), so a training run is reproducible from its seeds.
+//!
+//! A `Quant` can be observed: its [`Tap`] (shared by its clones) holds an optional
+//! [`Collector`] that, while switched on, receives the values before and after each of its
+//! roundings on the CPU ([`crate::stats`]); a `Quant` may also carry the [`Site`] it rounds
+//! at (layer and category), which a config sets. Observing never changes the result.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,6 +24,7 @@ use candle_core::{CpuStorage, CustomOp1, InplaceOp1, Layout, Module, Result, Sha
 use crate::backend::cpu;
 use crate::format::{Format, Rounding};
 use crate::philox::Stream;
+use crate::stats::{Collector, Site, Tap};
 
 /// A format, a rounding mode and a random stream: everything one quantization needs.
 #[derive(Debug, Clone)]
@@ -27,6 +33,8 @@ pub struct Quant {
     rounding: Rounding,
     seed: u64,
     calls: Arc<AtomicU64>,
+    tap: Tap,
+    site: Option<Arc<Site>>,
 }
 
 impl Quant {
@@ -37,6 +45,8 @@ impl Quant {
             rounding: Rounding::NearestEven,
             seed: 0,
             calls: Arc::new(AtomicU64::new(0)),
+            tap: Tap::default(),
+            site: None,
         }
     }
 
@@ -83,6 +93,23 @@ impl Quant {
         self.calls.store(calls, Ordering::Relaxed)
     }
 
+    /// The same quantizer, labelled with the site it rounds at.
+    pub fn with_site(mut self, site: Site) -> Self {
+        self.site = Some(Arc::new(site));
+        self
+    }
+
+    /// The site this quantizer rounds at, when labelled.
+    pub fn site(&self) -> Option<&Site> {
+        self.site.as_deref()
+    }
+
+    /// The tap through which a [`Collector`] observes this quantizer's roundings (shared by
+    /// its clones).
+    pub fn tap(&self) -> &Tap {
+        &self.tap
+    }
+
     /// The stream for the next call (None for deterministic rounding, which uses none).
     fn next_stream(&self) -> Option<Stream> {
         self.rounding
@@ -95,16 +122,19 @@ impl Quant {
             format: self.format,
             rounding: self.rounding,
             stream: self.next_stream(),
+            collector: self.tap.active(),
         }
     }
 }
 
 /// The forward kernel of one quantization, with its random stream fixed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct QuantizeOp {
     format: Format,
     rounding: Rounding,
     stream: Option<Stream>,
+    /// Where the roundings are reported (only on CPU storage).
+    collector: Option<Arc<Collector>>,
 }
 
 impl QuantizeOp {
@@ -120,7 +150,12 @@ impl QuantizeOp {
     }
 
     pub(crate) fn round_f32_in_place(&self, data: &mut [f32], dims: &[usize]) -> Result<()> {
-        cpu::quantize_slice(None, data, dims, &self.format, self.rounding, self.stream)
+        let before = self.collector.as_ref().map(|_| data.to_vec());
+        cpu::quantize_slice(None, data, dims, &self.format, self.rounding, self.stream)?;
+        if let (Some(c), Some(x)) = (&self.collector, before) {
+            c.record(&self.format, &x, data);
+        }
+        Ok(())
     }
 }
 
@@ -173,13 +208,28 @@ trait MapFloatsInPlace {
 
 impl MapFloats for QuantizeOp {
     fn apply<T: cpu::Element>(&self, v: &[T], layout: &Layout) -> Result<Vec<T>> {
-        cpu::quantize_to_vec(v, layout, &self.format, self.rounding, self.stream)
+        let out = cpu::quantize_to_vec(v, layout, &self.format, self.rounding, self.stream)?;
+        if let Some(c) = &self.collector {
+            match layout.contiguous_offsets() {
+                Some((start, end)) => c.record(&self.format, &v[start..end], &out),
+                None => c.record(&self.format, &cpu::gather(v, layout), &out),
+            }
+        }
+        Ok(out)
     }
 }
 
 impl MapFloatsInPlace for QuantizeOp {
     fn apply_in_place<T: cpu::Element>(&self, v: &mut [T], layout: &Layout) -> Result<()> {
-        cpu::quantize_in_place(v, layout, &self.format, self.rounding, self.stream)
+        let before = self.collector.as_ref().map(|_| cpu::gather(v, layout));
+        cpu::quantize_in_place(v, layout, &self.format, self.rounding, self.stream)?;
+        if let (Some(c), Some(x)) = (&self.collector, before) {
+            match layout.contiguous_offsets() {
+                Some((start, end)) => c.record(&self.format, &x, &v[start..end]),
+                None => c.record(&self.format, &x, &cpu::gather(v, layout)),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -9,7 +9,6 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use super::sgemm::{per_image, sgemm, Mat};
 use super::ConvOp;
 use crate::backend::im2col::im2col;
-use crate::ops::quantize::QuantizeOp;
 use crate::ops::slices::{contiguous, f32s};
 
 pub(super) fn image_strides(l: &Layout) -> (usize, [usize; 3]) {
@@ -33,7 +32,7 @@ impl ConvOp {
         let x0 = x.1.start_offset();
         let mut out = vec![0f32; n * oc * p];
         // Round each image's output while it is in cache where that gives the same bits.
-        let per_image_rounding = self.output.filter(QuantizeOp::rounds_parts_alike);
+        let per_image_rounding = self.output.as_ref().filter(|q| q.rounds_parts_alike());
         let failed = Mutex::new(None);
         let image = |i: usize, cols: &mut [f32], y: &mut [f32], par| {
             im2col(x.0, x0 + i * sn, strides, g, 0.0, cols);
@@ -56,7 +55,7 @@ impl ConvOp {
             if self.relu {
                 y.iter_mut().for_each(|v| *v = v.max(0.0));
             }
-            if let Some(q) = &per_image_rounding {
+            if let Some(q) = per_image_rounding {
                 if let Err(e) = q.round_f32_in_place(y, &[oc, g.out_h, g.out_w]) {
                     failed
                         .lock()
