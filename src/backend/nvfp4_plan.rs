@@ -36,8 +36,9 @@ pub const NAN_ROW: usize = 127;
 /// E2M1 values, ascending (code order).
 const E2M1: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 
-/// The threshold of boundary `b` (a positive f64 or +Inf): `bits(a) > t` exactly when the
-/// f32 magnitude `a` is above `b`, or equal to it when `tie_up`.
+/// The threshold of boundary `b` (positive: every boundary is a positive multiple of a
+/// positive divisor): `bits(a) > t` exactly when the f32 magnitude `a` is above `b`, or
+/// equal to it when `tie_up`.
 pub fn threshold(b: f64, tie_up: bool) -> u32 {
     let f = b as f32;
     let down = if f.is_infinite() || f as f64 > b {
