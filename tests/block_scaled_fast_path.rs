@@ -207,7 +207,7 @@ fn mx_lane_step_equals_the_scalar_rule_at_every_scale_and_rounding_position() {
                         let bits = sign | (byte << 23) | low;
                         let x = f32::from_bits(bits);
                         for &r in words {
-                            let (got, slow) = plan.round_lane(bits, r, block, rule);
+                            let (got, slow) = plan.round_lane::<R, true>(bits, r, block, rule);
                             let want = mx.round(x as f64, scale, rule, r) as f32;
                             checked += 1;
                             if slow {

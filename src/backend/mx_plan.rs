@@ -131,11 +131,23 @@ impl MxF32Plan {
         mx.scale_exponent(f32::from_bits(amax) as f64)
     }
 
+    /// Magnitude bits below which a nonzero normal input of `block` has a step above its
+    /// value (`s >= 24`, i.e. exponent byte at most `k - 24`): a block whose smallest nonzero
+    /// magnitude is at or above this can skip that case ([`MxF32Plan::round_lane`] with
+    /// `TINY` false).
+    #[inline(always)]
+    pub fn tiny_below(block: MxBlock) -> u32 {
+        ((block.k - 23).clamp(0, 255) as u32) << 23
+    }
+
     /// Rounds the f32 pattern `bits` in `block` with `rule` (random word `r`): the result's
     /// bits and whether the element needs the general path (a nonzero subnormal input,
     /// written unchanged outside NaN blocks). Branch-free, so loops over it vectorise.
+    /// With `TINY` false the case of a step above the value is left out (cheaper, notably
+    /// for stochastic rounding): only for inputs that are zero, subnormal or at least
+    /// [`MxF32Plan::tiny_below`].
     #[inline(always)]
-    pub fn round_lane<R: RoundingRule>(
+    pub fn round_lane<R: RoundingRule, const TINY: bool>(
         &self,
         bits: u32,
         r: u32,
@@ -153,10 +165,18 @@ impl MxF32Plan {
         // At s = 23 the kept count is the hidden bit alone (odd).
         let odd = ((abs >> s) & 1) | (s == 23) as u32;
         let rounded = rule.round_bits(abs, s, odd, r);
-        let m = (abs & 0x007f_ffff) | 0x0080_0000;
-        let tiny_s = shift.clamp(24, 255) as u32;
-        let tiny = block.tiny & 0u32.wrapping_sub(rule.up_tiny(m, tiny_s, r) as u32);
-        let mag = if shift >= 24 { tiny } else { rounded };
+        let mag = if TINY {
+            let m = (abs & 0x007f_ffff) | 0x0080_0000;
+            let tiny_s = shift.clamp(24, 255) as u32;
+            let tiny = block.tiny & 0u32.wrapping_sub(rule.up_tiny(m, tiny_s, r) as u32);
+            if shift >= 24 {
+                tiny
+            } else {
+                rounded
+            }
+        } else {
+            rounded
+        };
         let mag = mag.min(block.limit | keep) & 0u32.wrapping_sub((abs != 0) as u32);
         let zero_sign = self.signed_zero | 0u32.wrapping_sub((mag != 0) as u32);
         let out = mag | (sign & zero_sign);

@@ -251,34 +251,84 @@ struct MxAlignedRun<'a, R> {
     rule: R,
 }
 
-impl<R: RoundingRule> SimdPass for MxAlignedRun<'_, R> {
+/// Rounds one MX block's elements `x` into `o`; 1 if some element needs the scalar rule.
+#[inline(always)]
+fn mx_round_block<R: RoundingRule, const TINY: bool>(
+    plan: &MxF32Plan,
+    x: &[f32; MX_BLOCK],
+    r: &[u32; MX_BLOCK],
+    o: &mut [f32; MX_BLOCK],
+    block: MxBlock,
+    rule: R,
+) -> u32 {
+    let mut any_slow = 0u32;
+    for j in 0..MX_BLOCK {
+        let (v, slow) = plan.round_lane::<R, TINY>(x[j].to_bits(), r[j], block, rule);
+        o[j] = f32::from_bits(v);
+        any_slow |= slow as u32;
+    }
+    any_slow
+}
+
+impl<R: RoundingRule> MxAlignedRun<'_, R> {
+    /// Rounds block `b` of the run; 1 if some element needs the scalar rule.
     #[inline(always)]
-    fn run(self) -> bool {
-        let stochastic = R::KIND == RuleKind::Stochastic;
-        let mut any_slow = 0u32;
-        for (b, m) in self.amax.iter_mut().enumerate() {
-            let at = b * MX_BLOCK;
-            let o: &mut [f32; MX_BLOCK] = (&mut self.out[at..at + MX_BLOCK])
+    fn round_at<const TINY: bool>(&mut self, b: usize) -> u32 {
+        let at = b * MX_BLOCK;
+        let o: &mut [f32; MX_BLOCK] = (&mut self.out[at..at + MX_BLOCK])
+            .try_into()
+            .expect("a whole block");
+        let x: [f32; MX_BLOCK] = match self.inp {
+            Some(inp) => inp[at..at + MX_BLOCK].try_into().expect("a whole block"),
+            None => *o,
+        };
+        let r: [u32; MX_BLOCK] = if R::KIND == RuleKind::Stochastic {
+            self.words[at..at + MX_BLOCK]
                 .try_into()
-                .expect("a whole block");
-            let x: [f32; MX_BLOCK] = match self.inp {
-                Some(inp) => inp[at..at + MX_BLOCK].try_into().expect("a whole block"),
-                None => *o,
+                .expect("a whole block")
+        } else {
+            [0; MX_BLOCK]
+        };
+        let block = self.plan.block(self.amax[b]);
+        mx_round_block::<R, TINY>(self.plan, &x, &r, o, block, self.rule)
+    }
+}
+
+impl<R: RoundingRule> SimdPass for MxAlignedRun<'_, R> {
+    /// The blocks' maxima and smallest nonzero magnitudes first, sorting the blocks into
+    /// those with an element whose step exceeds its value and the others, then each list
+    /// with its own loop (a branch per block on that case mispredicts often).
+    #[inline(always)]
+    fn run(mut self) -> bool {
+        const BLOCKS: usize = RUN / MX_BLOCK;
+        let n = self.out.len() / MX_BLOCK;
+        let mut plain = [0u8; BLOCKS];
+        let mut tiny = [0u8; BLOCKS];
+        let (mut n_plain, mut n_tiny) = (0, 0);
+        for b in 0..n {
+            let xs = match self.inp {
+                Some(inp) => &inp[b * MX_BLOCK..][..MX_BLOCK],
+                None => &self.out[b * MX_BLOCK..][..MX_BLOCK],
             };
-            let r: [u32; MX_BLOCK] = if stochastic {
-                self.words[at..at + MX_BLOCK]
-                    .try_into()
-                    .expect("a whole block")
-            } else {
-                [0; MX_BLOCK]
-            };
-            *m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-            let block = self.plan.block(*m);
-            for j in 0..MX_BLOCK {
-                let (v, slow) = self.plan.round_lane(x[j].to_bits(), r[j], block, self.rule);
-                o[j] = f32::from_bits(v);
-                any_slow |= slow as u32;
-            }
+            let x: [f32; MX_BLOCK] = xs.try_into().expect("a whole block");
+            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
+            self.amax[b] = m;
+            // The smallest nonzero magnitude less one (zeros wrap to the top).
+            let low = x.iter().fold(u32::MAX, |m, x| {
+                m.min((x.to_bits() & 0x7fff_ffff).wrapping_sub(1))
+            });
+            let has_tiny = low < MxF32Plan::tiny_below(self.plan.block(m));
+            plain[n_plain] = b as u8;
+            tiny[n_tiny] = b as u8;
+            n_plain += !has_tiny as usize;
+            n_tiny += has_tiny as usize;
+        }
+        let mut any_slow = 0u32;
+        for &b in &plain[..n_plain] {
+            any_slow |= self.round_at::<false>(b as usize);
+        }
+        for &b in &tiny[..n_tiny] {
+            any_slow |= self.round_at::<true>(b as usize);
         }
         any_slow != 0
     }
@@ -355,7 +405,8 @@ impl<R: RoundingRule> SimdPass for MxLanesRun<'_, R> {
                 limit: self.limit[i],
                 tiny: self.tiny[i],
             };
-            self.plan.round_lane(x.to_bits(), r, block, self.rule)
+            self.plan
+                .round_lane::<R, true>(x.to_bits(), r, block, self.rule)
         };
         for g in (0..full).step_by(GROUP) {
             let o: &mut [f32; GROUP] = (&mut self.out[g..g + GROUP])
@@ -379,7 +430,9 @@ impl<R: RoundingRule> SimdPass for MxLanesRun<'_, R> {
                     limit: limit[j],
                     tiny: tiny[j],
                 };
-                let (v, slow) = self.plan.round_lane(x[j].to_bits(), r[j], block, self.rule);
+                let (v, slow) =
+                    self.plan
+                        .round_lane::<R, true>(x[j].to_bits(), r[j], block, self.rule);
                 o[j] = f32::from_bits(v);
                 any_slow |= slow as u32;
             }
