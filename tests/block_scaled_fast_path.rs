@@ -183,7 +183,8 @@ fn around(v: f64) -> [f32; 3] {
 /// The MX lane step equals the scalar rule for a block maximum of every exponent byte (every
 /// scale, zero, subnormal and NaN maxima) and inputs of every exponent byte, with the
 /// mantissas on, just below and just above every rounding position, both signs, in every
-/// mode (random words of every size, and the ones at the stochastic threshold's edges).
+/// mode (random words of every size, and the ones at the stochastic threshold's edges);
+/// also the step without the case of a step above the value, on the inputs it is for.
 #[test]
 fn mx_lane_step_equals_the_scalar_rule_at_every_scale_and_rounding_position() {
     fn check<R: RoundingRule>(mx: &Mx, words: &[u32], rule: R) -> (u64, Mismatches) {
@@ -224,6 +225,17 @@ fn mx_lane_step_equals_the_scalar_rule_at_every_scale_and_rounding_position() {
                                     f32::from_bits(got)
                                 )
                             });
+                            // The step without the tiny case, where it applies.
+                            let abs = bits & 0x7fff_ffff;
+                            if abs == 0 || abs >= MxF32Plan::tiny_below(block) {
+                                let (plain, _) = plan.round_lane::<R, false>(bits, r, block, rule);
+                                bad.check(plain == got, || {
+                                    format!(
+                                        "{mx} {:?} amax {amax:#x}: x {x:e} without the tiny case",
+                                        R::KIND
+                                    )
+                                });
+                            }
                         }
                     }
                 }
