@@ -383,7 +383,7 @@ struct MxLanesRun<'a, R> {
     inp: Option<&'a [f32]>,
     out: &'a mut [f32],
     words: &'a [u32],
-    k: &'a [i32],
+    k: &'a [u32],
     limit: &'a [u32],
     tiny: &'a [u32],
     rule: R,
@@ -401,7 +401,7 @@ impl<R: RoundingRule> SimdPass for MxLanesRun<'_, R> {
         let mut any_slow = 0u32;
         let lane = |x: f32, r: u32, i: usize| {
             let block = MxBlock {
-                k: self.k[i],
+                k: self.k[i] as i32,
                 limit: self.limit[i],
                 tiny: self.tiny[i],
             };
@@ -421,21 +421,10 @@ impl<R: RoundingRule> SimdPass for MxLanesRun<'_, R> {
             } else {
                 [0; GROUP]
             };
-            let k: [i32; GROUP] = self.k[g..g + GROUP].try_into().expect("a full group");
-            let limit: [u32; GROUP] = self.limit[g..g + GROUP].try_into().expect("a full group");
-            let tiny: [u32; GROUP] = self.tiny[g..g + GROUP].try_into().expect("a full group");
-            for j in 0..GROUP {
-                let block = MxBlock {
-                    k: k[j],
-                    limit: limit[j],
-                    tiny: tiny[j],
-                };
-                let (v, slow) =
-                    self.plan
-                        .round_lane::<R, true>(x[j].to_bits(), r[j], block, self.rule);
-                o[j] = f32::from_bits(v);
-                any_slow |= slow as u32;
-            }
+            let k: &[u32; GROUP] = self.k[g..g + GROUP].try_into().expect("a full group");
+            let limit: &[u32; GROUP] = self.limit[g..g + GROUP].try_into().expect("a full group");
+            let tiny: &[u32; GROUP] = self.tiny[g..g + GROUP].try_into().expect("a full group");
+            any_slow |= mx_round_lanes(self.plan, &x, &r, [k, limit, tiny], o, self.rule);
         }
         for j in full..n {
             let x = self.inp.map_or(self.out[j], |inp| inp[j]);
@@ -445,6 +434,31 @@ impl<R: RoundingRule> SimdPass for MxLanesRun<'_, R> {
         }
         any_slow != 0
     }
+}
+
+/// Rounds a group of MX elements `x` into `o`, each with its own block's parameters
+/// (`k`, limit, step per lane); 1 if some element needs the scalar rule.
+#[inline(always)]
+fn mx_round_lanes<R: RoundingRule>(
+    plan: &MxF32Plan,
+    x: &[f32; GROUP],
+    r: &[u32; GROUP],
+    [k, limit, tiny]: [&[u32; GROUP]; 3],
+    o: &mut [f32; GROUP],
+    rule: R,
+) -> u32 {
+    let mut any_slow = 0u32;
+    for j in 0..GROUP {
+        let block = MxBlock {
+            k: k[j] as i32,
+            limit: limit[j],
+            tiny: tiny[j],
+        };
+        let (v, slow) = plan.round_lane::<R, true>(x[j].to_bits(), r[j], block, rule);
+        o[j] = f32::from_bits(v);
+        any_slow |= slow as u32;
+    }
+    any_slow
 }
 
 /// MX on f32 with any blocks: the maxima first, then each run with its elements' block
@@ -460,14 +474,14 @@ fn mx_walked<R: RoundingRule>(
 ) {
     let amax = block_amax_bits(src.unwrap_or(dst), &grid);
     let blocks: Vec<MxBlock> = amax.iter().map(|&m| plan.block(m)).collect();
-    let ks: Vec<i32> = blocks.iter().map(|b| b.k).collect();
+    let ks: Vec<u32> = blocks.iter().map(|b| b.k as u32).collect();
     let limits: Vec<u32> = blocks.iter().map(|b| b.limit).collect();
     let tinies: Vec<u32> = blocks.iter().map(|b| b.tiny).collect();
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
         let mut walker = Walker::at(grid, base);
         let mut words = [0u32; RUN];
-        let mut k = [0i32; RUN];
+        let mut k = [0u32; RUN];
         let mut limit = [0u32; RUN];
         let mut tiny = [0u32; RUN];
         let mut start = 0;
