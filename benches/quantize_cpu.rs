@@ -44,6 +44,13 @@ const CASES: &[(&str, &str)] = &[
     ("mxint8", "nearest-even"),
     ("nvfp4", "nearest-even"),
     ("mxfp8_e4m3", "stochastic"),
+    ("mxfp8_e5m2", "nearest-even"),
+    ("mxfp6_e3m2", "nearest-even"),
+    ("mxfp6_e2m3", "nearest-even"),
+    ("mxfp8_e4m3<dim=0>", "nearest-even"),
+    ("mxfp4_e2m1", "stochastic"),
+    ("mxint8", "stochastic"),
+    ("nvfp4", "stochastic"),
 ];
 
 /// CPU time of the process (all threads), in nanoseconds (criterion's time formatting

@@ -2,7 +2,8 @@
 //!
 //! * [`cpu`]: the rayon loops over CPU storage (quantize, block maxima, strided gather), with
 //!   [`f32_plan`], the vectorised f32 rounding they run (a table per format, cached per
-//!   thread), and [`lns_plan`], the table-driven f32 rounding of the logarithmic format.
+//!   thread), [`lns_plan`], the table-driven f32 rounding of the logarithmic format, and
+//!   [`mx_plan`] and [`nvfp4_plan`], the integer f32 rounding of the block-scaled formats.
 //! * [`im2col`]: the column layout of a 2-D convolution, shared by the training and the
 //!   posit convolutions.
 //! * `cuda` (feature `cuda`): the launches of the CUDA C++ kernels in `cuda/*.cu` at the
@@ -15,4 +16,6 @@ pub mod cuda;
 pub mod f32_plan;
 pub mod im2col;
 pub mod lns_plan;
+pub mod mx_plan;
+pub mod nvfp4_plan;
 pub mod qc;

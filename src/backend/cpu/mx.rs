@@ -1,32 +1,40 @@
-//! The CPU kernels of the block-scaled formats, MX and NVFP4: a reduction pass computes
-//! every block's largest magnitude (NaN and ±Inf count as +Inf, which makes the block NaN),
-//! then the element pass rounds each element with its block's scale.
+//! The CPU kernels of the block-scaled formats, MX and NVFP4: every block's largest
+//! magnitude (NaN and ±Inf count as +Inf, which makes the block NaN), then each element
+//! rounded with its block's scale.
 //!
-//! For f32 data the MX element pass is vectorised: within a run of elements the scale is
-//! applied as an exact multiplication by `2^-X` in f32, the scaled values go through the
-//! element format's [`F32Plan`] (the same table and the same general-path fix-up as the
-//! elementwise formats), and the results are multiplied back by `2^X`. Both
-//! multiplications are exact except where `x · 2^-X` falls below f32's normal range, where
-//! the value is under 2^-126, far below half the smallest element, and rounds to ±0 under
-//! every mode as the exact quotient does (see [`crate::format::mx::round_element`]).
+//! f32 data takes the integer fast paths of [`mx_plan`](crate::backend::mx_plan) and
+//! [`nvfp4_plan`](crate::backend::nvfp4_plan), which give the scalar rules' bits without
+//! dividing: a block's parameters follow from the bits of its maximum (a table lookup for
+//! MX, a search of 126 thresholds for NVFP4's E4M3 scale), and elements are rounded many
+//! lanes at a time, compiled for AVX-512 or AVX2 where the CPU has them (integer operations
+//! only, so every instruction set gives the same bits).
+//!
+//! - Blocks of aligned consecutive elements (along the last axis, whose length is a
+//!   multiple of the block size): one pass does both steps block by block, on each run of
+//!   [`RUN`] elements while it is in cache; the parameters of a block are the same in all
+//!   its lanes.
+//! - Other blocks (along another axis, or with a shorter last block): the maxima come from
+//!   a first pass (an integer max over magnitude bits, vectorised across the inner
+//!   dimension), and each run is walked block segment by segment, the parameters of each
+//!   element's block staged per lane (MX) or looked up per element (NVFP4).
+//!
+//! MX leaves subnormal f32 inputs to the scalar rule (their binade is not their exponent
+//! byte's); the pass writes them unchanged and the run is scanned for them afterwards.
+//! Stochastic NVFP4 draws on the f64 quotient (see [`crate::format::nvfp4`]) and other
+//! dtypes go through f64: those elements take the scalar rules, with the block scales
+//! computed once per block.
 
 use rayon::prelude::*;
 
-use super::{fill_dispatch, fix_slow, for_each_chunk, map_elements, round_run_dispatch, Element};
+use super::{fill_dispatch, for_each_chunk, map_elements, Element};
 use super::{CHUNK, RUN};
-use crate::backend::f32_plan::F32Plan;
-use crate::format::mx::{ElementFormat, MxGrid, MX_BLOCK};
+use crate::backend::mx_plan::{mag_bits, MxBlock, MxF32Plan};
+use crate::backend::nvfp4_plan::{Nvfp4F32Plan, Nvfp4Scales};
+use crate::format::mx::{MxGrid, MX_BLOCK};
 use crate::format::nvfp4::NVFP4_BLOCK;
 use crate::format::rounding::RuleKind;
-use crate::format::{block, Format, Mx, Nvfp4, RoundingRule};
+use crate::format::{block, Mx, Nvfp4, RoundingRule};
 use crate::philox::Stream;
-
-/// Magnitude bits of an f32 for the maxima: NaN and ±Inf become +Inf's bits.
-#[inline(always)]
-fn mag_bits(x: f32) -> u32 {
-    let a = x.to_bits() & 0x7fff_ffff;
-    a.min(0x7f80_0000)
-}
 
 /// Magnitude of an element for the maxima: NaN and ±Inf become +Inf.
 #[inline(always)]
@@ -39,34 +47,35 @@ fn magnitude<T: Element>(x: T) -> f64 {
     }
 }
 
-/// Largest magnitude of every block of `grid` (NaN and ±Inf count as +Inf).
-pub(crate) fn block_amax<T: Element>(data: &[T], grid: &MxGrid) -> Vec<f64> {
-    let mut amax = vec![0f64; grid.count()];
+/// The largest `key` of every block of `grid` (`zero` for none), in parallel over rows; for
+/// blocks along another axis the maxima are taken across the inner dimension, which
+/// vectorises.
+fn block_maxima<T: Element, M: Copy + Send + Sync>(
+    data: &[T],
+    grid: &MxGrid,
+    zero: M,
+    key: impl Fn(T) -> M + Sync,
+    max: impl Fn(M, M) -> M + Sync,
+) -> Vec<M> {
+    let mut amax = vec![zero; grid.count()];
     if data.is_empty() {
         return amax;
     }
     let row = grid.len() * grid.inner();
     let row_blocks = grid.along() * grid.inner();
     let rows = (CHUNK / row).max(1);
-    let work = |(data, amax): (&[T], &mut [f64])| {
+    let work = |(data, amax): (&[T], &mut [M])| {
         for (data, amax) in data.chunks(row).zip(amax.chunks_mut(row_blocks)) {
             if grid.inner() == 1 {
-                if let Some(xs) = T::as_f32s(data) {
-                    for (xs, m) in xs.chunks(grid.size()).zip(amax.iter_mut()) {
-                        let bits = xs.iter().fold(0u32, |m, &x| m.max(mag_bits(x)));
-                        *m = f32::from_bits(bits) as f64;
-                    }
-                } else {
-                    for (xs, m) in data.chunks(grid.size()).zip(amax.iter_mut()) {
-                        *m = xs.iter().fold(0f64, |m, &x| m.max(magnitude(x)));
-                    }
+                for (xs, m) in data.chunks(grid.size()).zip(amax.iter_mut()) {
+                    *m = xs.iter().fold(zero, |m, &x| max(m, key(x)));
                 }
             } else {
                 let inner = grid.inner();
                 for (a, xs) in data.chunks(inner).enumerate() {
                     let blocks = &mut amax[(a / grid.size()) * inner..][..inner];
                     for (m, &x) in blocks.iter_mut().zip(xs) {
-                        *m = m.max(magnitude(x));
+                        *m = max(*m, key(x));
                     }
                 }
             }
@@ -76,6 +85,53 @@ pub(crate) fn block_amax<T: Element>(data: &[T], grid: &MxGrid) -> Vec<f64> {
         .zip(amax.par_chunks_mut(row_blocks * rows))
         .for_each(work);
     amax
+}
+
+/// Largest magnitude of every block of `grid` (NaN and ±Inf count as +Inf).
+fn block_amax<T: Element>(data: &[T], grid: &MxGrid) -> Vec<f64> {
+    block_maxima(data, grid, 0f64, magnitude, f64::max)
+}
+
+/// Largest magnitude of every block of an f32 tensor as magnitude bits (NaN and ±Inf as
+/// +Inf's bits; the order of the bits is the order of the magnitudes).
+fn block_amax_bits(data: &[f32], grid: &MxGrid) -> Vec<u32> {
+    block_maxima(data, grid, 0u32, |x: f32| mag_bits(x.to_bits()), u32::max)
+}
+
+/// A pass over one run that [`run_simd`] compiles for AVX-512 or AVX2 (its `run` is inlined
+/// into a function with those target features).
+trait SimdPass {
+    /// Runs the pass; true if some element needs the scalar rule.
+    fn run(self) -> bool;
+}
+
+/// Runs `pass` compiled for AVX-512 or AVX2 when the CPU has them.
+#[inline(always)]
+fn run_simd<P: SimdPass>(pass: P) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::has_avx512() {
+            // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+            return unsafe { run_avx512(pass) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { run_avx2(pass) };
+        }
+    }
+    pass.run()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn run_avx512<P: SimdPass>(pass: P) -> bool {
+    pass.run()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn run_avx2<P: SimdPass>(pass: P) -> bool {
+    pass.run()
 }
 
 /// Walks the blocks of a grid from an element index on, in logical order.
@@ -130,11 +186,30 @@ impl Walker {
     }
 }
 
-/// `2^e` as f32 (`-149 <= e <= 127`), NaN for `None`.
-fn pow2_f32(e: Option<i32>) -> f32 {
-    match e {
-        None => f32::NAN,
-        Some(e) => crate::format::grid::pow2(e) as f32,
+/// Whether an f32 is a nonzero subnormal (the MX fast path leaves those to the scalar rule).
+#[inline(always)]
+fn is_subnormal(x: f32) -> bool {
+    let abs = x.to_bits() & 0x7fff_ffff;
+    (abs != 0) & (abs < 0x0080_0000)
+}
+
+/// Redoes the elements of a run the MX pass left to the scalar rule: `out[j]` with a
+/// subnormal input (`inp[j]`, or `out[j]` itself in place, where the pass left them
+/// unchanged; a result that is subnormal is rounded again to itself) in the block of scale
+/// `scale(j)`.
+fn mx_fix_run<R: RoundingRule>(
+    mx: &Mx,
+    inp: Option<&[f32]>,
+    out: &mut [f32],
+    words: &[u32],
+    rule: R,
+    scale: impl Fn(usize) -> Option<i32>,
+) {
+    for j in 0..out.len() {
+        let x = inp.map_or(out[j], |inp| inp[j]);
+        if is_subnormal(x) {
+            out[j] = mx.round(x as f64, scale(j), rule, words[j]) as f32;
+        }
     }
 }
 
@@ -148,70 +223,306 @@ pub(crate) fn quantize_mx<T: Element, R: RoundingRule>(
     stream: Option<Stream>,
 ) -> candle_core::Result<()> {
     let grid = MxGrid::new(MX_BLOCK, mx.dim(), dims, "mx")?;
-    let amax = block_amax(src.unwrap_or(dst), &grid);
-    let scales: Vec<Option<i32>> = amax.iter().map(|&m| mx.scale_exponent(m)).collect();
-    let element = mx.element().format();
-    let element_format = match element {
-        ElementFormat::Float(f) => Format::Float(f),
-        ElementFormat::Fixed(f) => Format::Fixed(f),
-    };
-    if let (Some(out), Some(plan)) = (
-        T::as_f32s_mut(dst),
-        F32Plan::shared(&element_format, R::KIND),
-    ) {
+    if let Some(out) = T::as_f32s_mut(dst) {
         let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
-        let down: Vec<f32> = scales.iter().map(|s| pow2_f32(s.map(|e| -e))).collect();
-        let up: Vec<f32> = scales.iter().map(|&s| pow2_f32(s)).collect();
-        let slow = |v: f64, r: u32| element.round(v, rule, r);
-        let work = |chunk: usize, out: &mut [f32]| {
-            let base = chunk * CHUNK;
-            let mut walker = Walker::at(grid, base);
-            let mut words = [0u32; RUN];
-            let mut scaled = [0f32; RUN];
-            let mut d = [0f32; RUN];
-            let mut u = [0f32; RUN];
-            let mut start = 0;
-            while start < out.len() {
-                let len = RUN.min(out.len() - start);
-                let first = base + start;
-                if let Some(stream) = stream {
-                    fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
-                }
-                walker.segments(len, |s, l, b, step| {
-                    if step == 0 {
-                        d[s..s + l].fill(down[b]);
-                        u[s..s + l].fill(up[b]);
-                    } else {
-                        d[s..s + l].copy_from_slice(&down[b..b + l]);
-                        u[s..s + l].copy_from_slice(&up[b..b + l]);
-                    }
-                });
-                let o = &mut out[start..start + len];
-                let inp: &[f32] = match src {
-                    Some(s) => &s[first..first + len],
-                    None => o,
-                };
-                for ((y, &x), &d) in scaled.iter_mut().zip(inp).zip(&d[..len]) {
-                    *y = x * d;
-                }
-                let scaled = &scaled[..len];
-                let words = &words[..len];
-                if round_run_dispatch(&*plan, Some(scaled), o, rule, words) {
-                    fix_slow(&*plan, scaled, o, words, &slow);
-                }
-                for (y, &u) in o.iter_mut().zip(&u[..len]) {
-                    *y *= u;
-                }
-                start += len;
-            }
-        };
-        for_each_chunk(out, work);
+        let plan = MxF32Plan::new(mx);
+        if grid.inner() == 1 && grid.len().is_multiple_of(MX_BLOCK) {
+            mx_aligned(src, out, mx, &plan, rule, stream);
+        } else {
+            mx_walked(src, out, grid, mx, &plan, rule, stream);
+        }
         return Ok(());
     }
+    let amax = block_amax(src.unwrap_or(dst), &grid);
+    let scales: Vec<Option<i32>> = amax.iter().map(|&m| mx.scale_exponent(m)).collect();
     map_elements(src, dst, stream, |i, x, r| {
         mx.round(x, scales[grid.block_of(i)], rule, r)
     });
     Ok(())
+}
+
+/// One run of aligned MX blocks: each block's maximum (kept in `amax`), then its elements.
+struct MxAlignedRun<'a, R> {
+    plan: &'a MxF32Plan,
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    words: &'a [u32],
+    amax: &'a mut [u32],
+    rule: R,
+}
+
+/// Rounds one MX block's elements `x` into `o`; 1 if some element needs the scalar rule.
+#[inline(always)]
+fn mx_round_block<R: RoundingRule, const TINY: bool>(
+    plan: &MxF32Plan,
+    x: &[f32; MX_BLOCK],
+    r: &[u32; MX_BLOCK],
+    o: &mut [f32; MX_BLOCK],
+    block: MxBlock,
+    rule: R,
+) -> u32 {
+    let mut any_slow = 0u32;
+    for j in 0..MX_BLOCK {
+        let (v, slow) = plan.round_lane::<R, TINY>(x[j].to_bits(), r[j], block, rule);
+        o[j] = f32::from_bits(v);
+        any_slow |= slow as u32;
+    }
+    any_slow
+}
+
+impl<R: RoundingRule> MxAlignedRun<'_, R> {
+    /// Rounds block `b` of the run; 1 if some element needs the scalar rule.
+    #[inline(always)]
+    fn round_at<const TINY: bool>(&mut self, b: usize) -> u32 {
+        let at = b * MX_BLOCK;
+        let o: &mut [f32; MX_BLOCK] = (&mut self.out[at..at + MX_BLOCK])
+            .try_into()
+            .expect("a whole block");
+        let x: [f32; MX_BLOCK] = match self.inp {
+            Some(inp) => inp[at..at + MX_BLOCK].try_into().expect("a whole block"),
+            None => *o,
+        };
+        let r: [u32; MX_BLOCK] = if R::KIND == RuleKind::Stochastic {
+            self.words[at..at + MX_BLOCK]
+                .try_into()
+                .expect("a whole block")
+        } else {
+            [0; MX_BLOCK]
+        };
+        let block = self.plan.block(self.amax[b]);
+        mx_round_block::<R, TINY>(self.plan, &x, &r, o, block, self.rule)
+    }
+}
+
+impl<R: RoundingRule> SimdPass for MxAlignedRun<'_, R> {
+    /// The blocks' maxima and smallest nonzero magnitudes first, sorting the blocks into
+    /// those with an element whose step exceeds its value and the others, then each list
+    /// with its own loop (a branch per block on that case mispredicts often).
+    #[inline(always)]
+    fn run(mut self) -> bool {
+        const BLOCKS: usize = RUN / MX_BLOCK;
+        let n = self.out.len() / MX_BLOCK;
+        let mut plain = [0u8; BLOCKS];
+        let mut tiny = [0u8; BLOCKS];
+        let (mut n_plain, mut n_tiny) = (0, 0);
+        for b in 0..n {
+            let xs = match self.inp {
+                Some(inp) => &inp[b * MX_BLOCK..][..MX_BLOCK],
+                None => &self.out[b * MX_BLOCK..][..MX_BLOCK],
+            };
+            let x: [f32; MX_BLOCK] = xs.try_into().expect("a whole block");
+            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
+            self.amax[b] = m;
+            // The smallest nonzero magnitude less one (zeros wrap to the top).
+            let low = x.iter().fold(u32::MAX, |m, x| {
+                m.min((x.to_bits() & 0x7fff_ffff).wrapping_sub(1))
+            });
+            let has_tiny = low < MxF32Plan::tiny_below(self.plan.block(m));
+            plain[n_plain] = b as u8;
+            tiny[n_tiny] = b as u8;
+            n_plain += !has_tiny as usize;
+            n_tiny += has_tiny as usize;
+        }
+        let mut any_slow = 0u32;
+        for &b in &plain[..n_plain] {
+            any_slow |= self.round_at::<false>(b as usize);
+        }
+        for &b in &tiny[..n_tiny] {
+            any_slow |= self.round_at::<true>(b as usize);
+        }
+        any_slow != 0
+    }
+}
+
+/// MX on f32 with blocks of 32 aligned consecutive elements (a multiple of 32 along the
+/// last axis): maxima and elements in one pass, block by block.
+fn mx_aligned<R: RoundingRule>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    mx: &Mx,
+    plan: &MxF32Plan,
+    rule: R,
+    stream: Option<Stream>,
+) {
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let mut words = [0u32; RUN];
+        let mut amax = [0u32; RUN / MX_BLOCK];
+        let mut start = 0;
+        while start < out.len() {
+            let len = RUN.min(out.len() - start);
+            let first = base + start;
+            if let Some(stream) = stream {
+                fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
+            }
+            let inp = src.map(|s| &s[first..first + len]);
+            let o = &mut out[start..start + len];
+            let amax = &mut amax[..len / MX_BLOCK];
+            let words = &words[..len];
+            let pass = MxAlignedRun {
+                plan,
+                inp,
+                out: o,
+                words,
+                amax,
+                rule,
+            };
+            if run_simd(pass) {
+                let scale = |j: usize| MxF32Plan::scale_exponent(mx, amax[j / MX_BLOCK]);
+                mx_fix_run(mx, inp, &mut out[start..start + len], words, rule, scale);
+            }
+            start += len;
+        }
+    };
+    for_each_chunk(dst, work);
+}
+
+/// One run of MX elements with the parameters of each element's block staged per lane.
+struct MxLanesRun<'a, R> {
+    plan: &'a MxF32Plan,
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    words: &'a [u32],
+    k: &'a [u32],
+    limit: &'a [u32],
+    tiny: &'a [u32],
+    rule: R,
+}
+
+/// Lanes per group of the staged MX pass (one AVX-512 vector).
+const GROUP: usize = 16;
+
+impl<R: RoundingRule> SimdPass for MxLanesRun<'_, R> {
+    #[inline(always)]
+    fn run(self) -> bool {
+        let stochastic = R::KIND == RuleKind::Stochastic;
+        let n = self.out.len();
+        let full = n - n % GROUP;
+        let mut any_slow = 0u32;
+        let lane = |x: f32, r: u32, i: usize| {
+            let block = MxBlock {
+                k: self.k[i] as i32,
+                limit: self.limit[i],
+                tiny: self.tiny[i],
+            };
+            self.plan
+                .round_lane::<R, true>(x.to_bits(), r, block, self.rule)
+        };
+        for g in (0..full).step_by(GROUP) {
+            let o: &mut [f32; GROUP] = (&mut self.out[g..g + GROUP])
+                .try_into()
+                .expect("a full group");
+            let x: [f32; GROUP] = match self.inp {
+                Some(inp) => inp[g..g + GROUP].try_into().expect("a full group"),
+                None => *o,
+            };
+            let r: [u32; GROUP] = if stochastic {
+                self.words[g..g + GROUP].try_into().expect("a full group")
+            } else {
+                [0; GROUP]
+            };
+            let k: &[u32; GROUP] = self.k[g..g + GROUP].try_into().expect("a full group");
+            let limit: &[u32; GROUP] = self.limit[g..g + GROUP].try_into().expect("a full group");
+            let tiny: &[u32; GROUP] = self.tiny[g..g + GROUP].try_into().expect("a full group");
+            any_slow |= mx_round_lanes(self.plan, &x, &r, [k, limit, tiny], o, self.rule);
+        }
+        for j in full..n {
+            let x = self.inp.map_or(self.out[j], |inp| inp[j]);
+            let (v, slow) = lane(x, if stochastic { self.words[j] } else { 0 }, j);
+            self.out[j] = f32::from_bits(v);
+            any_slow |= slow as u32;
+        }
+        any_slow != 0
+    }
+}
+
+/// Rounds a group of MX elements `x` into `o`, each with its own block's parameters
+/// (`k`, limit, step per lane); 1 if some element needs the scalar rule.
+#[inline(always)]
+fn mx_round_lanes<R: RoundingRule>(
+    plan: &MxF32Plan,
+    x: &[f32; GROUP],
+    r: &[u32; GROUP],
+    [k, limit, tiny]: [&[u32; GROUP]; 3],
+    o: &mut [f32; GROUP],
+    rule: R,
+) -> u32 {
+    let mut any_slow = 0u32;
+    for j in 0..GROUP {
+        let block = MxBlock {
+            k: k[j] as i32,
+            limit: limit[j],
+            tiny: tiny[j],
+        };
+        let (v, slow) = plan.round_lane::<R, true>(x[j].to_bits(), r[j], block, rule);
+        o[j] = f32::from_bits(v);
+        any_slow |= slow as u32;
+    }
+    any_slow
+}
+
+/// MX on f32 with any blocks: the maxima first, then each run with its elements' block
+/// parameters staged per lane from the walked block segments.
+fn mx_walked<R: RoundingRule>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    grid: MxGrid,
+    mx: &Mx,
+    plan: &MxF32Plan,
+    rule: R,
+    stream: Option<Stream>,
+) {
+    let amax = block_amax_bits(src.unwrap_or(dst), &grid);
+    let blocks: Vec<MxBlock> = amax.iter().map(|&m| plan.block(m)).collect();
+    let ks: Vec<u32> = blocks.iter().map(|b| b.k as u32).collect();
+    let limits: Vec<u32> = blocks.iter().map(|b| b.limit).collect();
+    let tinies: Vec<u32> = blocks.iter().map(|b| b.tiny).collect();
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let mut walker = Walker::at(grid, base);
+        let mut words = [0u32; RUN];
+        let mut k = [0u32; RUN];
+        let mut limit = [0u32; RUN];
+        let mut tiny = [0u32; RUN];
+        let mut start = 0;
+        while start < out.len() {
+            let len = RUN.min(out.len() - start);
+            let first = base + start;
+            if let Some(stream) = stream {
+                fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
+            }
+            walker.segments(len, |s, l, b, step| {
+                if step == 0 {
+                    k[s..s + l].fill(ks[b]);
+                    limit[s..s + l].fill(limits[b]);
+                    tiny[s..s + l].fill(tinies[b]);
+                } else {
+                    k[s..s + l].copy_from_slice(&ks[b..b + l]);
+                    limit[s..s + l].copy_from_slice(&limits[b..b + l]);
+                    tiny[s..s + l].copy_from_slice(&tinies[b..b + l]);
+                }
+            });
+            let inp = src.map(|s| &s[first..first + len]);
+            let words = &words[..len];
+            let pass = MxLanesRun {
+                plan,
+                inp,
+                out: &mut out[start..start + len],
+                words,
+                k: &k[..len],
+                limit: &limit[..len],
+                tiny: &tiny[..len],
+                rule,
+            };
+            if run_simd(pass) {
+                let scale =
+                    |j: usize| MxF32Plan::scale_exponent(mx, amax[grid.block_of(first + j)]);
+                mx_fix_run(mx, inp, &mut out[start..start + len], words, rule, scale);
+            }
+            start += len;
+        }
+    };
+    for_each_chunk(dst, work);
 }
 
 /// Rounds to NVFP4: the tensor scale, the block scales, then the elements.
@@ -230,7 +541,18 @@ pub(crate) fn quantize_nvfp4<T: Element, R: RoundingRule>(
         None => block::block_max(data.iter().map(|x| x.to_f64())),
     };
     let s_t = Nvfp4::tensor_scale(tensor_max);
-    let scales: Vec<f64> = block_amax(data, &grid)
+    if let Some(out) = T::as_f32s_mut(dst) {
+        let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        match Nvfp4F32Plan::new(s_t, R::KIND) {
+            Some(plan) if grid.inner() == 1 && grid.len().is_multiple_of(NVFP4_BLOCK) => {
+                nvfp4_aligned(src, out, &plan)
+            }
+            Some(plan) => nvfp4_walked(src, out, grid, &plan),
+            None => nvfp4_scalar_f32(src, out, grid, s_t, rule, stream),
+        }
+        return Ok(());
+    }
+    let scales: Vec<f64> = block_amax(src.unwrap_or(dst), &grid)
         .iter()
         .map(|&m| Nvfp4::block_scale(m, s_t))
         .collect();
@@ -264,6 +586,111 @@ pub(crate) fn quantize_nvfp4<T: Element, R: RoundingRule>(
     };
     for_each_chunk(dst, work);
     Ok(())
+}
+
+/// One run of aligned NVFP4 blocks: each block's maximum, its row, then its elements.
+struct Nvfp4AlignedRun<'a> {
+    plan: &'a Nvfp4F32Plan,
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+}
+
+impl SimdPass for Nvfp4AlignedRun<'_> {
+    #[inline(always)]
+    fn run(self) -> bool {
+        for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
+            let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
+            let x: [f32; NVFP4_BLOCK] = match self.inp {
+                Some(inp) => inp[b * NVFP4_BLOCK..][..NVFP4_BLOCK]
+                    .try_into()
+                    .expect("a whole block"),
+                None => *o,
+            };
+            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
+            let row = self.plan.row(self.plan.scales.row_of(m));
+            for j in 0..NVFP4_BLOCK {
+                o[j] = f32::from_bits(Nvfp4F32Plan::round_lane(x[j].to_bits(), row));
+            }
+        }
+        false
+    }
+}
+
+/// Deterministic NVFP4 on f32 with blocks of 16 aligned consecutive elements: maxima,
+/// scales and elements in one pass, block by block.
+fn nvfp4_aligned(src: Option<&[f32]>, dst: &mut [f32], plan: &Nvfp4F32Plan) {
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        for (r, o) in out.chunks_mut(RUN).enumerate() {
+            let first = base + r * RUN;
+            let inp = src.map(|s| &s[first..first + o.len()]);
+            run_simd(Nvfp4AlignedRun { plan, inp, out: o });
+        }
+    };
+    for_each_chunk(dst, work);
+}
+
+/// Deterministic NVFP4 on f32 with any blocks: the maxima first, then every element with
+/// its block's row.
+fn nvfp4_walked(src: Option<&[f32]>, dst: &mut [f32], grid: MxGrid, plan: &Nvfp4F32Plan) {
+    let rows: Vec<usize> = block_amax_bits(src.unwrap_or(dst), &grid)
+        .iter()
+        .map(|&m| plan.scales.row_of(m))
+        .collect();
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let inp = src.map(|s| &s[base..base + out.len()]);
+        let mut walker = Walker::at(grid, base);
+        walker.segments(out.len(), |start, len, first, step| {
+            for j in start..start + len {
+                let row = plan.row(rows[first + (j - start) * step]);
+                let x = inp.map_or(out[j], |inp| inp[j]);
+                out[j] = f32::from_bits(Nvfp4F32Plan::round_lane(x.to_bits(), row));
+            }
+        });
+    };
+    for_each_chunk(dst, work);
+}
+
+/// Stochastic NVFP4 on f32: the scalar rule per element (on the f64 quotient), with the
+/// block scales from the maxima's bits and the random words drawn per run.
+fn nvfp4_scalar_f32<R: RoundingRule>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    grid: MxGrid,
+    s_t: f64,
+    rule: R,
+    stream: Option<Stream>,
+) {
+    let scales = Nvfp4Scales::new(s_t);
+    let s_b: Vec<f64> = block_amax_bits(src.unwrap_or(dst), &grid)
+        .iter()
+        .map(|&m| Nvfp4Scales::block_scale(scales.row_of(m)))
+        .collect();
+    let work = |chunk: usize, out: &mut [f32]| {
+        let base = chunk * CHUNK;
+        let mut walker = Walker::at(grid, base);
+        let mut words = [0u32; RUN];
+        let mut start = 0;
+        while start < out.len() {
+            let len = RUN.min(out.len() - start);
+            let first = base + start;
+            if let Some(stream) = stream {
+                fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
+            }
+            let inp = src.map(|s| &s[first..first + len]);
+            let o = &mut out[start..start + len];
+            walker.segments(len, |at, l, b, step| {
+                for j in at..at + l {
+                    let x = inp.map_or(o[j], |inp| inp[j]) as f64;
+                    let s = s_b[b + (j - at) * step];
+                    o[j] = Nvfp4::round(x, s, s_t, rule, words[j]) as f32;
+                }
+            });
+            start += len;
+        }
+    };
+    for_each_chunk(dst, work);
 }
 
 /// The NVFP4 element `e2m1(x / d) · d` for a deterministic rule from the f64 quotient `q`,
