@@ -246,14 +246,23 @@ fn every_stored_value_is_kept_by_the_fast_path() {
     }
 }
 
+/// Bucket tables index the mantissa's top `f + 1` bits (stochastic rounding), and at
+/// least 7 - f bits for deterministic rules, whose 64-bit entries hold the offset step
+/// (`24 - f` bits) beside the threshold's position.
 #[test]
-fn plans_use_one_bucket_bit_more_than_f() {
+fn plans_index_the_mantissas_top_f_plus_one_bits() {
     for (w, f) in [(3, 0), (8, 3), (16, 10), (32, 16)] {
         let lns = Lns::new(w, f).unwrap();
         for kind in [RuleKind::NearestEven, RuleKind::TowardZero] {
             let plan = LnsF32Plan::new(&lns, kind).unwrap();
-            assert_eq!(plan.index_bits(), f + 1, "lns<{w},{f}> {kind:?}");
+            assert_eq!(
+                plan.index_bits(),
+                (f + 1).max(7u32.saturating_sub(f)),
+                "lns<{w},{f}> {kind:?}"
+            );
         }
+        let plan = LnsF32Plan::new(&lns, RuleKind::Stochastic).unwrap();
+        assert_eq!(plan.index_bits(), f + 1, "lns<{w},{f}> stochastic");
     }
     assert!(LnsF32Plan::new(&Lns::new(32, 17).unwrap(), RuleKind::NearestEven).is_none());
 }
