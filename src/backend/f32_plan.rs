@@ -769,7 +769,9 @@ fn map_groups<R: RoundingRule>(
     let stochastic = R::KIND == RuleKind::Stochastic;
     let n = src.len().min(dst.len());
     let full = n - n % GROUP;
-    let mut any_slow = 0u32;
+    // One flag per lane, reduced once after the loop (a single flag was reduced across the
+    // lanes in every group).
+    let mut lanes = [0u32; GROUP];
     for g in (0..full).step_by(GROUP) {
         let x: [f32; GROUP] = src[g..g + GROUP].try_into().expect("a full group");
         let r: [u32; GROUP] = if stochastic {
@@ -781,9 +783,10 @@ fn map_groups<R: RoundingRule>(
         for j in 0..GROUP {
             let (out, slow) = f(x[j], r[j]);
             o[j] = f32::from_bits(out);
-            any_slow |= slow as u32;
+            lanes[j] |= slow as u32;
         }
     }
+    let mut any_slow = lanes.iter().fold(0, |a, &l| a | l);
     for j in full..n {
         let (out, slow) = f(src[j], if stochastic { random[j] } else { 0 });
         dst[j] = f32::from_bits(out);
@@ -802,7 +805,7 @@ fn map_groups_in_place<R: RoundingRule>(
     let stochastic = R::KIND == RuleKind::Stochastic;
     let n = buf.len();
     let full = n - n % GROUP;
-    let mut any_slow = 0u32;
+    let mut lanes = [0u32; GROUP];
     for g in (0..full).step_by(GROUP) {
         let o: &mut [f32; GROUP] = (&mut buf[g..g + GROUP]).try_into().expect("a full group");
         let x = *o;
@@ -814,9 +817,10 @@ fn map_groups_in_place<R: RoundingRule>(
         for j in 0..GROUP {
             let (out, slow) = f(x[j], r[j]);
             o[j] = f32::from_bits(out);
-            any_slow |= slow as u32;
+            lanes[j] |= slow as u32;
         }
     }
+    let mut any_slow = lanes.iter().fold(0, |a, &l| a | l);
     for j in full..n {
         let (out, slow) = f(buf[j], if stochastic { random[j] } else { 0 });
         buf[j] = f32::from_bits(out);
