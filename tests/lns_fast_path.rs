@@ -465,3 +465,49 @@ fn inputs_below_min_are_not_kept_as_codes_outside_the_format() {
     let plan = LnsF32Plan::new(&lns, RuleKind::TowardZero).unwrap();
     assert_eq!(plan.round(x, TowardZero, 0), 0.0);
 }
+
+/// Stochastic rounding on random inputs (N(0, 1)-like magnitudes and every binade) with
+/// random words and several random-bit counts: the per-element fast path equals the scalar
+/// rounding, and it leaves almost every element to itself (the error bound is far below
+/// the gaps between thresholds).
+#[test]
+fn stochastic_fast_path_equals_the_scalar_rounding_and_decides_almost_everything() {
+    let stream = Stream::new(77, 5);
+    for (w, f, most_slow) in [(8, 3, 1e-4), (16, 10, 1e-4), (12, 0, 1e-4), (20, 16, 1e-3)] {
+        let lns = Lns::new(w, f).unwrap();
+        let plan = LnsF32Plan::new(&lns, RuleKind::Stochastic).unwrap();
+        let n = 400_000u64;
+        let slow: usize = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let bits = stream.at(2 * i);
+                let r = stream.at(2 * i + 1);
+                let byte = if i % 4 == 0 {
+                    bits >> 24
+                } else {
+                    125 + (bits >> 24) % 5
+                };
+                let x = f32::from_bits((bits & 0x807f_ffff) | byte << 23);
+                let rule = Stochastic {
+                    bits: [23, 8, 1][i as usize % 3],
+                };
+                let want = scalar(&lns, x, rule, r);
+                let got = plan.round(x, rule, r);
+                assert!(
+                    same(got, want),
+                    "lns<{w},{f}> {x:e} r = {r:#x} bits {}: {got:e} vs {want:e}",
+                    rule.bits
+                );
+                // Binades 2^-2 ..= 2^2, inside every one of these formats' range (stochastic
+                // underflow takes the scalar path by design).
+                let inside = i % 4 != 0;
+                (inside && plan.round_fast(x, rule, r).is_none()) as usize
+            })
+            .sum();
+        let share = slow as f64 / (n as f64 * 0.75);
+        assert!(
+            share <= most_slow,
+            "lns<{w},{f}>: {share} of the inputs take the scalar path"
+        );
+    }
+}
