@@ -120,12 +120,15 @@ impl Stream {
     }
 
     /// [`Stream::fill`] with AVX-512 intrinsics: sixteen blocks (64 words) per step, one
-    /// block per 32-bit lane of four counter vectors. The 32x32-bit products come from
-    /// `vpmuludq` on the even lanes and on the odd lanes shifted down, their halves merged
-    /// by masked blends; the lanes are then transposed into element order (two rounds of
-    /// 32- and 64-bit unpacks give each 128-bit lane one block's four words, two rounds of
-    /// 128-bit shuffles put the blocks in order). The words are those of [`Stream::fill`]
-    /// (tested), whose scalar loop finishes the last partial step.
+    /// block per 32-bit lane of four counter vectors, four independent steps interleaved
+    /// (each round waits on the products of the one before, so a single step leaves the
+    /// multipliers idle for most of their latency). The 32x32-bit products come from
+    /// `vpmuludq` on the even lanes and on the odd lanes shifted down; their high and low
+    /// halves are merged by masked in-lane shuffles (the partner dword of each 64-bit
+    /// product swapped in), and the three-way XOR of each round is one `vpternlogd` with
+    /// the round key, broadcast once per call. The lanes are then transposed into element
+    /// order. The words are those of [`Stream::fill`] (tested), whose scalar loop finishes
+    /// the last partial step.
     ///
     /// # Safety
     ///
@@ -135,61 +138,45 @@ impl Stream {
     pub unsafe fn fill_avx512(&self, first_block: u64, out: &mut [u32]) {
         use std::arch::x86_64::*;
         const STEP: usize = 64;
-        // (hi, lo) of the 32x32-bit products of every lane of `c` with `m`.
+        // (hi, lo) of the 32x32-bit products of every lane of `c` with `m`: the even lanes'
+        // 64-bit products sit in `even`, the odd lanes' in `odd`; swapping the dwords of
+        // each 64-bit lane (`CDAB`) moves a product's other half next to the one in place.
         #[inline]
         #[target_feature(enable = "avx512f")]
         fn mulhilo16(m: __m512i, c: __m512i) -> (__m512i, __m512i) {
             let even = _mm512_mul_epu32(c, m);
             let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(c), m);
-            let hi = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64::<32>(even), odd);
-            let lo = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64::<32>(odd));
+            let hi = _mm512_mask_shuffle_epi32::<_MM_PERM_CDAB>(odd, 0x5555, even);
+            let lo = _mm512_mask_shuffle_epi32::<_MM_PERM_CDAB>(even, 0xaaaa, odd);
             (hi, lo)
         }
-        let m0 = _mm512_set1_epi32(M0 as i32);
-        let m1 = _mm512_set1_epi32(M1 as i32);
-        let call_lo = _mm512_set1_epi32(self.call as u32 as i32);
-        let call_hi = _mm512_set1_epi32((self.call >> 32) as u32 as i32);
-        let mut steps = out.chunks_exact_mut(STEP);
-        let mut block = first_block;
-        for step in &mut steps {
-            let mut lo = [0u32; 16];
-            let mut hi = [0u32; 16];
-            for lane in 0..16 {
-                let b = block + lane as u64;
-                lo[lane] = b as u32;
-                hi[lane] = (b >> 32) as u32;
-            }
-            // SAFETY: 16 u32 are 64 bytes; unaligned loads.
-            let (mut c0, mut c1) = unsafe {
-                (
-                    _mm512_loadu_si512(lo.as_ptr().cast()),
-                    _mm512_loadu_si512(hi.as_ptr().cast()),
-                )
-            };
-            let (mut c2, mut c3) = (call_lo, call_hi);
-            let mut k = self.key;
-            for round in 0..10 {
-                if round > 0 {
-                    k[0] = k[0].wrapping_add(W0);
-                    k[1] = k[1].wrapping_add(W1);
-                }
-                let (hi0, lo0) = mulhilo16(m0, c0);
-                let (hi1, lo1) = mulhilo16(m1, c2);
-                c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(k[0] as i32));
-                c1 = lo1;
-                c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(k[1] as i32));
-                c3 = lo0;
-            }
-            // Each 128-bit lane L of u_j: the four words of block 4L + j.
-            let t0 = _mm512_unpacklo_epi32(c0, c1);
-            let t1 = _mm512_unpackhi_epi32(c0, c1);
-            let t2 = _mm512_unpacklo_epi32(c2, c3);
-            let t3 = _mm512_unpackhi_epi32(c2, c3);
+        // One Philox round on sixteen blocks.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn round16(c: [__m512i; 4], m0: __m512i, m1: __m512i, key: &[__m512i; 2]) -> [__m512i; 4] {
+            let (hi0, lo0) = mulhilo16(m0, c[0]);
+            let (hi1, lo1) = mulhilo16(m1, c[2]);
+            [
+                _mm512_ternarylogic_epi32::<0x96>(hi1, c[1], key[0]),
+                lo1,
+                _mm512_ternarylogic_epi32::<0x96>(hi0, c[3], key[1]),
+                lo0,
+            ]
+        }
+        // Stores sixteen blocks' words in element order: each 128-bit lane L of u_j gets
+        // the four words of block 4L + j (32- and 64-bit unpacks), then a 4x4 transpose of
+        // the 128-bit lanes puts the blocks in order.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn store_blocks(c: [__m512i; 4], out: &mut [u32]) {
+            let t0 = _mm512_unpacklo_epi32(c[0], c[1]);
+            let t1 = _mm512_unpackhi_epi32(c[0], c[1]);
+            let t2 = _mm512_unpacklo_epi32(c[2], c[3]);
+            let t3 = _mm512_unpackhi_epi32(c[2], c[3]);
             let u0 = _mm512_unpacklo_epi64(t0, t2);
             let u1 = _mm512_unpackhi_epi64(t0, t2);
             let u2 = _mm512_unpacklo_epi64(t1, t3);
             let u3 = _mm512_unpackhi_epi64(t1, t3);
-            // Blocks in order: 4x4 transpose of the 128-bit lanes.
             let v0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u0, u1);
             let v1 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u2, u3);
             let v2 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u0, u1);
@@ -200,11 +187,68 @@ impl Stream {
                 _mm512_shuffle_i32x4::<0b10_00_10_00>(v2, v3),
                 _mm512_shuffle_i32x4::<0b11_01_11_01>(v2, v3),
             ];
-            for (part, w) in step.chunks_exact_mut(16).zip(words) {
+            for (part, w) in out.chunks_exact_mut(16).zip(words) {
                 // SAFETY: `part` holds 16 u32 (64 bytes); unaligned store.
                 unsafe { _mm512_storeu_si512(part.as_mut_ptr().cast(), w) };
             }
-            block += 16;
+        }
+        let m0 = _mm512_set1_epi32(M0 as i32);
+        let m1 = _mm512_set1_epi32(M1 as i32);
+        let call_lo = _mm512_set1_epi32(self.call as u32 as i32);
+        let call_hi = _mm512_set1_epi32((self.call >> 32) as u32 as i32);
+        let mut keys = [[_mm512_setzero_si512(); 2]; 10];
+        let mut k = self.key;
+        for (round, key) in keys.iter_mut().enumerate() {
+            if round > 0 {
+                k[0] = k[0].wrapping_add(W0);
+                k[1] = k[1].wrapping_add(W1);
+            }
+            *key = [
+                _mm512_set1_epi32(k[0] as i32),
+                _mm512_set1_epi32(k[1] as i32),
+            ];
+        }
+        let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        // The counters of blocks `block + lane`: the low words, and the high words with the
+        // carry out of the low ones (a lane whose low word wrapped is below the first).
+        let counters = |block: u64| {
+            let base = _mm512_set1_epi32(block as u32 as i32);
+            let lo = _mm512_add_epi32(base, lanes);
+            let carry = _mm512_cmplt_epu32_mask(lo, base);
+            let hi = _mm512_set1_epi32((block >> 32) as u32 as i32);
+            [
+                lo,
+                _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1)),
+                call_lo,
+                call_hi,
+            ]
+        };
+        // Four independent steps per iteration: each round waits on the previous one's
+        // products, so interleaving chains keeps the multipliers busy.
+        const CHAINS: usize = 4;
+        let mut groups = out.chunks_exact_mut(CHAINS * STEP);
+        let mut block = first_block;
+        for group in &mut groups {
+            let mut st: [[__m512i; 4]; CHAINS] =
+                std::array::from_fn(|i| counters(block.wrapping_add(16 * i as u64)));
+            for key in &keys {
+                for c in st.iter_mut() {
+                    *c = round16(*c, m0, m1, key);
+                }
+            }
+            for (c, part) in st.into_iter().zip(group.chunks_exact_mut(STEP)) {
+                store_blocks(c, part);
+            }
+            block = block.wrapping_add(16 * CHAINS as u64);
+        }
+        let mut steps = groups.into_remainder().chunks_exact_mut(STEP);
+        for step in &mut steps {
+            let mut a = counters(block);
+            for key in &keys {
+                a = round16(a, m0, m1, key);
+            }
+            store_blocks(a, step);
+            block = block.wrapping_add(16);
         }
         self.fill(block, steps.into_remainder());
     }
@@ -229,7 +273,8 @@ mod tests {
 
     /// The AVX-512 fill gives the words of `at` for starts where the 32-bit low counter
     /// word carries into the high one inside a step, and for lengths around the 64-word
-    /// step (where the scalar fill finishes), with a call index above 2^32.
+    /// step and the 256-word group of four interleaved steps (where single steps, then the
+    /// scalar fill, finish), with a call index above 2^32.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_fill_gives_the_same_words_as_at() {
@@ -239,7 +284,9 @@ mod tests {
         }
         let stream = Stream::new(0xfeed_beef_0123_4567, (1 << 32) + 5);
         for first_block in [0u64, 3, (1 << 32) - 7, (5 << 32) - 30] {
-            for len in [0usize, 5, 63, 64, 65, 127, 128, 200, 1024] {
+            for len in [
+                0usize, 5, 63, 64, 65, 127, 128, 200, 255, 256, 257, 320, 511, 1024, 1100,
+            ] {
                 let mut out = vec![0u32; len];
                 // SAFETY: the CPU supports AVX-512 F, checked above.
                 unsafe { stream.fill_avx512(first_block, &mut out) };

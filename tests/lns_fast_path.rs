@@ -246,14 +246,23 @@ fn every_stored_value_is_kept_by_the_fast_path() {
     }
 }
 
+/// Bucket tables index the mantissa's top `f + 1` bits (stochastic rounding), and at
+/// least 7 - f bits for deterministic rules, whose 64-bit entries hold the offset step
+/// (`24 - f` bits) beside the threshold's position.
 #[test]
-fn plans_use_one_bucket_bit_more_than_f() {
+fn plans_index_the_mantissas_top_f_plus_one_bits() {
     for (w, f) in [(3, 0), (8, 3), (16, 10), (32, 16)] {
         let lns = Lns::new(w, f).unwrap();
         for kind in [RuleKind::NearestEven, RuleKind::TowardZero] {
             let plan = LnsF32Plan::new(&lns, kind).unwrap();
-            assert_eq!(plan.index_bits(), f + 1, "lns<{w},{f}> {kind:?}");
+            assert_eq!(
+                plan.index_bits(),
+                (f + 1).max(7u32.saturating_sub(f)),
+                "lns<{w},{f}> {kind:?}"
+            );
         }
+        let plan = LnsF32Plan::new(&lns, RuleKind::Stochastic).unwrap();
+        assert_eq!(plan.index_bits(), f + 1, "lns<{w},{f}> stochastic");
     }
     assert!(LnsF32Plan::new(&Lns::new(32, 17).unwrap(), RuleKind::NearestEven).is_none());
 }
@@ -455,4 +464,50 @@ fn inputs_below_min_are_not_kept_as_codes_outside_the_format() {
     assert_eq!(scalar(&lns, x, Stochastic { bits: 23 }, u32::MAX), 0.0);
     let plan = LnsF32Plan::new(&lns, RuleKind::TowardZero).unwrap();
     assert_eq!(plan.round(x, TowardZero, 0), 0.0);
+}
+
+/// Stochastic rounding on random inputs (N(0, 1)-like magnitudes and every binade) with
+/// random words and several random-bit counts: the per-element fast path equals the scalar
+/// rounding, and it leaves almost every element to itself (the error bound is far below
+/// the gaps between thresholds).
+#[test]
+fn stochastic_fast_path_equals_the_scalar_rounding_and_decides_almost_everything() {
+    let stream = Stream::new(77, 5);
+    for (w, f, most_slow) in [(8, 3, 1e-4), (16, 10, 1e-4), (12, 0, 1e-4), (20, 16, 1e-3)] {
+        let lns = Lns::new(w, f).unwrap();
+        let plan = LnsF32Plan::new(&lns, RuleKind::Stochastic).unwrap();
+        let n = 400_000u64;
+        let slow: usize = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let bits = stream.at(2 * i);
+                let r = stream.at(2 * i + 1);
+                let byte = if i % 4 == 0 {
+                    bits >> 24
+                } else {
+                    125 + (bits >> 24) % 5
+                };
+                let x = f32::from_bits((bits & 0x807f_ffff) | byte << 23);
+                let rule = Stochastic {
+                    bits: [23, 8, 1][i as usize % 3],
+                };
+                let want = scalar(&lns, x, rule, r);
+                let got = plan.round(x, rule, r);
+                assert!(
+                    same(got, want),
+                    "lns<{w},{f}> {x:e} r = {r:#x} bits {}: {got:e} vs {want:e}",
+                    rule.bits
+                );
+                // Binades 2^-2 ..= 2^2, inside every one of these formats' range (stochastic
+                // underflow takes the scalar path by design).
+                let inside = i % 4 != 0;
+                (inside && plan.round_fast(x, rule, r).is_none()) as usize
+            })
+            .sum();
+        let share = slow as f64 / (n as f64 * 0.75);
+        assert!(
+            share <= most_slow,
+            "lns<{w},{f}>: {share} of the inputs take the scalar path"
+        );
+    }
 }

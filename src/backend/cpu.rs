@@ -21,6 +21,8 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::f32_plan::{BlockF32Plan, F32Plan, RunRounder};
+#[cfg(target_arch = "x86_64")]
+use super::isa::{self, Isa};
 use super::lns_plan::LnsF32Plan;
 use crate::format::block::BlockGrid;
 use crate::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
@@ -287,14 +289,14 @@ fn fix_slow<P: RunRounder>(
 
 /// [`Stream::fill`], compiled for AVX-512 or AVX2 when the CPU has them.
 #[inline(always)]
-fn fill_dispatch(stream: &Stream, first_block: u64, out: &mut [u32]) {
+pub(super) fn fill_dispatch(stream: &Stream, first_block: u64, out: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx512() {
             // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
             return unsafe { fill_avx512(stream, first_block, out) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if has_avx2() {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { fill_avx2(stream, first_block, out) };
         }
@@ -302,14 +304,19 @@ fn fill_dispatch(stream: &Stream, first_block: u64, out: &mut [u32]) {
     stream.fill(first_block, out)
 }
 
-/// Whether the CPU has the AVX-512 subsets the vectorised passes are compiled for.
+/// Whether the kernels may use the AVX-512 subsets the vectorised passes are compiled for
+/// (the CPU has them and no cap forbids them, see [`isa`](super::isa)).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-        && std::arch::is_x86_feature_detected!("avx512vl")
+    isa::active() == Isa::Avx512
+}
+
+/// Whether the kernels may use AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn has_avx2() -> bool {
+    isa::active() >= Isa::Avx2
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -342,7 +349,7 @@ fn round_run_dispatch<P: RunRounder, R: RoundingRule>(
             // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
             return unsafe { round_run_avx512(plan, src, dst, rule, random) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if has_avx2() {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { round_run_avx2(plan, src, dst, rule, random) };
         }
@@ -445,7 +452,7 @@ fn max_abs_bits(xs: &[f32]) -> u32 {
             // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
             return unsafe { max_abs_bits_avx512(xs) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if has_avx2() {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { max_abs_bits_avx2(xs) };
         }

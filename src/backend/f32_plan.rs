@@ -132,6 +132,38 @@ pub struct F32Plan {
     max_start: i32,
     fast_lo: i32,
     fast_hi: i32,
+    /// Floats: `23 - man`, `emin + 127` and the extra shift below `emin` (`man` without
+    /// subnormals, else 0), from which [`F32Plan::float_entry`] computes the rounding bit.
+    s_normal: i32,
+    emin_byte: i32,
+    s_nosub: i32,
+}
+
+/// The plan's scalar constants, copied out of the plan once per run so that the loop
+/// selects between values: between fields read inside the loop, LLVM turns
+/// `if c { self.a } else { self.b }` into a load from a selected address, which vectorises
+/// to a gather.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    limit_pos: u32,
+    limit_neg: u32,
+    over_pos: u32,
+    over_neg: u32,
+    tiny: u32,
+    min_pos: u32,
+    max_pos: u32,
+}
+
+/// A float table entry as computed by [`F32Plan::float_entry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FloatEntry {
+    /// The rounding bit of `Round` and `Exact` entries (0 otherwise).
+    s: u32,
+    /// The rounding bit of `Tiny` entries (at least 24).
+    tiny_s: u32,
+    flip: u32,
+    tiny: bool,
+    slow: bool,
 }
 
 /// Plan shape of posits: clamps to minpos/maxpos, never `Tiny`, no overflow limit,
@@ -232,6 +264,23 @@ impl F32Plan {
             max_start: 255,
             fast_lo: 256,
             fast_hi: 0,
+            s_normal: 0,
+            emin_byte: 0,
+            s_nosub: 0,
+        }
+    }
+
+    /// The scalar constants of [`Limits`].
+    #[inline(always)]
+    fn limits(&self) -> Limits {
+        Limits {
+            limit_pos: self.limit_pos,
+            limit_neg: self.limit_neg,
+            over_pos: self.over_pos,
+            over_neg: self.over_neg,
+            tiny: self.tiny,
+            min_pos: self.min_pos,
+            max_pos: self.max_pos,
         }
     }
 
@@ -353,6 +402,9 @@ impl F32Plan {
         plan.over_pos = over;
         plan.over_neg = over;
         plan.shape = SIGNED;
+        plan.s_normal = 23 - man;
+        plan.emin_byte = emin + 127;
+        plan.s_nosub = if f.subnormals() { 0 } else { man };
         plan
     }
 
@@ -378,12 +430,40 @@ impl F32Plan {
     /// needs the general path. `SHAPE` is the plan's [`F32Plan::shape`]; each shape drops
     /// the selects the others need, which keeps the vectorised loop short.
     #[inline(always)]
-    fn round_one<R: RoundingRule, const SHAPE: u8>(&self, x: f32, r: u32, rule: R) -> (u32, bool) {
+    fn round_one<R: RoundingRule, const SHAPE: u8>(
+        &self,
+        x: f32,
+        r: u32,
+        rule: R,
+        lim: Limits,
+    ) -> (u32, bool) {
         let bits = x.to_bits();
         let sign = bits & SIGN;
         let abs = bits ^ sign;
         if SHAPE == POSIT {
-            return self.round_posit(abs, sign, r, rule);
+            return self.round_posit(abs, sign, r, rule, lim);
+        }
+        let m = (abs & 0x007f_ffff) | 0x0080_0000;
+        if SHAPE == SIGNED {
+            let entry = self.float_entry(abs >> 23);
+            let rounded = rule.round_bits(abs, entry.s, ((abs >> entry.s) ^ entry.flip) & 1, r);
+            let slow = entry.slow & (abs != 0);
+            let tiny = if rule.up_tiny(m, entry.tiny_s, r) {
+                lim.tiny
+            } else {
+                0
+            };
+            let mag = if entry.tiny { tiny } else { rounded };
+            // Floats write the elements left to the general path (which round at bit 0)
+            // unchanged, so their in-place pass needs no select (a masked store).
+            let mag = if slow {
+                abs
+            } else if mag > lim.limit_pos {
+                lim.over_pos
+            } else {
+                mag
+            };
+            return (mag | sign, slow);
         }
         let e = self.packed[(abs >> 23) as usize];
         let s = e & 0xff;
@@ -391,9 +471,8 @@ impl F32Plan {
         let case = (e >> 16) & 0xff;
         let rounded = rule.round_bits(abs, s, ((abs >> s) ^ flip) & 1, r);
         let slow = case == Case::Slow as u32 && abs != 0;
-        let m = (abs & 0x007f_ffff) | 0x0080_0000;
         let tiny = if rule.up_tiny(m, e >> 24, r) {
-            self.tiny
+            lim.tiny
         } else {
             0
         };
@@ -402,30 +481,13 @@ impl F32Plan {
         } else {
             rounded
         };
-        // Floats write the elements left to the general path (`Slow` entries round at bit
-        // 0) unchanged, so their in-place pass needs no select (a masked store). The same
-        // select costs fixed point more than the store.
-        if SHAPE == SIGNED {
-            let mag = if slow {
-                abs
-            } else if mag > self.limit_pos {
-                self.over_pos
-            } else {
-                mag
-            };
-            return (mag | sign, slow);
-        }
         let negative = sign != 0;
         let limit = if negative {
-            self.limit_neg
+            lim.limit_neg
         } else {
-            self.limit_pos
+            lim.limit_pos
         };
-        let over = if negative {
-            self.over_neg
-        } else {
-            self.over_pos
-        };
+        let over = if negative { lim.over_neg } else { lim.over_pos };
         let mag = if mag > limit { over } else { mag };
         let out = if mag == 0 && self.unsigned_zero {
             0
@@ -433,6 +495,31 @@ impl F32Plan {
             mag | sign
         };
         (out, slow)
+    }
+
+    /// The float table entry of exponent byte `eb`, computed (the same values as the
+    /// table, see the test `float_entries_match_the_table`): binade `e >= emin` rounds at
+    /// bit `s = 23 - man`; below `emin` the quantum stays that of `emin` (subnormals, `d =
+    /// emin - e` more bits) or is `2^emin` (no subnormals: `man` more again). `s <= 0` is
+    /// exact (round at bit 0), `s >= 24` tiny; at `s = 23` the kept count is the hidden bit
+    /// alone, odd, while the pattern's bit 23 is the exponent byte's low bit (`flip`).
+    /// Exponent bytes 0 and 255 take the general path, rounding at bit 0. Computing this is
+    /// cheaper than the table lookup, a gather per vector.
+    #[inline(always)]
+    fn float_entry(&self, eb: u32) -> FloatEntry {
+        let b = eb as i32;
+        let d = (self.emin_byte - b).max(0);
+        let s_raw = self.s_normal + d + if d > 0 { self.s_nosub } else { 0 };
+        let slow = (b == 0) | (b == 255);
+        let tiny = (s_raw >= 24) & !slow;
+        let s = if slow | tiny { 0 } else { s_raw.max(0) as u32 };
+        FloatEntry {
+            s,
+            tiny_s: if tiny { s_raw.min(255) as u32 } else { 0 },
+            flip: (s == 23) as u32 & !eb,
+            tiny,
+            slow,
+        }
     }
 
     /// [`F32Plan::round_one`] for posits, with the table entry computed instead of looked
@@ -443,16 +530,23 @@ impl F32Plan {
     /// below it and the fraction, as the posit pattern does, and the carry runs into the
     /// exponent byte; the byte is lowered again afterwards.
     #[inline(always)]
-    fn round_posit<R: RoundingRule>(&self, abs: u32, sign: u32, r: u32, rule: R) -> (u32, bool) {
+    fn round_posit<R: RoundingRule>(
+        &self,
+        abs: u32,
+        sign: u32,
+        r: u32,
+        rule: R,
+        lim: Limits,
+    ) -> (u32, bool) {
         let entry = self.posit_entry(abs >> 23);
         let t = abs + entry.bias;
         let rounded = rule
             .round_bits(t, entry.s, ((t >> entry.s) ^ entry.flip) & 1, r)
             .wrapping_sub(entry.bias);
         let mag = if entry.min {
-            self.min_pos
+            lim.min_pos
         } else if entry.max {
-            self.max_pos
+            lim.max_pos
         } else {
             rounded
         };
@@ -507,8 +601,9 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        map_groups::<R>(src, dst, random, |x, r| {
-            self.round_one::<R, SHAPE>(x, r, rule)
+        let lim = self.limits();
+        map_groups::<R>(src, dst, random, move |x, r| {
+            self.round_one::<R, SHAPE>(x, r, rule, lim)
         })
     }
 
@@ -519,8 +614,9 @@ impl F32Plan {
         rule: R,
         random: &[u32],
     ) -> bool {
-        map_groups_in_place::<R>(buf, random, |x, r| {
-            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule);
+        let lim = self.limits();
+        map_groups_in_place::<R>(buf, random, move |x, r| {
+            let (out, slow) = self.round_one::<R, SHAPE>(x, r, rule, lim);
             // Posit and float passes write the input of an element they leave behind.
             let out = if SHAPE != GRID || !slow {
                 out
@@ -673,7 +769,9 @@ fn map_groups<R: RoundingRule>(
     let stochastic = R::KIND == RuleKind::Stochastic;
     let n = src.len().min(dst.len());
     let full = n - n % GROUP;
-    let mut any_slow = 0u32;
+    // One flag per lane, reduced once after the loop (a single flag was reduced across the
+    // lanes in every group).
+    let mut lanes = [0u32; GROUP];
     for g in (0..full).step_by(GROUP) {
         let x: [f32; GROUP] = src[g..g + GROUP].try_into().expect("a full group");
         let r: [u32; GROUP] = if stochastic {
@@ -685,9 +783,10 @@ fn map_groups<R: RoundingRule>(
         for j in 0..GROUP {
             let (out, slow) = f(x[j], r[j]);
             o[j] = f32::from_bits(out);
-            any_slow |= slow as u32;
+            lanes[j] |= slow as u32;
         }
     }
+    let mut any_slow = lanes.iter().fold(0, |a, &l| a | l);
     for j in full..n {
         let (out, slow) = f(src[j], if stochastic { random[j] } else { 0 });
         dst[j] = f32::from_bits(out);
@@ -706,7 +805,7 @@ fn map_groups_in_place<R: RoundingRule>(
     let stochastic = R::KIND == RuleKind::Stochastic;
     let n = buf.len();
     let full = n - n % GROUP;
-    let mut any_slow = 0u32;
+    let mut lanes = [0u32; GROUP];
     for g in (0..full).step_by(GROUP) {
         let o: &mut [f32; GROUP] = (&mut buf[g..g + GROUP]).try_into().expect("a full group");
         let x = *o;
@@ -718,9 +817,10 @@ fn map_groups_in_place<R: RoundingRule>(
         for j in 0..GROUP {
             let (out, slow) = f(x[j], r[j]);
             o[j] = f32::from_bits(out);
-            any_slow |= slow as u32;
+            lanes[j] |= slow as u32;
         }
     }
+    let mut any_slow = lanes.iter().fold(0, |a, &l| a | l);
     for j in full..n {
         let (out, slow) = f(buf[j], if stochastic { random[j] } else { 0 });
         buf[j] = f32::from_bits(out);
@@ -876,6 +976,53 @@ mod tests {
         }
         assert_eq!(formats, 31 * 6 * 2, "posit plans built");
         assert!(cut > 1000, "only {cut} cut binades seen");
+    }
+
+    /// The computed float entries equal the table built from the format's grid for every
+    /// exponent byte of every float format (each exponent and mantissa width, with and
+    /// without subnormals): the same case, and where it rounds, the same bit and tie parity
+    /// for every pattern.
+    #[test]
+    fn float_entries_match_the_table() {
+        let mut formats = 0;
+        let mut tiny = 0;
+        for exp in 2..=8 {
+            for man in 1..=23 {
+                for options in ["", ",nosub"] {
+                    let format: Format = format!("float<{exp},{man}{options}>")
+                        .parse()
+                        .expect("a float");
+                    let plan = F32Plan::new(&format, RuleKind::NearestEven).expect("a plan");
+                    formats += 1;
+                    for eb in 0..256u32 {
+                        let t = plan.table[eb as usize];
+                        let got = plan.float_entry(eb);
+                        let at = format!("{format}, exponent byte {eb}");
+                        assert_eq!(got.slow, t.case == Case::Slow, "{at}");
+                        assert_eq!(got.tiny, t.case == Case::Tiny, "{at}");
+                        if got.tiny {
+                            tiny += 1;
+                            assert_eq!((got.s, got.tiny_s), (0, t.s as u32), "{at}");
+                            continue;
+                        }
+                        if got.slow {
+                            assert_eq!(got.s, 0, "{at}");
+                            continue;
+                        }
+                        assert!(matches!(t.case, Case::Exact | Case::Round), "{at}");
+                        assert_eq!(got.s, t.s as u32, "{at}");
+                        for low in [0, 0x0040_0000, 0x007f_ffff] {
+                            let abs = (eb << 23) | low;
+                            let want = ((abs >> t.s) ^ t.flip as u32) & 1;
+                            let read = ((abs >> got.s) ^ got.flip) & 1;
+                            assert_eq!(read, want, "{at}, pattern {abs:#x}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(formats, 7 * 23 * 2, "float plans built");
+        assert!(tiny > 1000, "only {tiny} tiny binades seen");
     }
 
     /// The cached plan of every (format, rule) key is the plan built for that key, also

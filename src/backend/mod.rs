@@ -4,6 +4,8 @@
 //!   [`f32_plan`], the vectorised f32 rounding they run (a table per format, cached per
 //!   thread), [`lns_plan`], the table-driven f32 rounding of the logarithmic format, and
 //!   [`mx_plan`] and [`nvfp4_plan`], the integer f32 rounding of the block-scaled formats.
+//! * [`isa`]: which vector instruction set (portable, AVX2, AVX-512) the CPU passes run,
+//!   detected at run time, with a cap for tests that compare the compiled paths.
 //! * [`im2col`]: the column layout of a 2-D convolution, shared by the training and the
 //!   posit convolutions.
 //! * `cuda` (feature `cuda`): the launches of the CUDA C++ kernels in `cuda/*.cu` at the
@@ -15,6 +17,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod f32_plan;
 pub mod im2col;
+pub mod isa;
 pub mod lns_plan;
 pub mod mx_plan;
 pub mod nvfp4_plan;

@@ -1,0 +1,287 @@
+//! The CPU quantize kernel (`backend::cpu::quantize_slice` on f32) under every instruction
+//! set this CPU has (`backend::isa::set_cap`: the portable, AVX2 and AVX-512 compilations of
+//! the vectorised passes and of the Philox fill) against the scalar rounding with the same
+//! stream words, bit for bit: lns (deterministic rules and stochastic rounding, the permuted
+//! and the gathered tables) and the stochastic rows of the elementwise formats and block
+//! floating point, from a source and in place, on inputs with zeros, subnormals, Inf, NaN,
+//! values near every clamp, values already on the lns grid, and lengths that end in partial
+//! groups, runs and chunks.
+//!
+//! The cap is process-wide, so the tests of this file take a lock while they hold one.
+
+use std::sync::Mutex;
+
+use qcandle::backend::cpu::quantize_slice;
+use qcandle::backend::isa::{self, Isa};
+use qcandle::format::block::block_max;
+use qcandle::format::lns::Lns;
+use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
+use qcandle::philox::Stream;
+use qcandle::{Format, Rounding};
+
+static CAP: Mutex<()> = Mutex::new(());
+
+/// The instruction sets this CPU can run, narrowest first.
+fn available() -> Vec<Isa> {
+    let isas: Vec<Isa> = Isa::ALL
+        .into_iter()
+        .filter(|&isa| isa <= isa::detected())
+        .collect();
+    if isas.len() < Isa::ALL.len() {
+        eprintln!("only {isas:?} on this CPU: the wider paths are not exercised");
+    }
+    isas
+}
+
+/// Inputs across many binades with the specials mixed in, plus the lns<8,3> grid (values
+/// that stochastic and toward-zero rounding keep).
+fn inputs(n: usize) -> Vec<f32> {
+    let lns = Lns::new(8, 3).unwrap();
+    let grid: Vec<f32> = (lns.k_min()..=lns.k_max())
+        .map(|k| lns.value(k) as f32)
+        .collect();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let bits = (state >> 32) as u32;
+            match i % 101 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => f32::NAN,
+                3 => f32::INFINITY,
+                4 => f32::NEG_INFINITY,
+                5 => f32::from_bits(bits & 0x807f_ffff),
+                6 => f32::MAX,
+                7..=16 => grid[bits as usize % grid.len()] * if bits & 1 == 0 { 1.0 } else { -1.0 },
+                _ => {
+                    let byte = if i % 7 == 0 {
+                        (bits >> 8) & 0xff
+                    } else {
+                        112 + (bits >> 8) % 30
+                    };
+                    f32::from_bits((bits & 0x807f_ffff) | byte << 23)
+                }
+            }
+        })
+        .collect()
+}
+
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// Runs the kernel under every available instruction set, from a source and in place, and
+/// compares each element with `reference(i, x, word)`.
+fn check(format: &Format, rounding: Rounding, xs: &[f32], reference: impl Fn(f32, u32) -> f32) {
+    check_with(Stream::new(0x5eed, 3), format, rounding, xs, reference)
+}
+
+/// [`check`] with a given stream.
+fn check_with(
+    stream: Stream,
+    format: &Format,
+    rounding: Rounding,
+    xs: &[f32],
+    reference: impl Fn(f32, u32) -> f32,
+) {
+    let want: Vec<f32> = xs
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| reference(x, stream.at(i as u64)))
+        .collect();
+    let _lock = CAP.lock().unwrap_or_else(|e| e.into_inner());
+    for isa in available() {
+        isa::set_cap(Some(isa));
+        let mut out = vec![0f32; xs.len()];
+        let dims = [xs.len()];
+        quantize_slice(Some(xs), &mut out, &dims, format, rounding, Some(stream)).unwrap();
+        let mut in_place = xs.to_vec();
+        quantize_slice(None, &mut in_place, &dims, format, rounding, Some(stream)).unwrap();
+        isa::set_cap(None);
+        let bad: Vec<usize> = (0..xs.len())
+            .filter(|&i| !same(out[i], want[i]) || !same(in_place[i], want[i]))
+            .collect();
+        if let Some(&i) = bad.first() {
+            panic!(
+                "{format} {rounding} {isa:?}: {} mismatches, first [{i}] {:e} ({:#010x}): {:e} / {:e} in place vs {:e}",
+                bad.len(),
+                xs[i],
+                xs[i].to_bits(),
+                out[i],
+                in_place[i],
+                want[i]
+            );
+        }
+    }
+}
+
+const ROUNDINGS: [Rounding; 5] = [
+    Rounding::NearestEven,
+    Rounding::NearestAway,
+    Rounding::TowardZero,
+    Rounding::Stochastic { bits: 23 },
+    Rounding::Stochastic { bits: 5 },
+];
+
+/// The scalar lns rounding with f32 storage.
+fn lns_scalar(lns: &Lns, rounding: Rounding, x: f32, r: u32) -> f32 {
+    let stored = |v: f64| v as f32 as f64;
+    let x = x as f64;
+    (match rounding {
+        Rounding::NearestEven => lns.round_stored(x, NearestEven, r, stored),
+        Rounding::NearestAway => lns.round_stored(x, NearestAway, r, stored),
+        Rounding::TowardZero => lns.round_stored(x, TowardZero, r, stored),
+        Rounding::Stochastic { bits } => lns.round_stored(x, Stochastic { bits }, r, stored),
+    }) as f32
+}
+
+#[test]
+fn lns_kernel_equals_the_scalar_rounding_on_every_instruction_set() {
+    // 3 chunks and a tail that ends inside a group.
+    let xs = inputs(3 * (1 << 14) + 1000 + 7);
+    // f = 3 and 4 permute their stochastic tables in registers, f = 5 and 10 gather them;
+    // lns<20,16> has the largest tables, lns<12,0> ten Taylor terms, lns<28,20> no plan.
+    for (w, f) in [
+        (8, 3),
+        (12, 4),
+        (12, 5),
+        (16, 10),
+        (12, 0),
+        (9, 1),
+        (20, 16),
+        (28, 20),
+    ] {
+        let lns = Lns::new(w, f).unwrap();
+        for rounding in ROUNDINGS {
+            check(&Format::Lns(lns), rounding, &xs, |x, r| {
+                lns_scalar(&lns, rounding, x, r)
+            });
+        }
+    }
+}
+
+/// Inputs whose mantissa lies within two units of the stochastic threshold
+/// `2^23 (2^((j + c)/2^f) - 1)` their own stream word sets (`c = (r + 1) / 2^bits`), for
+/// random codes `j` and binades: the decisions the error bound leaves to the scalar path
+/// and those just outside it.
+fn near_stochastic_thresholds(lns: &Lns, bits: u32, stream: Stream, n: usize) -> Vec<f32> {
+    let f = lns.f();
+    (0..n)
+        .map(|i| {
+            let h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+            let r = (stream.at(i as u64) >> (32 - bits)) as f64;
+            let c = (r + 1.0) / (1u64 << bits) as f64;
+            let j = (h % (1 << f)) as f64;
+            let t = (((j + c) / (1u64 << f) as f64).exp2() - 1.0) * (1u64 << 23) as f64;
+            let m = (t.floor() as i64 + (i % 5) as i64 - 2).clamp(0, (1 << 23) - 1) as u32;
+            let byte = 120 + (h >> 20) as u32 % 16;
+            let sign = ((h >> 30) & 1) as u32;
+            f32::from_bits(sign << 31 | byte << 23 | m)
+        })
+        .collect()
+}
+
+#[test]
+fn lns_stochastic_kernel_decides_near_its_thresholds_like_the_scalar_rounding() {
+    let stream = Stream::new(0x5eed, 11);
+    for (w, f) in [(8, 3), (12, 4), (12, 5), (16, 10), (12, 0), (20, 16)] {
+        let lns = Lns::new(w, f).unwrap();
+        for bits in [23, 5] {
+            let xs = near_stochastic_thresholds(&lns, bits, stream, 40_000);
+            let rounding = Rounding::Stochastic { bits };
+            check_with(stream, &Format::Lns(lns), rounding, &xs, |x, r| {
+                lns_scalar(&lns, rounding, x, r)
+            });
+        }
+    }
+}
+
+#[test]
+fn elementwise_kernels_equal_the_general_path_on_every_instruction_set() {
+    let xs = inputs(2 * (1 << 14) + 517);
+    for name in [
+        "posit<8,0>",
+        "posit<16,1>",
+        "posit<8,2>",
+        "e4m3",
+        "bf16",
+        "e5m2",
+        "fp16",
+        "float<5,2,nosub>",
+        "float<4,3,fn,sat>",
+        "fixed<8,4>",
+    ] {
+        let format: Format = name.parse().unwrap();
+        for rounding in ROUNDINGS {
+            check(&format, rounding, &xs, |x, r| {
+                format.round(x as f64, rounding, r) as f32
+            });
+        }
+    }
+}
+
+#[test]
+fn block_kernel_equals_the_general_path_on_every_instruction_set() {
+    let xs = inputs(2 * (1 << 14) + 517);
+    let max = block_max(xs.iter().map(|&x| x as f64));
+    for name in ["block<8>", "block<4>", "block<16>"] {
+        let format: Format = name.parse().unwrap();
+        let Format::Block(b) = format else {
+            unreachable!("{name} is block floating point")
+        };
+        for rounding in ROUNDINGS {
+            check(&format, rounding, &xs, |x, r| {
+                let x = x as f64;
+                (match rounding {
+                    Rounding::NearestEven => b.round(x, max, NearestEven, r),
+                    Rounding::NearestAway => b.round(x, max, NearestAway, r),
+                    Rounding::TowardZero => b.round(x, max, TowardZero, r),
+                    Rounding::Stochastic { bits } => b.round(x, max, Stochastic { bits }, r),
+                }) as f32
+            });
+        }
+    }
+}
+
+/// The same seed and call give the same bits on every instruction set and in every run;
+/// another call index gives other bits (the stream reaches the kernel).
+#[test]
+fn stochastic_results_depend_on_the_seed_and_call_only() {
+    let xs = inputs(1 << 15);
+    let dims = [xs.len()];
+    let rounding = Rounding::Stochastic { bits: 23 };
+    let _lock = CAP.lock().unwrap_or_else(|e| e.into_inner());
+    for name in [
+        "lns<8,3>",
+        "lns<16,10>",
+        "posit<8,0>",
+        "e4m3",
+        "bf16",
+        "block<8>",
+    ] {
+        let format: Format = name.parse().unwrap();
+        let run = |call: u64| {
+            let mut out = xs.clone();
+            quantize_slice(
+                None,
+                &mut out,
+                &dims,
+                &format,
+                rounding,
+                Some(Stream::new(9, call)),
+            )
+            .unwrap();
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let first = run(1);
+        for isa in available() {
+            isa::set_cap(Some(isa));
+            assert_eq!(run(1), first, "{name} {isa:?}");
+            isa::set_cap(None);
+        }
+        assert_ne!(run(2), first, "{name}: the call index changes nothing");
+    }
+}
