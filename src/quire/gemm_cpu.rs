@@ -7,7 +7,7 @@
 //! units of `minpos^2` a sum of `T` terms is an integer below `T · 2^4s`:
 //!
 //! * [`Accumulator::I16`] when also `2s <= 12` (posit<8,0>): i16 operands, exact integer
-//!   dot products with `pmaddwd`-style multiply-adds ([`super::int_dot`]).
+//!   dot products with `pmaddwd`-style multiply-adds ([`super::quire_i16`]).
 //! * [`Accumulator::F64`] when `T · 2^4s <= 2^53`: every partial sum is an f64 integer
 //!   multiple of `minpos^2`, so any summation order is exact and the GEMM is an ordinary f64
 //!   GEMM (the `gemm` crate's). posit<8,0> (`s = 6`) is exact this way for `k < 2^29`.
@@ -35,8 +35,8 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::accumulator::Quire;
-use super::int_dot;
 use super::naive_f32::NaiveF32;
+use super::quire_i16;
 use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
@@ -86,7 +86,7 @@ pub enum Accumulator {
 pub fn accumulator_for(posit: Posit, terms: usize) -> Accumulator {
     let s = posit.max_scale() as u32;
     let bits_needed = 4 * s + usize::BITS - terms.max(1).leading_zeros();
-    if int_dot::applies(posit.max_scale()) && bits_needed <= 53 {
+    if super::int_dot::applies(posit.max_scale()) && bits_needed <= 53 {
         Accumulator::I16
     } else if bits_needed <= 53 {
         Accumulator::F64
@@ -133,28 +133,7 @@ pub fn quire_gemm(
                 out[..m * n].iter_mut().for_each(|v| *v = round(*v));
             }
         }
-        Accumulator::I16 => {
-            let s = posit.max_scale();
-            let scale = pow2(s);
-            let ops = IntOperands::new(a, b, dims, |v| (v * scale) as i16);
-            let unit = pow2(-2 * s);
-            let row = |i: usize, dst: &mut [f64]| {
-                let mut sums = vec![0i64; n];
-                int_dot::row(&ops.a[i * k..i * k + k], &ops.bt, &mut sums);
-                for (j, (o, &sum)) in dst.iter_mut().zip(&sums).enumerate() {
-                    let bias_v = bias.at(i, j);
-                    *o = if ops.nar(i, j, bias_v) {
-                        f64::NAN
-                    } else {
-                        // The bias is a posit: an integer in units of minpos^2 too.
-                        let total = sum + bias_v.map_or(0, |v| (v * scale * scale) as i64);
-                        // Exact: |total| < 2^53 (checked by `accumulator_for`).
-                        round(total as f64 * unit)
-                    };
-                }
-            };
-            for_rows(out, m, n, parallel, row);
-        }
+        Accumulator::I16 => quire_i16::gemm_f64(posit, a, b, dims, bias, out, parallel),
         Accumulator::I128 => {
             let s = posit.max_scale();
             let scale = pow2(s);
