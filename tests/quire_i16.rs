@@ -8,11 +8,11 @@
 //! dispatch (taken for the i16 quire only).
 
 use qcandle::format::rounding::NearestEven;
+use qcandle::format::{Format, Posit};
 use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
 use qcandle::quire::int_round::IntRound;
 use qcandle::quire::quire_i16::{gemm_f32, gemm_f64, Operand};
 use qcandle::quire::{int_dot, Accumulate, GemmRule, Quire};
-use qcandle::format::{Format, Posit};
 
 struct Rng(u64);
 
@@ -65,13 +65,19 @@ impl Rng {
 
 /// Posits whose values are i16 multiples of minpos.
 fn i16_posits() -> Vec<Posit> {
-    ["posit<8,0>", "posit<7,0>", "posit<6,0>", "posit<5,1>", "posit<4,0>"]
-        .iter()
-        .map(|s| match s.parse::<Format>().expect("format") {
-            Format::Posit(p) => p,
-            _ => unreachable!(),
-        })
-        .collect()
+    [
+        "posit<8,0>",
+        "posit<7,0>",
+        "posit<6,0>",
+        "posit<5,1>",
+        "posit<4,0>",
+    ]
+    .iter()
+    .map(|s| match s.parse::<Format>().expect("format") {
+        Format::Posit(p) => p,
+        _ => unreachable!(),
+    })
+    .collect()
 }
 
 fn same(a: f64, b: f64) -> bool {
@@ -162,12 +168,12 @@ fn reference(
         for j in 0..n {
             q.clear();
             for t in 0..k {
-                q.add_exact_product(r(a[i * k + t]), r(b[t * n + j]));
+                q.add_product(r(a[i * k + t]), r(b[t * n + j]));
             }
             match bias {
                 Bias::None => {}
-                Bias::PerRow(v) => q.add_exact_product(v[i], 1.0),
-                Bias::PerCol(v) => q.add_exact_product(v[j], 1.0),
+                Bias::PerRow(v) => q.add(v[i]),
+                Bias::PerCol(v) => q.add(v[j]),
             }
             out.push(q.to_posit());
         }
@@ -212,8 +218,8 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
                         transposed: b_t,
                     };
                     for parallel in [false, true] {
-                        let got = gemm_f32(posit, ao, bo, (m, k, n), bias, parallel)
-                            .expect("f32 values");
+                        let got =
+                            gemm_f32(posit, ao, bo, (m, k, n), bias, parallel).expect("f32 values");
                         for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert!(
                                 same(f64::from(*g), *w),
@@ -230,7 +236,10 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
                 let mut via = vec![0.0; m * n];
                 quire_gemm(posit, &af, &bf, (m, k, n), bias, &mut via, false);
                 for ((g, v), w) in got.iter().zip(&via).zip(&want) {
-                    assert!(same(*g, *w) && same(*v, *w), "{posit:?} f64 path: {g} {v} vs {w}");
+                    assert!(
+                        same(*g, *w) && same(*v, *w),
+                        "{posit:?} f64 path: {g} {v} vs {w}"
+                    );
                 }
             }
         }
@@ -246,7 +255,9 @@ fn gemm_f32_dispatches_to_the_i16_quire_only() {
         unreachable!()
     };
     assert_eq!(accumulator_for(posit, 2), Accumulator::I16);
-    let quire = GemmRule::new(&Accumulate::Quire, &p8).expect("rule").expect("not f32");
+    let quire = GemmRule::new(&Accumulate::Quire, &p8)
+        .expect("rule")
+        .expect("not f32");
     let got = quire.gemm_f32(op, op, (2, 2, 2), Bias::None, false);
     assert_eq!(
         got,
@@ -262,7 +273,9 @@ fn gemm_f32_dispatches_to_the_i16_quire_only() {
         let f: Format = format.parse().expect("format");
         let acc: Accumulate = setting.parse().expect("setting");
         let rule = GemmRule::new(&acc, &f).expect("rule").expect("not f32");
-        assert!(rule.gemm_f32(op, op, (2, 2, 2), Bias::None, false).is_none());
+        assert!(rule
+            .gemm_f32(op, op, (2, 2, 2), Bias::None, false)
+            .is_none());
         // gemm_any falls back to the rounded f64 path: the same as gemm.
         let got = rule.gemm_any(op, op, (2, 2, 2));
         let v = rule.operands(&x);
