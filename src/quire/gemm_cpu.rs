@@ -134,29 +134,9 @@ pub fn quire_gemm(
             }
         }
         Accumulator::I16 => quire_i16::gemm_f64(posit, a, b, dims, bias, out, parallel),
-        Accumulator::I128 => {
-            let s = posit.max_scale();
-            let scale = pow2(s);
-            let to_int = |v: f64| (v * scale) as i64;
-            let ops = IntOperands::new(a, b, dims, to_int);
-            let unit = pow2(-2 * s);
-            let row = |i: usize, dst: &mut [f64]| {
-                let ar = &ops.a[i * k..i * k + k];
-                for (j, o) in dst.iter_mut().enumerate() {
-                    let bias_v = bias.at(i, j);
-                    if ops.nar(i, j, bias_v) {
-                        *o = f64::NAN;
-                        continue;
-                    }
-                    let br = &ops.bt[j * k..j * k + k];
-                    let mut acc: i128 = bias_v.map_or(0, |v| (to_int(v) as i128) << s);
-                    for (&x, &y) in ar.iter().zip(br) {
-                        acc += x as i128 * y as i128;
-                    }
-                    *o = round(i128_to_f64_odd(acc) * unit);
-                }
-            };
-            for_rows(out, m, n, parallel, row);
+        Accumulator::I128 => i128_gemm(posit, a, b, dims, bias, out, parallel),
+        Accumulator::Wide if 2 * posit.max_scale() <= 62 => {
+            i128_gemm(posit, a, b, dims, bias, out, parallel)
         }
         Accumulator::Wide => {
             let row = |i: usize, dst: &mut [f64]| {
@@ -177,7 +157,89 @@ pub fn quire_gemm(
     }
 }
 
-/// Whether any value is NaN or ±Inf (neither is a posit value: the output is NaR).
+/// The i128 quire GEMM (`2s <= 62`): operands as i64 multiples of minpos, products summed
+/// in i128 four outputs at a time. Where the sum may pass 2^126 (more than `2^(126 - 4s)`
+/// terms), the products are summed in chunks of that many, each chunk's exact sum (and the
+/// bias) gathered in a [`Quire`]: the same exact total, one rounding.
+fn i128_gemm(
+    posit: Posit,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) {
+    let (m, k, n) = dims;
+    let s = posit.max_scale();
+    let scale = pow2(s);
+    let to_int = |v: f64| (v * scale) as i64;
+    let ops = IntOperands::new(a, b, dims, to_int);
+    let unit = pow2(-2 * s);
+    let chunk = 1usize
+        .checked_shl((126 - 4 * s) as u32)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let one_chunk = k + bias.terms() <= chunk;
+    let round = |x: f64| posit.round(x, NearestEven, 0);
+    let row = |i: usize, dst: &mut [f64]| {
+        let ar = &ops.a[i * k..i * k + k];
+        let mut j = 0;
+        while j < n {
+            // The last one to three columns: pad the tile with the last column.
+            let cols = (n - j).min(4);
+            let br = [0, 1, 2, 3].map(|c| {
+                let col = j + c.min(cols - 1);
+                &ops.bt[col * k..col * k + k]
+            });
+            let totals: [f64; 4] = if one_chunk {
+                let sums = dot4_i128(ar, br);
+                std::array::from_fn(|c| {
+                    let bias_v = bias.at(i, j + c.min(cols - 1));
+                    let acc = sums[c] + bias_v.map_or(0, |v| (to_int(v) as i128) << s);
+                    round(i128_to_f64_odd(acc) * unit)
+                })
+            } else {
+                let new_quire = || Quire::new(posit).expect("formats are checked by the ops");
+                let mut quires: [Quire; 4] = std::array::from_fn(|_| new_quire());
+                for (start, end) in (0..k).step_by(chunk).map(|t| (t, (t + chunk).min(k))) {
+                    let part = dot4_i128(&ar[start..end], br.map(|r| &r[start..end]));
+                    for (q, v) in quires.iter_mut().zip(part) {
+                        q.add_units(v);
+                    }
+                }
+                std::array::from_fn(|c| {
+                    if let Some(v) = bias.at(i, j + c.min(cols - 1)) {
+                        quires[c].add_exact_product(v, 1.0);
+                    }
+                    quires[c].to_posit()
+                })
+            };
+            for (c, &v) in totals[..cols].iter().enumerate() {
+                dst[j + c] = if ops.nar(i, j + c, bias.at(i, j + c)) {
+                    f64::NAN
+                } else {
+                    v
+                };
+            }
+            j += 4;
+        }
+    };
+    for_rows(out, m, n, parallel, row);
+}
+
+/// Four exact dot products of `a` with `b[0..4]` in i128 (the caller bounds the length).
+fn dot4_i128(a: &[i64], b: [&[i64]; 4]) -> [i128; 4] {
+    let mut acc = [0i128; 4];
+    for (t, &x) in a.iter().enumerate() {
+        let x = x as i128;
+        for (s, r) in acc.iter_mut().zip(&b) {
+            *s += x * r[t] as i128;
+        }
+    }
+    acc
+}
+
 /// GEMM operands as integer multiples of minpos: `a` row-major, `b` transposed so that each
 /// output is a contiguous dot product; rows of `a` and columns of `b` holding a NaR (or any
 /// non-finite value) are flagged, their outputs being NaR.

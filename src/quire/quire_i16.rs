@@ -92,6 +92,27 @@ fn int_matrix(
     IntMatrix { values, nar }
 }
 
+/// [`int_matrix`] of a row-major `rows x cols` f32 matrix as it is stored (`scale` a power
+/// of two, so `v · scale` is exact in f32).
+fn int_rows(src: &[f32], rows: usize, cols: usize, scale: f32) -> IntMatrix {
+    let mut values = vec![0i16; rows * cols];
+    let mut nar = vec![false; rows];
+    if cols > 0 {
+        values
+            .par_chunks_mut(cols)
+            .zip(src[..rows * cols].par_chunks(cols))
+            .zip(nar.par_iter_mut())
+            .with_min_len(16)
+            .for_each(|((dst, row), flag)| {
+                *flag = row.iter().any(|v| !v.is_finite());
+                for (d, &v) in dst.iter_mut().zip(row) {
+                    *d = (v * scale) as i16;
+                }
+            });
+    }
+    IntMatrix { values, nar }
+}
+
 /// `out = round(A · B + bias)` for f64 operands on the posit's grid, `a` (`m x k`) and `b`
 /// (`k x n`) row-major.
 pub fn gemm_f64(
@@ -134,10 +155,10 @@ pub fn gemm_f32(
     let ai = if a.transposed {
         int_matrix(m, k, scale, |i, t| f64::from(ar[t * m + i]))
     } else {
-        int_matrix(m, k, scale, |i, t| f64::from(ar[i * k + t]))
+        int_rows(&ar, m, k, scale as f32)
     };
     let bt = if b.transposed {
-        int_matrix(n, k, scale, |j, t| f64::from(br[j * k + t]))
+        int_rows(&br, n, k, scale as f32)
     } else {
         int_matrix(n, k, scale, |j, t| f64::from(br[t * n + j]))
     };
