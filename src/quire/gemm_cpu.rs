@@ -339,6 +339,9 @@ pub struct OpTables {
     pub mul: Vec<u8>,
     /// `add[a * 256 + b]`: the pattern of `round(a + b)`.
     pub add: Vec<u8>,
+    /// `by_key[top 16 bits of the f32 of v]`: the pattern of the value `v`, where a value
+    /// has that key (checked against `decode` on every use).
+    by_key: Vec<u8>,
 }
 
 impl OpTables {
@@ -368,11 +371,29 @@ impl OpTables {
                 .map(|i| encode_bits(&format, op(decode[i >> 8], decode[i & 255])) as u8)
                 .collect()
         };
+        let mut by_key = vec![0u8; 1 << 16];
+        for (p, &v) in decode.iter().enumerate().rev() {
+            by_key[key(v)] = p as u8;
+        }
         OpTables {
             format,
             decode,
             mul: table(mul_odd),
             add: table(add_odd),
+            by_key,
+        }
+    }
+
+    /// The pattern of `x`, a value of the format (else `x` rounded, as [`OpTables::encode`]):
+    /// a look-up by the top bits of its f32, taken only when that pattern decodes to
+    /// exactly `x` (never for NaN, which may have several patterns).
+    #[inline]
+    pub fn pattern(&self, x: f64) -> u8 {
+        let p = self.by_key[key(x)];
+        if !x.is_nan() && self.decode[p as usize].to_bits() == x.to_bits() {
+            p
+        } else {
+            self.encode(x)
         }
     }
 
@@ -380,6 +401,13 @@ impl OpTables {
     pub fn encode(&self, x: f64) -> u8 {
         encode_bits(&self.format, x) as u8
     }
+}
+
+/// The look-up key of a value: the top 16 bits of its f32 (sign, exponent, 7 significand
+/// bits).
+#[inline]
+fn key(v: f64) -> usize {
+    ((v as f32).to_bits() >> 16) as usize
 }
 
 /// Tables carry NaN operands as the format's NaN pattern, so they serve posits (NaR) and
@@ -421,8 +449,13 @@ pub fn naive_gemm(
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
     if let Some(tables) = OpTables::get(format) {
-        let ap: Vec<u8> = a[..m * k].iter().map(|&v| tables.encode(v)).collect();
-        let bp: Vec<u8> = b[..k * n].iter().map(|&v| tables.encode(v)).collect();
+        let patterns = |v: &[f64]| -> Vec<u8> {
+            v.par_iter()
+                .with_min_len(4096)
+                .map(|&x| tables.pattern(x))
+                .collect()
+        };
+        let (ap, bp) = (patterns(&a[..m * k]), patterns(&b[..k * n]));
         let zero = tables.encode(0.0);
         let row = |i: usize, dst: &mut [f64]| {
             let mut acc = vec![zero; n];
