@@ -14,7 +14,9 @@
 //! * [`Accumulator::I128`] when `2s <= 62` and `T · 2^4s < 2^126`: operands become i64
 //!   multiples of minpos and products are summed in i128. posit<8,1>, posit<8,2> and
 //!   posit<16,1> (for `k < 2^14`) take this path.
-//! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output.
+//! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output. Where `2s <= 62` (only the
+//!   number of terms is too large) the products are still summed in i128, in chunks of
+//!   `2^(126 - 4s)` terms, and only each chunk's exact sum goes into the quire.
 //!
 //! Each output is then rounded once to the posit format (nearest, ties to the even pattern).
 //! A NaR operand (NaN, or ±Inf, which is no posit value) makes its row or column of
