@@ -10,7 +10,7 @@
 //! products per instruction, pairs added into eight i32 lanes, on CPUs with AVX2, 32 into
 //! sixteen with AVX-512BW (chosen at run time); elsewhere a portable loop. The kernel computes a 2 x 4 tile (two rows of `A`
 //! against four rows of `B^T`: six loads serve eight multiply-adds), a 1 x 4 tile for an odd
-//! last row. [`gemm`] walks the output in panels of `B^T` rows small enough to stay in the
+//! last row. [`gemm()`] walks the output in panels of `B^T` rows small enough to stay in the
 //! cache while every row pair of `A` passes over them.
 //!
 //! Every tile is the same set of exact integer sums whichever kernel computes it, so the

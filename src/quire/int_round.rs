@@ -8,7 +8,7 @@
 //! (whether any lower bit is set). Two integers with one key lie in one of the intervals
 //! `{q·2^sh}` or `(q·2^sh, (q+1)·2^sh)` (`sh = L - K`), and `R` is constant on the second
 //! exactly when `R(q·2^sh + 1) = R((q+1)·2^sh - 1)`, its ends, since `R` is monotone. The
-//! table is built only when that holds for every key (for some `K` up to [`MAX_KEY_BITS`]),
+//! table is built only when that holds for every key (for some `K` up to 12),
 //! so each entry is `R` of every integer with its key. Above the bit length where `R` has
 //! reached its value at `2^53` (the posit saturates at maxpos), every `t` gets that value.
 //! Negative sums have a table of their own, so nothing is assumed about symmetry.
