@@ -137,10 +137,17 @@ impl Quire {
         self.add_shifted(product, shift as u32, (a < 0.0) != (b < 0.0));
     }
 
+    /// Adds the integer `v` in units of `minpos^2` (the quire's own unit) exactly.
+    pub(crate) fn add_units(&mut self, v: i128) {
+        if v != 0 {
+            self.add_shifted(v.unsigned_abs(), 0, v < 0);
+        }
+    }
+
     /// Adds (or subtracts) `value << shift` into the limbs.
     fn add_shifted(&mut self, value: u128, shift: u32, negative: bool) {
         let (limb, bit) = ((shift / 64) as usize, shift % 64);
-        // value < 2^106 and bit < 64, so three limbs hold the shifted value.
+        // value < 2^106 and bit < 64 (or bit = 0), so three limbs hold the shifted value.
         let lo = (value << bit) as u64;
         let mid = ((value << bit) >> 64) as u64;
         let hi = if bit == 0 {

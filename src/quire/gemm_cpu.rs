@@ -7,14 +7,16 @@
 //! units of `minpos^2` a sum of `T` terms is an integer below `T · 2^4s`:
 //!
 //! * [`Accumulator::I16`] when also `2s <= 12` (posit<8,0>): i16 operands, exact integer
-//!   dot products with `pmaddwd`-style multiply-adds ([`super::int_dot`]).
+//!   dot products with `pmaddwd`-style multiply-adds ([`super::quire_i16`]).
 //! * [`Accumulator::F64`] when `T · 2^4s <= 2^53`: every partial sum is an f64 integer
 //!   multiple of `minpos^2`, so any summation order is exact and the GEMM is an ordinary f64
 //!   GEMM (the `gemm` crate's). posit<8,0> (`s = 6`) is exact this way for `k < 2^29`.
 //! * [`Accumulator::I128`] when `2s <= 62` and `T · 2^4s < 2^126`: operands become i64
 //!   multiples of minpos and products are summed in i128. posit<8,1>, posit<8,2> and
 //!   posit<16,1> (for `k < 2^14`) take this path.
-//! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output.
+//! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output. Where `2s <= 62` (only the
+//!   number of terms is too large) the products are still summed in i128, in chunks of
+//!   `2^(126 - 4s)` terms, and only each chunk's exact sum goes into the quire.
 //!
 //! Each output is then rounded once to the posit format (nearest, ties to the even pattern).
 //! A NaR operand (NaN, or ±Inf, which is no posit value) makes its row or column of
@@ -35,8 +37,8 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::accumulator::Quire;
-use super::int_dot;
 use super::naive_f32::NaiveF32;
+use super::quire_i16;
 use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
@@ -86,7 +88,7 @@ pub enum Accumulator {
 pub fn accumulator_for(posit: Posit, terms: usize) -> Accumulator {
     let s = posit.max_scale() as u32;
     let bits_needed = 4 * s + usize::BITS - terms.max(1).leading_zeros();
-    if int_dot::applies(posit.max_scale()) && bits_needed <= 53 {
+    if super::int_dot::applies(posit.max_scale()) && bits_needed <= 53 {
         Accumulator::I16
     } else if bits_needed <= 53 {
         Accumulator::F64
@@ -133,51 +135,10 @@ pub fn quire_gemm(
                 out[..m * n].iter_mut().for_each(|v| *v = round(*v));
             }
         }
-        Accumulator::I16 => {
-            let s = posit.max_scale();
-            let scale = pow2(s);
-            let ops = IntOperands::new(a, b, dims, |v| (v * scale) as i16);
-            let unit = pow2(-2 * s);
-            let row = |i: usize, dst: &mut [f64]| {
-                let mut sums = vec![0i64; n];
-                int_dot::row(&ops.a[i * k..i * k + k], &ops.bt, &mut sums);
-                for (j, (o, &sum)) in dst.iter_mut().zip(&sums).enumerate() {
-                    let bias_v = bias.at(i, j);
-                    *o = if ops.nar(i, j, bias_v) {
-                        f64::NAN
-                    } else {
-                        // The bias is a posit: an integer in units of minpos^2 too.
-                        let total = sum + bias_v.map_or(0, |v| (v * scale * scale) as i64);
-                        // Exact: |total| < 2^53 (checked by `accumulator_for`).
-                        round(total as f64 * unit)
-                    };
-                }
-            };
-            for_rows(out, m, n, parallel, row);
-        }
-        Accumulator::I128 => {
-            let s = posit.max_scale();
-            let scale = pow2(s);
-            let to_int = |v: f64| (v * scale) as i64;
-            let ops = IntOperands::new(a, b, dims, to_int);
-            let unit = pow2(-2 * s);
-            let row = |i: usize, dst: &mut [f64]| {
-                let ar = &ops.a[i * k..i * k + k];
-                for (j, o) in dst.iter_mut().enumerate() {
-                    let bias_v = bias.at(i, j);
-                    if ops.nar(i, j, bias_v) {
-                        *o = f64::NAN;
-                        continue;
-                    }
-                    let br = &ops.bt[j * k..j * k + k];
-                    let mut acc: i128 = bias_v.map_or(0, |v| (to_int(v) as i128) << s);
-                    for (&x, &y) in ar.iter().zip(br) {
-                        acc += x as i128 * y as i128;
-                    }
-                    *o = round(i128_to_f64_odd(acc) * unit);
-                }
-            };
-            for_rows(out, m, n, parallel, row);
+        Accumulator::I16 => quire_i16::gemm_f64(posit, a, b, dims, bias, out, parallel),
+        Accumulator::I128 => i128_gemm(posit, a, b, dims, bias, out, parallel),
+        Accumulator::Wide if 2 * posit.max_scale() <= 62 => {
+            i128_gemm(posit, a, b, dims, bias, out, parallel)
         }
         Accumulator::Wide => {
             let row = |i: usize, dst: &mut [f64]| {
@@ -198,7 +159,89 @@ pub fn quire_gemm(
     }
 }
 
-/// Whether any value is NaN or ±Inf (neither is a posit value: the output is NaR).
+/// The i128 quire GEMM (`2s <= 62`): operands as i64 multiples of minpos, products summed
+/// in i128 four outputs at a time. Where the sum may pass 2^126 (more than `2^(126 - 4s)`
+/// terms), the products are summed in chunks of that many, each chunk's exact sum (and the
+/// bias) gathered in a [`Quire`]: the same exact total, one rounding.
+fn i128_gemm(
+    posit: Posit,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) {
+    let (m, k, n) = dims;
+    let s = posit.max_scale();
+    let scale = pow2(s);
+    let to_int = |v: f64| (v * scale) as i64;
+    let ops = IntOperands::new(a, b, dims, to_int);
+    let unit = pow2(-2 * s);
+    let chunk = 1usize
+        .checked_shl((126 - 4 * s) as u32)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let one_chunk = k + bias.terms() <= chunk;
+    let round = |x: f64| posit.round(x, NearestEven, 0);
+    let row = |i: usize, dst: &mut [f64]| {
+        let ar = &ops.a[i * k..i * k + k];
+        let mut j = 0;
+        while j < n {
+            // The last one to three columns: pad the tile with the last column.
+            let cols = (n - j).min(4);
+            let br = [0, 1, 2, 3].map(|c| {
+                let col = j + c.min(cols - 1);
+                &ops.bt[col * k..col * k + k]
+            });
+            let totals: [f64; 4] = if one_chunk {
+                let sums = dot4_i128(ar, br);
+                std::array::from_fn(|c| {
+                    let bias_v = bias.at(i, j + c.min(cols - 1));
+                    let acc = sums[c] + bias_v.map_or(0, |v| (to_int(v) as i128) << s);
+                    round(i128_to_f64_odd(acc) * unit)
+                })
+            } else {
+                let new_quire = || Quire::new(posit).expect("formats are checked by the ops");
+                let mut quires: [Quire; 4] = std::array::from_fn(|_| new_quire());
+                for (start, end) in (0..k).step_by(chunk).map(|t| (t, (t + chunk).min(k))) {
+                    let part = dot4_i128(&ar[start..end], br.map(|r| &r[start..end]));
+                    for (q, v) in quires.iter_mut().zip(part) {
+                        q.add_units(v);
+                    }
+                }
+                std::array::from_fn(|c| {
+                    if let Some(v) = bias.at(i, j + c.min(cols - 1)) {
+                        quires[c].add_exact_product(v, 1.0);
+                    }
+                    quires[c].to_posit()
+                })
+            };
+            for (c, &v) in totals[..cols].iter().enumerate() {
+                dst[j + c] = if ops.nar(i, j + c, bias.at(i, j + c)) {
+                    f64::NAN
+                } else {
+                    v
+                };
+            }
+            j += 4;
+        }
+    };
+    for_rows(out, m, n, parallel, row);
+}
+
+/// Four exact dot products of `a` with `b[0..4]` in i128 (the caller bounds the length).
+fn dot4_i128(a: &[i64], b: [&[i64]; 4]) -> [i128; 4] {
+    let mut acc = [0i128; 4];
+    for (t, &x) in a.iter().enumerate() {
+        let x = x as i128;
+        for (s, r) in acc.iter_mut().zip(&b) {
+            *s += x * r[t] as i128;
+        }
+    }
+    acc
+}
+
 /// GEMM operands as integer multiples of minpos: `a` row-major, `b` transposed so that each
 /// output is a contiguous dot product; rows of `a` and columns of `b` holding a NaR (or any
 /// non-finite value) are flagged, their outputs being NaR.
@@ -298,6 +341,9 @@ pub struct OpTables {
     pub mul: Vec<u8>,
     /// `add[a * 256 + b]`: the pattern of `round(a + b)`.
     pub add: Vec<u8>,
+    /// `by_key[top 16 bits of the f32 of v]`: the pattern of the value `v`, where a value
+    /// has that key (checked against `decode` on every use).
+    by_key: Vec<u8>,
 }
 
 impl OpTables {
@@ -327,11 +373,29 @@ impl OpTables {
                 .map(|i| encode_bits(&format, op(decode[i >> 8], decode[i & 255])) as u8)
                 .collect()
         };
+        let mut by_key = vec![0u8; 1 << 16];
+        for (p, &v) in decode.iter().enumerate().rev() {
+            by_key[key(v)] = p as u8;
+        }
         OpTables {
             format,
             decode,
             mul: table(mul_odd),
             add: table(add_odd),
+            by_key,
+        }
+    }
+
+    /// The pattern of `x`, a value of the format (else `x` rounded, as [`OpTables::encode`]):
+    /// a look-up by the top bits of its f32, taken only when that pattern decodes to
+    /// exactly `x` (never for NaN, which may have several patterns).
+    #[inline]
+    pub fn pattern(&self, x: f64) -> u8 {
+        let p = self.by_key[key(x)];
+        if !x.is_nan() && self.decode[p as usize].to_bits() == x.to_bits() {
+            p
+        } else {
+            self.encode(x)
         }
     }
 
@@ -339,6 +403,13 @@ impl OpTables {
     pub fn encode(&self, x: f64) -> u8 {
         encode_bits(&self.format, x) as u8
     }
+}
+
+/// The look-up key of a value: the top 16 bits of its f32 (sign, exponent, 7 significand
+/// bits).
+#[inline]
+fn key(v: f64) -> usize {
+    ((v as f32).to_bits() >> 16) as usize
 }
 
 /// Tables carry NaN operands as the format's NaN pattern, so they serve posits (NaR) and
@@ -380,8 +451,13 @@ pub fn naive_gemm(
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
     if let Some(tables) = OpTables::get(format) {
-        let ap: Vec<u8> = a[..m * k].iter().map(|&v| tables.encode(v)).collect();
-        let bp: Vec<u8> = b[..k * n].iter().map(|&v| tables.encode(v)).collect();
+        let patterns = |v: &[f64]| -> Vec<u8> {
+            v.par_iter()
+                .with_min_len(4096)
+                .map(|&x| tables.pattern(x))
+                .collect()
+        };
+        let (ap, bp) = (patterns(&a[..m * k]), patterns(&b[..k * n]));
         let zero = tables.encode(0.0);
         let row = |i: usize, dst: &mut [f64]| {
             let mut acc = vec![zero; n];

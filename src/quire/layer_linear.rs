@@ -18,6 +18,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape,
 
 use super::gemm_cpu::Bias;
 use super::layer_io::{check_tensor, storage_f32, tensor_f32, to_tensor, transpose};
+use super::quire_i16::Operand;
 use super::rule::LayerArith;
 
 /// `x (..., in) · w (out, in)ᵀ + bias (out)` under `arith`'s rules, forward and backward
@@ -75,17 +76,37 @@ impl LinearOp {
         let rule = &self.arith.forward;
         let (rows, in_f) = x.1.shape().dims2()?;
         let (out_f, _) = w.1.shape().dims2()?;
+        let bv = match b {
+            Some((s, l)) => Some(rule.operands(&storage_f32(s, l, "bias")?)),
+            None => None,
+        };
+        let bias = bv.as_deref().map_or(Bias::None, Bias::PerCol);
+        let (xs, ws) = (
+            storage_f32(x.0, x.1, "input")?,
+            storage_f32(w.0, w.1, "weight")?,
+        );
+        // The weight (out x in) is Bᵀ as it is stored.
+        if let Some(y) = rule.gemm_f32(
+            Operand {
+                data: &xs,
+                transposed: false,
+            },
+            Operand {
+                data: &ws,
+                transposed: true,
+            },
+            (rows, in_f, out_f),
+            bias,
+            true,
+        ) {
+            return Ok((CpuStorage::F32(y), Shape::from((rows, out_f))));
+        }
         let xv = rule.operands(&storage_f32(x.0, x.1, "input")?);
         let wt = transpose(
             &rule.operands(&storage_f32(w.0, w.1, "weight")?),
             out_f,
             in_f,
         );
-        let bv = match b {
-            Some((s, l)) => Some(rule.operands(&storage_f32(s, l, "bias")?)),
-            None => None,
-        };
-        let bias = bv.as_deref().map_or(Bias::None, Bias::PerCol);
         let mut out = vec![0.0; rows * out_f];
         rule.gemm(&xv, &wt, (rows, in_f, out_f), bias, &mut out, true);
         let y = super::layer_io::outputs(&out);
@@ -105,34 +126,32 @@ impl LinearOp {
         let dy = tensor_f32(grad)?;
         let device = x.device();
         let dx = if x.track_op() {
-            let rule = &self.arith.input_grad;
-            let (e, wv) = (rule.operands(&dy), rule.operands(&tensor_f32(w)?));
-            let mut out = vec![0.0; rows * in_f];
-            rule.gemm(&e, &wv, (rows, out_f, in_f), Bias::None, &mut out, true);
+            let ws = tensor_f32(w)?;
+            let a = Operand::rows(&dy);
+            let out = self
+                .arith
+                .input_grad
+                .gemm_any(a, Operand::rows(&ws), (rows, out_f, in_f));
             Some(to_tensor(&out, &[rows, in_f], device)?)
         } else {
             None
         };
         let rule = &self.arith.weight_grad;
-        let need_w = w.track_op();
-        let need_b = b.is_some_and(|b| b.track_op());
-        let gt = if need_w || need_b {
-            transpose(&rule.operands(&dy), rows, out_f)
-        } else {
-            Vec::new()
+        // dYᵀ (out x rows) is the transpose of dY as it is stored.
+        let dyt = Operand {
+            data: &dy,
+            transposed: true,
         };
-        let dw = if need_w {
-            let xv = rule.operands(&tensor_f32(x)?);
-            let mut out = vec![0.0; out_f * in_f];
-            rule.gemm(&gt, &xv, (out_f, rows, in_f), Bias::None, &mut out, true);
+        let dw = if w.track_op() {
+            let xs = tensor_f32(x)?;
+            let out = rule.gemm_any(dyt, Operand::rows(&xs), (out_f, rows, in_f));
             Some(to_tensor(&out, &[out_f, in_f], device)?)
         } else {
             None
         };
-        let db = if need_b {
+        let db = if b.is_some_and(|b| b.track_op()) {
             let ones = vec![1.0; rows];
-            let mut out = vec![0.0; out_f];
-            rule.gemm(&gt, &ones, (out_f, rows, 1), Bias::None, &mut out, true);
+            let out = rule.gemm_any(dyt, Operand::rows(&ones), (out_f, rows, 1));
             Some(to_tensor(&out, &[out_f], device)?)
         } else {
             None

@@ -8,6 +8,8 @@
 //!   and [`conv2d`] (through im2col).
 //! * `gemm_cuda` (feature `cuda`): the launches of the same GEMMs on a CUDA device
 //!   (`cuda/gemm.cu`), with the CPU GEMMs' bits.
+//! * [`int_dot`], [`int_round`] and [`quire_i16`]: the integer quire GEMM of posit<8,0>
+//!   (i16 multiply-adds, exact sums rounded by table), from f64 or straight from f32.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
@@ -24,11 +26,13 @@ pub mod gemm_cpu;
 pub mod gemm_cuda;
 pub mod gemm_lns;
 pub mod int_dot;
+pub mod int_round;
 pub mod layer_conv;
 mod layer_io;
 pub mod layer_linear;
 pub mod naive_f32;
 pub mod ops;
+pub mod quire_i16;
 pub mod round_odd;
 pub mod rule;
 

@@ -20,8 +20,9 @@ use rayon::prelude::*;
 use super::accumulate::Accumulate;
 use super::accumulator::quire_support;
 use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
-use super::gemm_cpu::{naive_gemm, quire_gemm, Bias, Dims};
+use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims};
 use super::gemm_lns::lns_gemm;
+use super::quire_i16::{self, Operand};
 use crate::format::rounding::NearestEven;
 use crate::format::{Format, Posit};
 use crate::lns::{GaussLog, LnsArith};
@@ -166,6 +167,44 @@ impl GemmRule {
         v as f32
     }
 
+    /// `A (m x k) · B (k x n) [+ bias]` under this rule straight from f32 operands not yet
+    /// rounded to `F`, each in either layout, as the f32 outputs; the bias (if any) already
+    /// rounded. `None` where the rule has no such path (then round with
+    /// [`GemmRule::operands`] and call [`GemmRule::gemm`]): today the i16 quire of
+    /// posit<8,0> ([`super::quire_i16`]), the same bits as the f64 path.
+    pub fn gemm_f32(
+        &self,
+        a: Operand,
+        b: Operand,
+        dims: Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Option<Vec<f32>> {
+        match self {
+            GemmRule::Quire(p)
+                if accumulator_for(*p, dims.1 + bias_terms(&bias)) == Accumulator::I16 =>
+            {
+                quire_i16::gemm_f32(*p, a, b, dims, bias, parallel)
+            }
+            _ => None,
+        }
+    }
+
+    /// `A (m x k) · B (k x n)` (no bias) under this rule from f32 operands not yet rounded,
+    /// as f64 outputs: [`GemmRule::gemm_f32`] where it applies, else the operands rounded
+    /// ([`GemmRule::operands`], row-major) and [`GemmRule::gemm`], in parallel.
+    pub fn gemm_any(&self, a: Operand, b: Operand, dims: Dims) -> Vec<f64> {
+        let (m, k, n) = dims;
+        if let Some(v) = self.gemm_f32(a, b, dims, Bias::None, true) {
+            return v.into_iter().map(f64::from).collect();
+        }
+        let av = self.operands(&a.row_major(m, k));
+        let bv = self.operands(&b.row_major(k, n));
+        let mut out = vec![0.0; m * n];
+        self.gemm(&av, &bv, dims, Bias::None, &mut out, true);
+        out
+    }
+
     /// `out (m x n) = A (m x k) · B (k x n) [+ bias]` under this rule; `a`, `b` and the
     /// bias row-major and already rounded to `F`. `parallel` spreads rows over the rayon
     /// pool (leave it off inside an outer parallel loop).
@@ -188,6 +227,11 @@ impl GemmRule {
             GemmRule::Lns(arith) => lns_gemm(arith, a, b, dims, bias, out, parallel),
         }
     }
+}
+
+/// The number of bias terms (0 or 1).
+fn bias_terms(bias: &Bias) -> usize {
+    usize::from(!matches!(bias, Bias::None))
 }
 
 /// Whether every value of `format` is an f32: posits, floats and fixed point of at most 24
