@@ -23,7 +23,7 @@ const DENSE_LEN: usize = (DENSE_MAX - DENSE_MIN + 1) as usize;
 /// use qcandle::stats::binade;
 /// assert_eq!(binade(1.0), Some(0));
 /// assert_eq!(binade(-0.75), Some(-1));
-/// assert_eq!(binade(2f64.powi(-1074)), Some(-1074));
+/// assert_eq!(binade(f64::from_bits(1)), Some(-1074)); // the smallest subnormal, 2^-1074
 /// assert_eq!(binade(0.0), None);
 /// ```
 #[inline(always)]
