@@ -20,7 +20,7 @@
 //! Where the accumulator is IEEE binary32 (`fp32`, `float<8,23>`), its rounding is the f64
 //! to f32 conversion, which is exactly that rounding (subnormals, overflow to infinity).
 
-use super::gemm_cpu::{Bias, Dims};
+use super::gemm_cpu::{for_rows, Bias, Dims};
 use super::naive_f32::NaiveF32;
 use super::round_odd::{add_odd, mul_odd};
 use crate::format::float::{Overflow, Specials};
@@ -68,25 +68,6 @@ impl Rounder {
         } else {
             self.format.round_rule(x, NearestEven, 0)
         }
-    }
-}
-
-/// Runs `row(i, out_row)` for every row, on the rayon pool when `parallel`.
-fn for_rows<F>(out: &mut [f64], m: usize, n: usize, parallel: bool, row: F)
-where
-    F: Fn(usize, &mut [f64]) + Sync,
-{
-    use rayon::prelude::*;
-    if n == 0 {
-        return;
-    }
-    let out = &mut out[..m * n];
-    if parallel {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each(|(i, r)| row(i, r));
-    } else {
-        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
     }
 }
 

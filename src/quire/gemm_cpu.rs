@@ -281,7 +281,7 @@ fn not_finite(v: &[f64]) -> bool {
 }
 
 /// Runs `row(i, out_row)` for every row, on the rayon pool when `parallel`.
-fn for_rows<F>(out: &mut [f64], m: usize, n: usize, parallel: bool, row: F)
+pub(crate) fn for_rows<F>(out: &mut [f64], m: usize, n: usize, parallel: bool, row: F)
 where
     F: Fn(usize, &mut [f64]) + Sync,
 {

@@ -10,7 +10,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm_cpu::{Bias, Dims};
+use super::gemm_cpu::{for_rows, Bias, Dims};
 use crate::lns::{LnsArith, LnsValue};
 
 /// `out = A · B [+ bias]` in `arith`'s LNS arithmetic (see the module docs).
@@ -49,12 +49,5 @@ pub fn lns_gemm(
             *o = c.to_f64(lns);
         }
     };
-    let out = &mut out[..m * n];
-    if parallel {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each(|(i, r)| row(i, r));
-    } else {
-        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
-    }
+    for_rows(out, m, n, parallel, row);
 }
