@@ -20,7 +20,7 @@
 //! Where the accumulator is IEEE binary32 (`fp32`, `float<8,23>`), its rounding is the f64
 //! to f32 conversion, which is exactly that rounding (subnormals, overflow to infinity).
 
-use super::gemm_cpu::{for_rows, Bias, Dims};
+use super::gemm_cpu::{f32_rows, for_rows, Bias, Dims};
 use super::naive_f32::NaiveF32;
 use super::round_odd::{add_odd, mul_odd};
 use crate::format::float::{Overflow, Specials};
@@ -102,33 +102,6 @@ fn accumulate_gemm(
             };
             *s = op.round(v);
         }
-    };
-    for_rows(out, m, n, parallel, row);
-}
-
-/// Runs the vectorised row kernel ([`NaiveF32`]) over every row, with the bias of each.
-#[allow(clippy::too_many_arguments)]
-fn f32_rows(
-    kernel: &NaiveF32,
-    a: &[f64],
-    b: &[f64],
-    (m, k, n): Dims,
-    bias: Bias,
-    out: &mut [f64],
-    parallel: bool,
-) {
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    let row = |i: usize, dst: &mut [f64]| {
-        let per_row;
-        let bias_row = match bias {
-            Bias::None => None,
-            Bias::PerCol(v) => Some(&v[..n]),
-            Bias::PerRow(v) => {
-                per_row = vec![v[i]; n];
-                Some(&per_row[..])
-            }
-        };
-        kernel.row(&a[i * k..i * k + k], &b[..k * n], bias_row, dst);
     };
     for_rows(out, m, n, parallel, row);
 }
