@@ -24,11 +24,11 @@
 //! Every GEMM first rounds its operands to its format (see [`super::accumulate`]). `dX` is
 //! computed only when `x` needs a gradient (not for a data batch).
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::gemm_cpu::Bias;
-use super::layer_io::{check_tensor, outputs, storage_f32, tensor_f32, to_tensor};
+use super::layer_io::{apply, check_tensor, outputs, storage_f32, tensor_f32, to_tensor, LayerOp};
 use super::rule::LayerArith;
 use crate::backend::im2col::{im2col, ConvGeom};
 
@@ -79,10 +79,7 @@ pub fn rule_conv2d(
         geom,
         oc,
     };
-    match bias {
-        Some(b) => x.apply_op3(w, b, op),
-        None => x.apply_op2(w, op),
-    }
+    apply(x, w, bias, op)
 }
 
 #[derive(Clone)]
@@ -113,7 +110,9 @@ where
     }
 }
 
-impl ConvOp {
+impl LayerOp for ConvOp {
+    const NAMES: [&'static str; 2] = ["qcandle-rule-conv2d", "qcandle-rule-conv2d-bias"];
+
     fn forward(
         &self,
         x: (&CpuStorage, &Layout),
@@ -263,60 +262,4 @@ fn transposed_cols(dy: &[f64], g: &ConvGeom, oc: usize) -> Vec<f64> {
         }
     }
     t
-}
-
-impl CustomOp2 for ConvOp {
-    fn name(&self) -> &'static str {
-        "qcandle-rule-conv2d"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), None)
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = self.grads(x, w, None, grad)?;
-        Ok((dx, dw))
-    }
-}
-
-impl CustomOp3 for ConvOp {
-    fn name(&self) -> &'static str {
-        "qcandle-rule-conv2d-bias"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.grads(x, w, Some(b), grad)
-    }
 }

@@ -1,8 +1,10 @@
 //! What the layer ops of [`super::layer_linear`] and [`super::layer_conv`] share: checks of
-//! their input tensors, f32 data out of tensors and storages, transposes, and results back
-//! into tensors.
+//! their input tensors, f32 data out of tensors and storages, transposes, results back into
+//! tensors, and the candle op glue ([`LayerOp`], [`apply`]).
 
-use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Tensor};
+use candle_core::{
+    bail, CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
+};
 use rayon::prelude::*;
 
 use super::rule::GemmRule;
@@ -69,4 +71,100 @@ pub(crate) fn outputs(v: &[f64]) -> Vec<f32> {
 /// Kernel outputs as an f32 tensor of `shape` on `device`.
 pub(crate) fn to_tensor(v: &[f64], shape: &[usize], device: &Device) -> Result<Tensor> {
     Tensor::from_vec(outputs(v), shape, &Device::Cpu)?.to_device(device)
+}
+
+/// A layer op of an input `x`, a weight `w` and an optional bias, with its backward pass.
+pub(crate) trait LayerOp: Send + Sync + 'static {
+    /// The op's name without a bias, and with one.
+    const NAMES: [&'static str; 2];
+
+    /// The output of `x`, `w` and the bias.
+    fn forward(
+        &self,
+        x: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+        b: Option<(&CpuStorage, &Layout)>,
+    ) -> Result<(CpuStorage, Shape)>;
+
+    /// `(dX, dW, db)` from the output's gradient, each only where its tensor needs it.
+    fn grads(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>;
+}
+
+/// `op` on `x`, `w` and `bias` as one candle op (a two-input op without a bias, a
+/// three-input op with one).
+pub(crate) fn apply<T: LayerOp>(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    op: T,
+) -> Result<Tensor> {
+    match bias {
+        Some(b) => x.apply_op3(w, b, Op(op)),
+        None => x.apply_op2(w, Op(op)),
+    }
+}
+
+/// The candle op of a [`LayerOp`].
+struct Op<T>(T);
+
+impl<T: LayerOp> CustomOp2 for Op<T> {
+    fn name(&self) -> &'static str {
+        T::NAMES[0]
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.0.forward((s1, l1), (s2, l2), None)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, _) = self.0.grads(x, w, None, grad)?;
+        Ok((dx, dw))
+    }
+}
+
+impl<T: LayerOp> CustomOp3 for Op<T> {
+    fn name(&self) -> &'static str {
+        T::NAMES[1]
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.0.forward((s1, l1), (s2, l2), Some((s3, l3)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.0.grads(x, w, Some(b), grad)
+    }
 }

@@ -14,10 +14,12 @@
 //! Each GEMM first rounds its operands to its format (see [`super::accumulate`]). `dX` is
 //! computed only when `X` needs a gradient (not for a data batch).
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, Layout, Result, Shape, Tensor};
 
 use super::gemm_cpu::Bias;
-use super::layer_io::{check_tensor, storage_f32, tensor_f32, to_tensor, transpose};
+use super::layer_io::{
+    apply, check_tensor, storage_f32, tensor_f32, to_tensor, transpose, LayerOp,
+};
 use super::quire_i16::Operand;
 use super::rule::LayerArith;
 
@@ -51,10 +53,7 @@ pub fn rule_linear(
     let op = LinearOp {
         arith: arith.clone(),
     };
-    let y = match bias {
-        Some(b) => x2.apply_op3(w, b, op)?,
-        None => x2.apply_op2(w, op)?,
-    };
+    let y = apply(&x2, w, bias, op)?;
     let mut shape = dims[..dims.len() - 1].to_vec();
     shape.push(out_f);
     y.reshape(shape)
@@ -66,7 +65,9 @@ struct LinearOp {
     arith: LayerArith,
 }
 
-impl LinearOp {
+impl LayerOp for LinearOp {
+    const NAMES: [&'static str; 2] = ["qcandle-rule-linear", "qcandle-rule-linear-bias"];
+
     fn forward(
         &self,
         x: (&CpuStorage, &Layout),
@@ -157,61 +158,5 @@ impl LinearOp {
             None
         };
         Ok((dx, dw, db))
-    }
-}
-
-impl CustomOp2 for LinearOp {
-    fn name(&self) -> &'static str {
-        "qcandle-rule-linear"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), None)
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = self.grads(x, w, None, grad)?;
-        Ok((dx, dw))
-    }
-}
-
-impl CustomOp3 for LinearOp {
-    fn name(&self) -> &'static str {
-        "qcandle-rule-linear-bias"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.grads(x, w, Some(b), grad)
     }
 }
