@@ -31,6 +31,12 @@ fn run_sweep(cwd: &Path, command: &str, spec: &Path, dir: &Path, extra: &[&str])
     qcandle(&args, cwd)
 }
 
+/// [`run_sweep`] of a command that must succeed.
+fn sweep_ok(cwd: &Path, command: &str, spec: &Path, dir: &Path, extra: &[&str]) {
+    let o = run_sweep(cwd, command, spec, dir, extra);
+    assert!(o.status.success(), "sweep {command}: {}", text(&o.stderr));
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -512,16 +518,14 @@ fn a_sweep_with_stats_reports_what_each_runs_statistics_say() {
         "epochs = 1\nstats = \"every=2\"\n[grid]\nconfig = [\"float32\", \"posit<8,0>\", \"fp8\"]\n",
     );
     let sweep = tmp.path().join("sw");
-    let o = run_sweep(
+    sweep_ok(
         tmp.path(),
         "run",
         &spec,
         &sweep,
         &["--workers", "2", "--quiet"],
     );
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let o = run_sweep(tmp.path(), "report", &spec, &sweep, &[]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    sweep_ok(tmp.path(), "report", &spec, &sweep, &[]);
     let csv = std::fs::read_to_string(sweep.join("report.csv")).unwrap();
     let mut lines = csv.lines().map(qcandle::io::csv_fields);
     let header = lines.next().unwrap();
@@ -602,14 +606,19 @@ fn statistics_resume_with_the_run_and_are_never_added_to_trained_epochs() {
     };
     let body =
         |epochs: usize, stats: &str| format!("epochs = {epochs}\nconfig = \"posit<8,0>\"\n{stats}");
-    // One epoch with statistics, then a second: the resumed run has both.
+    // One epoch with statistics, by the command a Slurm array task runs, then a second by a
+    // local worker: the resumed run has both.
     let spec = write_spec(tmp.path(), &body(1, "stats = 3"));
-    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    sweep_ok(
+        tmp.path(),
+        "task",
+        &spec,
+        &sweep,
+        &["--index", "0", "--quiet"],
+    );
     assert_eq!(epochs_recorded(), [(1, 3)]);
     let spec = write_spec(tmp.path(), &body(2, "stats = \"every=3\""));
-    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    sweep_ok(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
     assert_eq!(epochs_recorded(), [(1, 3), (2, 3)]);
     // Another interval, or statistics asked of a run trained without: a conflict, not resumed.
     for stats in ["stats = 5", "stats = true"] {
@@ -629,10 +638,8 @@ fn statistics_resume_with_the_run_and_are_never_added_to_trained_epochs() {
     assert_eq!(epochs_recorded(), [(1, 3), (2, 3)]);
     // Without `stats` the run resumes and the report still shows its statistics.
     let spec = write_spec(tmp.path(), &body(3, "stats = false"));
-    let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let o = run_sweep(tmp.path(), "report", &spec, &sweep, &[]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    sweep_ok(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
+    sweep_ok(tmp.path(), "report", &spec, &sweep, &[]);
     let csv = std::fs::read_to_string(sweep.join("report.csv")).unwrap();
     assert!(csv.lines().next().unwrap().contains("worst_site"), "{csv}");
 }
