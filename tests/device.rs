@@ -18,8 +18,7 @@ use qcandle::data::Dataset;
 use qcandle::device::{DeviceError, DeviceSpec};
 use qcandle::nn::QConfig;
 use qcandle::train::{
-    identity_differences, load_run, train, EpochRecord, OptimizerKind, RunRecord, TrainOptions,
-    Trainer,
+    identity_differences, load_run, train, OptimizerKind, RunRecord, TrainOptions, Trainer,
 };
 
 type R = anyhow::Result<()>;

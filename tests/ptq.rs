@@ -11,7 +11,6 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use qcandle::data::Dataset;
 use qcandle::io::{read_tensors, write_tensors};
 use qcandle::nn::{ModelKind, QConfig};
 use qcandle::ptq::arith::{run_plan, Arithmetic, Float16, Float32, Int8, PositGemm};

@@ -9,12 +9,12 @@ mod training;
 use std::path::Path;
 use std::process::Command;
 
-use qcandle::data::Dataset;
 use qcandle::nn::{QConfig, QuantSpec};
 use qcandle::run_stats::{StatsEvery, StatsLog};
 use qcandle::stats::{Limits, RoundingStats};
-use qcandle::train::{train_with_stats, EpochRecord, OptimizerKind, TrainOptions};
+use qcandle::train::{train_with_stats, TrainOptions};
 use qcandle::{quantize, Quant, Rounding};
+use training::{subset, without_time};
 
 type R = anyhow::Result<()>;
 

@@ -7,11 +7,11 @@ mod training;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use qcandle::data::Dataset;
 use qcandle::io::read_tensors;
 use qcandle::nn::{ModelKind, QConfig};
-use qcandle::train::{init_vars, rank_of, train, EpochRecord, OptimizerKind, TrainOptions};
+use qcandle::train::{init_vars, rank_of, train, TrainOptions};
 use qcandle::{Format, Rounding};
+use training::{subset, without_time};
 
 type R = anyhow::Result<()>;
 

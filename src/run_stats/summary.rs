@@ -264,27 +264,40 @@ impl RunSummary {
             let site = Site::new(text("layer")?, text("category")?);
             let sqnr = field(e, "sqnr_db")?;
             let sqnr = (!sqnr.is_nan()).then_some(sqnr);
-            rows.push((epoch, site, sqnr, field(e, "flushed")?, field(e, "at_max")?));
+            rows.push(Entry {
+                epoch,
+                site,
+                sqnr,
+                flushed: field(e, "flushed")?,
+                at_max: field(e, "at_max")?,
+            });
         }
-        let Some(last) = rows.iter().map(|r| r.0).max() else {
+        let Some(last) = rows.iter().map(|r| r.epoch).max() else {
             return Ok(None);
         };
-        rows.retain(|r| r.0 == last);
-        let key = |r: &(usize, Site, Option<f64>, f64, f64)| r.2.unwrap_or(f64::INFINITY);
-        rows.sort_by(|a, b| key(a).total_cmp(&key(b)).then(a.1.cmp(&b.1)));
-        let max = |f: fn(&(usize, Site, Option<f64>, f64, f64)) -> f64| {
-            rows.iter().map(f).fold(0.0, f64::max)
-        };
-        let (max_flushed, max_at_max) = (max(|r| r.3), max(|r| r.4));
-        let (_, worst, worst_sqnr_db, _, _) = rows.swap_remove(0);
+        rows.retain(|r| r.epoch == last);
+        let key = |r: &Entry| r.sqnr.unwrap_or(f64::INFINITY);
+        rows.sort_by(|a, b| key(a).total_cmp(&key(b)).then(a.site.cmp(&b.site)));
+        let max = |f: fn(&Entry) -> f64| rows.iter().map(f).fold(0.0, f64::max);
+        let (max_flushed, max_at_max) = (max(|r| r.flushed), max(|r| r.at_max));
+        let worst = rows.swap_remove(0);
         Ok(Some(RunSummary {
             epoch: last,
-            worst,
-            worst_sqnr_db,
+            worst: worst.site,
+            worst_sqnr_db: worst.sqnr,
             max_flushed,
             max_at_max,
         }))
     }
+}
+
+/// One site's figures of one epoch, as `stats.json` gives them.
+struct Entry {
+    epoch: usize,
+    site: Site,
+    sqnr: Option<f64>,
+    flushed: f64,
+    at_max: f64,
 }
 
 /// A percentage with two decimals, or `-`.
