@@ -12,11 +12,15 @@
 
 use std::time::Duration;
 
-use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qcandle::backend::cpu::quantize_slice;
 use qcandle::philox::Stream;
 use qcandle::{Format, Rounding};
+
+/// The process's CPU time as criterion's measurement.
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::ProcessCpuTime;
 
 const CASES: &[(&str, &str)] = &[
     ("posit<8,0>", "nearest-even"),
@@ -52,47 +56,6 @@ const CASES: &[(&str, &str)] = &[
     ("mxint8", "stochastic"),
     ("nvfp4", "stochastic"),
 ];
-
-/// CPU time of the process (all threads), in nanoseconds (criterion's time formatting
-/// applies).
-struct ProcessCpuTime;
-
-/// The wall-clock measurement, lent for its formatting of nanoseconds.
-static WALL: WallTime = WallTime;
-
-fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to write.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-impl Measurement for ProcessCpuTime {
-    type Intermediate = u64;
-    type Value = u64;
-    fn start(&self) -> u64 {
-        process_cpu_ns()
-    }
-    fn end(&self, start: u64) -> u64 {
-        process_cpu_ns() - start
-    }
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-    fn zero(&self) -> u64 {
-        0
-    }
-    fn to_f64(&self, value: &u64) -> f64 {
-        *value as f64
-    }
-    fn formatter(&self) -> &dyn ValueFormatter {
-        WALL.formatter()
-    }
-}
 
 fn bench_quantize_cpu(c: &mut Criterion<ProcessCpuTime>) {
     let n = 1usize << 24;

@@ -8,11 +8,13 @@
 #[path = "../src/bin/qcandle/threads.rs"]
 mod threads;
 
+/// The trainer of the epoch benches' recipe.
+#[path = "common/epochs.rs"]
+mod epochs;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use qcandle::nn::QConfig;
-use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
 
 fn bench_train_step(c: &mut Criterion) {
     threads::tune_cpu_threads();
@@ -38,19 +40,7 @@ fn bench_train_step(c: &mut Criterion) {
         ("lenet5-unpadded", "float32"),
         ("lenet5-unpadded", "posit<16,1>"),
     ] {
-        let options = TrainOptions {
-            model: model.into(),
-            config_name: preset.into(),
-            epochs: 1,
-            batch: 128,
-            lr: 1e-3,
-            optimizer: OptimizerKind::Adam,
-            seed: 0,
-            train_limit: None,
-            device: qcandle::device::DeviceSpec::Cpu,
-        };
-        let config = QConfig::load(preset).expect("a preset or a format");
-        let mut trainer = Trainer::new(options, config).expect("a trainer");
+        let mut trainer = epochs::trainer(model, preset).expect("a trainer");
         let mut next = batches.iter().cycle();
         let label = qcandle::train::config_label(preset);
         group.bench_function(format!("{model}/{label}"), |b| {

@@ -6,10 +6,9 @@
 //! training and PTQ on it against the CPU. Without one, those tests print
 //! "skipped: no CUDA device" and pass.
 
-/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
-/// the tests run as the tool does.
-#[path = "../src/bin/qcandle/threads.rs"]
-mod threads;
+/// The shared training set-up: the embedded subset, short LeNet-5 runs.
+#[path = "common/training.rs"]
+mod training;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -19,8 +18,7 @@ use qcandle::data::Dataset;
 use qcandle::device::{DeviceError, DeviceSpec};
 use qcandle::nn::QConfig;
 use qcandle::train::{
-    identity_differences, load_run, train, EpochRecord, OptimizerKind, RunRecord, TrainOptions,
-    Trainer,
+    identity_differences, load_run, train, OptimizerKind, RunRecord, TrainOptions, Trainer,
 };
 
 type R = anyhow::Result<()>;
@@ -36,25 +34,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn subset(train: usize, test: usize) -> Dataset {
-    threads::tune_cpu_threads();
-    qcandle::data::embedded()
-        .expect("the embedded subset loads")
-        .subset(train, test)
-        .expect("a subset")
-}
+use training::subset;
 
 fn options(config: &str, device: DeviceSpec) -> TrainOptions {
     TrainOptions {
-        model: "lenet5".into(),
-        config_name: config.into(),
-        epochs: 1,
         batch: 32,
-        lr: 1e-3,
-        optimizer: OptimizerKind::Adam,
-        seed: 5,
-        train_limit: None,
         device,
+        ..training::lenet5_options(config, 1, 5)
     }
 }
 
@@ -471,14 +457,7 @@ fn a_cuda_run_writes_f32_files_and_resumes_from_its_checkpoint_on_the_device() -
     train(&data, &opts, &config, Some(twice.path()), true)?;
     opts.epochs = 2;
     let resumed = train(&data, &opts, &config, Some(twice.path()), true)?;
-    let without_time = |r: &[EpochRecord]| -> Vec<EpochRecord> {
-        r.iter()
-            .map(|e| EpochRecord {
-                seconds: 0.0,
-                ..e.clone()
-            })
-            .collect()
-    };
+    let without_time = training::without_time;
     // The same device computes alike run after run (no atomics in the kernels used).
     assert_eq!(without_time(&resumed), without_time(&whole));
     assert_eq!(load_run(twice.path())?.options.device, DeviceSpec::Cuda(0));

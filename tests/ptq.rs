@@ -1,10 +1,9 @@
 //! Post-training quantization: the evaluation plan replays the trained model, model files
 //! are checked and round-trip, and each arithmetic computes what its definition says.
 
-/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
-/// the tests run as the tool does.
-#[path = "../src/bin/qcandle/threads.rs"]
-mod threads;
+/// The shared training set-up: the embedded subset, short LeNet-5 runs.
+#[path = "common/training.rs"]
+mod training;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +11,6 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use qcandle::data::Dataset;
 use qcandle::io::{read_tensors, write_tensors};
 use qcandle::nn::{ModelKind, QConfig};
 use qcandle::ptq::arith::{run_plan, Arithmetic, Float16, Float32, Int8, PositGemm};
@@ -25,13 +23,7 @@ use qcandle::{Format, Rounding};
 
 type R = anyhow::Result<()>;
 
-fn subset(train: usize, test: usize) -> Dataset {
-    threads::tune_cpu_threads();
-    qcandle::data::embedded()
-        .expect("the embedded subset loads")
-        .subset(train, test)
-        .expect("a subset")
-}
+use training::{subset, threads};
 
 /// A LeNet-5 trained for one epoch on the 6000 images of the embedded subset (once per test
 /// binary), and the directory holding its run.

@@ -2,44 +2,26 @@
 //! inspect`): they change no number of the training, they are the statistics of the tensors
 //! rounded, and they resume with the run without loss or duplication.
 
-/// The tool's CPU thread settings (applied once, before a test's first candle op).
-#[path = "../src/bin/qcandle/threads.rs"]
-mod threads;
+/// The shared training set-up: the embedded subset, short LeNet-5 runs.
+#[path = "common/training.rs"]
+mod training;
 
 use std::path::Path;
 use std::process::Command;
 
-use qcandle::data::Dataset;
 use qcandle::nn::{QConfig, QuantSpec};
 use qcandle::run_stats::{StatsEvery, StatsLog};
 use qcandle::stats::{Limits, RoundingStats};
-use qcandle::train::{train_with_stats, EpochRecord, OptimizerKind, TrainOptions};
+use qcandle::train::{train_with_stats, TrainOptions};
 use qcandle::{quantize, Quant, Rounding};
+use training::{subset, without_time};
 
 type R = anyhow::Result<()>;
 
 const EXE: &str = env!("CARGO_BIN_EXE_qcandle");
 
-fn subset(train: usize, test: usize) -> Dataset {
-    threads::tune_cpu_threads();
-    qcandle::data::embedded()
-        .expect("the embedded subset loads")
-        .subset(train, test)
-        .expect("a subset")
-}
-
 fn options(epochs: usize) -> TrainOptions {
-    TrainOptions {
-        model: "lenet5".into(),
-        config_name: "mixed".into(),
-        epochs,
-        batch: 64,
-        lr: 1e-3,
-        optimizer: OptimizerKind::Adam,
-        seed: 5,
-        train_limit: None,
-        device: qcandle::device::DeviceSpec::Cpu,
-    }
+    training::lenet5_options("mixed", epochs, 5)
 }
 
 /// Every category rounded, stochastic rounding in two of them, and a weight copy.
@@ -56,16 +38,6 @@ fn mixed_config() -> anyhow::Result<QConfig> {
     });
     config.base.accumulator = Some(QuantSpec::nearest("float<8,23>".parse()?));
     Ok(config)
-}
-
-fn without_time(records: &[EpochRecord]) -> Vec<EpochRecord> {
-    records
-        .iter()
-        .map(|r| EpochRecord {
-            seconds: 0.0,
-            ..r.clone()
-        })
-        .collect()
 }
 
 fn read(dir: &Path, file: &str) -> Vec<u8> {

@@ -31,6 +31,12 @@ fn run_sweep(cwd: &Path, command: &str, spec: &Path, dir: &Path, extra: &[&str])
     qcandle(&args, cwd)
 }
 
+/// [`run_sweep`] of a command that must succeed.
+fn sweep_ok(cwd: &Path, command: &str, spec: &Path, dir: &Path, extra: &[&str]) {
+    let o = run_sweep(cwd, command, spec, dir, extra);
+    assert!(o.status.success(), "sweep {command}: {}", text(&o.stderr));
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -468,4 +474,172 @@ fn status_and_report_refuse_a_sweep_directory_that_does_not_exist() {
         );
         assert!(!missing.exists(), "{command} created it");
     }
+}
+
+/// The last epoch's figures of a run's `stats.json`, read independently of the report: the
+/// (layer/category, SQNR) of the lowest SQNR (a number; `inf` sorts last) and the largest
+/// flushed and saturated fractions.
+fn stats_json_figures(run: &Path) -> (String, f64, f64, f64) {
+    let text = std::fs::read_to_string(run.join("stats.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let entries = json["per_epoch"].as_array().unwrap();
+    let last = entries.iter().map(|e| e["epoch"].as_u64().unwrap()).max();
+    let last: Vec<&serde_json::Value> = entries
+        .iter()
+        .filter(|e| e["epoch"].as_u64() == last)
+        .collect();
+    let sqnr = |e: &serde_json::Value| e["sqnr_db"].as_f64().unwrap_or(f64::INFINITY);
+    let worst = last
+        .iter()
+        .min_by(|a, b| sqnr(a).total_cmp(&sqnr(b)))
+        .unwrap();
+    let max = |key: &str| {
+        last.iter()
+            .map(|e| e[key].as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    (
+        format!(
+            "{}/{}",
+            worst["layer"].as_str().unwrap(),
+            worst["category"].as_str().unwrap()
+        ),
+        sqnr(worst),
+        max("flushed"),
+        max("at_max"),
+    )
+}
+
+#[test]
+fn a_sweep_with_stats_reports_what_each_runs_statistics_say() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        "epochs = 1\nstats = \"every=2\"\n[grid]\nconfig = [\"float32\", \"posit<8,0>\", \"fp8\"]\n",
+    );
+    let sweep = tmp.path().join("sw");
+    sweep_ok(
+        tmp.path(),
+        "run",
+        &spec,
+        &sweep,
+        &["--workers", "2", "--quiet"],
+    );
+    sweep_ok(tmp.path(), "report", &spec, &sweep, &[]);
+    let csv = std::fs::read_to_string(sweep.join("report.csv")).unwrap();
+    let mut lines = csv.lines().map(qcandle::io::csv_fields);
+    let header = lines.next().unwrap();
+    let column = |name: &str| header.iter().position(|h| h == name).expect(name);
+    let (run_col, site_col, sqnr_col) =
+        (column("run"), column("worst_site"), column("worst_sqnr_db"));
+    let (flushed_col, saturated_col) = (column("max_flushed_pct"), column("max_saturated_pct"));
+    let rows: Vec<Vec<String>> = lines.collect();
+    assert_eq!(rows.len(), 3, "{csv}");
+    let mut flushing = 0;
+    for row in &rows {
+        let run = sweep.join("runs").join(&row[run_col]);
+        let cells = [
+            &row[site_col],
+            &row[sqnr_col],
+            &row[flushed_col],
+            &row[saturated_col],
+        ];
+        if row[run_col] == "float32" {
+            // Nothing rounded: no statistics, empty cells.
+            assert!(!run.join("stats.json").exists());
+            assert!(cells.iter().all(|c| c.is_empty()), "{row:?}");
+            continue;
+        }
+        let (site, sqnr, flushed, saturated) = stats_json_figures(&run);
+        assert_eq!(
+            cells.map(String::as_str),
+            [
+                site.as_str(),
+                &format!("{sqnr:.2}"),
+                &format!("{:.3}", 100.0 * flushed),
+                &format!("{:.3}", 100.0 * saturated),
+            ],
+            "{}",
+            row[run_col]
+        );
+        flushing += usize::from(flushed > 0.0);
+        // Every epoch sampled at the spec's interval.
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("stats.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["epochs"][0]["every"], 2);
+        // `qcandle stats` puts the same site first, with the same SQNR.
+        let o = qcandle(&["stats", run.to_str().unwrap()], tmp.path());
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let table = text(&o.stdout);
+        let (layer, category) = site.split_once('/').unwrap();
+        let first = table
+            .lines()
+            .find(|l| l.starts_with("| ") && !l.starts_with("| layer"))
+            .unwrap();
+        assert!(
+            first.starts_with(&format!("| {layer} | {category} | ")),
+            "{first}\n{table}"
+        );
+        assert!(first.contains(&format!(" | {sqnr:.1} | ")), "{first}");
+    }
+    // fp8 flushes some gradients: the figures are not all zero by construction.
+    assert!(flushing > 0, "{csv}");
+    let md = std::fs::read_to_string(sweep.join("report.md")).unwrap();
+    assert!(md.contains("| worst site | worst SQNR dB | max flushed % | max saturated % |"));
+}
+
+#[test]
+fn statistics_resume_with_the_run_and_are_never_added_to_trained_epochs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sw");
+    let run = sweep.join("runs/t");
+    let epochs_recorded = || -> Vec<(u64, u64)> {
+        let text = std::fs::read_to_string(run.join("stats.json")).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        json["epochs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["epoch"].as_u64().unwrap(), e["every"].as_u64().unwrap()))
+            .collect()
+    };
+    let body =
+        |epochs: usize, stats: &str| format!("epochs = {epochs}\nconfig = \"posit<8,0>\"\n{stats}");
+    // One epoch with statistics, by the command a Slurm array task runs, then a second by a
+    // local worker: the resumed run has both.
+    let spec = write_spec(tmp.path(), &body(1, "stats = 3"));
+    sweep_ok(
+        tmp.path(),
+        "task",
+        &spec,
+        &sweep,
+        &["--index", "0", "--quiet"],
+    );
+    assert_eq!(epochs_recorded(), [(1, 3)]);
+    let spec = write_spec(tmp.path(), &body(2, "stats = \"every=3\""));
+    sweep_ok(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
+    assert_eq!(epochs_recorded(), [(1, 3), (2, 3)]);
+    // Another interval, or statistics asked of a run trained without: a conflict, not resumed.
+    for stats in ["stats = 5", "stats = true"] {
+        let spec = write_spec(tmp.path(), &body(3, stats));
+        let o = run_sweep(tmp.path(), "status", &spec, &sweep, &[]);
+        let out = text(&o.stdout) + &text(&o.stderr);
+        assert!(out.contains("conflict"), "{out}");
+        let o = run_sweep(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
+        assert!(!o.status.success(), "{}", text(&o.stderr));
+        let err = std::fs::read_to_string(sweep.join("failed/t.txt")).unwrap();
+        assert!(
+            err.contains("statistics cannot be added to trained epochs"),
+            "{err}"
+        );
+        assert!(err.contains("trained epochs 1-2 of"), "{err}");
+    }
+    assert_eq!(epochs_recorded(), [(1, 3), (2, 3)]);
+    // Without `stats` the run resumes and the report still shows its statistics.
+    let spec = write_spec(tmp.path(), &body(3, "stats = false"));
+    sweep_ok(tmp.path(), "run", &spec, &sweep, &["--quiet"]);
+    sweep_ok(tmp.path(), "report", &spec, &sweep, &[]);
+    let csv = std::fs::read_to_string(sweep.join("report.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains("worst_site"), "{csv}");
 }

@@ -448,3 +448,64 @@ accumulate = ["quire", "exact"]
         "{e}"
     );
 }
+
+#[test]
+fn stats_in_base_reach_every_point_and_are_not_part_of_its_identity() {
+    use qcandle::run_stats::StatsEvery;
+    let with = |stats: &str| plan(&SMOKE.replace("epochs = 1", &format!("epochs = 1\n{stats}")));
+    let cases = [
+        ("stats = \"every=7\"", Some(StatsEvery(7))),
+        ("stats = 7", Some(StatsEvery(7))),
+        ("stats = true", Some(StatsEvery(50))),
+        ("stats = false", None),
+    ];
+    let without = plan(SMOKE).unwrap();
+    for (line, want) in cases {
+        let p = with(line).unwrap();
+        assert!(
+            p.points.iter().all(|pt| pt.settings.stats == want),
+            "{line}"
+        );
+        // Same names and digests as without statistics: they change no number of a run.
+        for (a, b) in p.points.iter().zip(&without.points) {
+            assert_eq!(
+                (&a.name, a.settings.digest()),
+                (&b.name, b.settings.digest())
+            );
+        }
+    }
+    assert!(without.points.iter().all(|pt| pt.settings.stats.is_none()));
+    let cases: &[(&str, &str)] = &[
+        (
+            "[base]\nstats = \"every=0\"\n",
+            "base.stats: `every=0`: expected \"every=N\"",
+        ),
+        ("[base]\nstats = 0\n", "base.stats: 0: expected"),
+        ("[base]\nstats = 2.5\n", "base.stats: expected \"every=N\""),
+        ("[base]\nstats = \"often\"\n", "base.stats: `often`"),
+        (
+            "[grid]\nstats = [1, 50]\n",
+            "grid.stats: `stats` is a setting of every point and belongs in [base]",
+        ),
+        (
+            "[grid]\nseed = [1]\n[zip]\nstats = [1]\n",
+            "zip.stats: `stats` is a setting",
+        ),
+        (
+            "[grid]\nseed = [1, 2]\n[[exclude]]\nstats = 1\n",
+            "exclude[0].stats: `stats` is a setting",
+        ),
+        (
+            "[base]\nstats = 1\ndevice = \"cuda\"\n",
+            "stats: rounding statistics are recorded on the CPU only",
+        ),
+    ];
+    for (body, want) in cases {
+        let text = format!("name = \"t\"\n{body}");
+        let e = error(&text);
+        assert!(
+            e.contains(want),
+            "spec:\n{text}\nerror: {e}\nwanted: {want}"
+        );
+    }
+}

@@ -1,51 +1,22 @@
 //! The training workflow on the embedded Fashion-MNIST subset: it learns, it reproduces,
 //! it resumes, it keeps every number on its grid.
 
-/// The tool's CPU thread settings (applied once, before a test's first candle op), so that
-/// the tests run as the tool does.
-#[path = "../src/bin/qcandle/threads.rs"]
-mod threads;
+/// The shared training set-up: the embedded subset, short LeNet-5 runs.
+#[path = "common/training.rs"]
+mod training;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use qcandle::data::Dataset;
 use qcandle::io::read_tensors;
 use qcandle::nn::{ModelKind, QConfig};
-use qcandle::train::{init_vars, rank_of, train, EpochRecord, OptimizerKind, TrainOptions};
+use qcandle::train::{init_vars, rank_of, train, TrainOptions};
 use qcandle::{Format, Rounding};
+use training::{subset, without_time};
 
 type R = anyhow::Result<()>;
 
-fn subset(train: usize, test: usize) -> Dataset {
-    threads::tune_cpu_threads();
-    qcandle::data::embedded()
-        .expect("the embedded subset loads")
-        .subset(train, test)
-        .expect("a subset")
-}
-
 fn options(config: &str, epochs: usize) -> TrainOptions {
-    TrainOptions {
-        model: "lenet5".into(),
-        config_name: config.into(),
-        epochs,
-        batch: 64,
-        lr: 1e-3,
-        optimizer: OptimizerKind::Adam,
-        seed: 3,
-        train_limit: None,
-        device: qcandle::device::DeviceSpec::Cpu,
-    }
-}
-
-fn without_time(records: &[EpochRecord]) -> Vec<EpochRecord> {
-    records
-        .iter()
-        .map(|r| EpochRecord {
-            seconds: 0.0,
-            ..r.clone()
-        })
-        .collect()
+    training::lenet5_options(config, epochs, 3)
 }
 
 fn all_on_grid(values: &[f32], format: &Format) -> bool {

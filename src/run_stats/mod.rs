@@ -20,7 +20,10 @@
 //! and `stats.json` (the figures pooled per epoch, each site's format range and densest
 //! region, the last epoch's histograms). A resumed run reads the first two back and goes on
 //! from the next epoch, so no epoch is lost or recorded twice. `qcandle stats RUN` prints
-//! [`summary::worst_first_table`] and draws the pictures of [`plots`](mod@plots).
+//! [`summary::worst_first_table`] and draws the pictures of [`plots`](mod@plots). A sweep
+//! records them in every point when its spec's `[base]` sets `stats` (see
+//! [`crate::sweep::point`] for when such a point is finished), and `qcandle sweep report`
+//! adds each run's [`summary::RunSummary`], read from its `stats.json`.
 
 pub mod inspect;
 pub mod log;

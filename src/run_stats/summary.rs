@@ -194,6 +194,112 @@ pub fn worst_first(log: &StatsLog) -> Vec<Pooled> {
     rows
 }
 
+/// A run's statistics in a few figures (the columns `qcandle sweep report` adds): the last
+/// epoch's worst site by SQNR ([`worst_first`]'s first) and the largest fractions of
+/// nonzero inputs flushed to zero and saturated to the largest magnitude over its sites.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// The last epoch with statistics.
+    pub epoch: usize,
+    /// Its site with the lowest SQNR (sites with an undefined SQNR come last).
+    pub worst: Site,
+    /// That site's SQNR in dB (`None`: undefined, no nonzero input).
+    pub worst_sqnr_db: Option<f64>,
+    /// The largest fraction flushed to zero over the epoch's sites.
+    pub max_flushed: f64,
+    /// The largest fraction saturated to the largest magnitude over the epoch's sites.
+    pub max_at_max: f64,
+}
+
+impl RunSummary {
+    /// The summary of `log`; `None` when it holds no sample.
+    pub fn of(log: &StatsLog) -> Option<Self> {
+        let rows = worst_first(log);
+        let first = rows.first()?;
+        let max = |f: fn(&RoundingStats) -> u64| {
+            rows.iter()
+                .map(|p| p.stats.fraction(f(&p.stats)))
+                .fold(0.0, f64::max)
+        };
+        Some(RunSummary {
+            epoch: first.epoch,
+            worst: first.site.clone(),
+            worst_sqnr_db: first.stats.sqnr_db(),
+            max_flushed: max(|s| s.flushed),
+            max_at_max: max(|s| s.at_max),
+        })
+    }
+
+    /// The summary from the text of a run's `stats.json` ([`summary_json`]), which gives the
+    /// same figures as [`RunSummary::of`] of its log without reading the per-step files;
+    /// `None` when it holds no site.
+    pub fn from_summary_json(text: &str) -> anyhow::Result<Option<Self>> {
+        use anyhow::Context;
+        let json: Value = serde_json::from_str(text).context("stats.json is not JSON")?;
+        let entries = json["per_epoch"]
+            .as_array()
+            .context("stats.json has no `per_epoch` list")?;
+        let field = |e: &Value, key: &str| -> anyhow::Result<f64> {
+            match &e[key] {
+                Value::Null => Ok(f64::NAN),
+                Value::String(s) if s == "inf" => Ok(f64::INFINITY),
+                Value::String(s) if s == "-inf" => Ok(f64::NEG_INFINITY),
+                v => v
+                    .as_f64()
+                    .with_context(|| format!("stats.json: `{key}` is not a number: {v}")),
+            }
+        };
+        let mut rows = Vec::new();
+        for e in entries {
+            let text = |key: &str| {
+                e[key]
+                    .as_str()
+                    .map(str::to_string)
+                    .with_context(|| format!("stats.json: `{key}` is not a string"))
+            };
+            let epoch = e["epoch"]
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .context("stats.json: `epoch` is not a count")?;
+            let site = Site::new(text("layer")?, text("category")?);
+            let sqnr = field(e, "sqnr_db")?;
+            let sqnr = (!sqnr.is_nan()).then_some(sqnr);
+            rows.push(Entry {
+                epoch,
+                site,
+                sqnr,
+                flushed: field(e, "flushed")?,
+                at_max: field(e, "at_max")?,
+            });
+        }
+        let Some(last) = rows.iter().map(|r| r.epoch).max() else {
+            return Ok(None);
+        };
+        rows.retain(|r| r.epoch == last);
+        let key = |r: &Entry| r.sqnr.unwrap_or(f64::INFINITY);
+        rows.sort_by(|a, b| key(a).total_cmp(&key(b)).then(a.site.cmp(&b.site)));
+        let max = |f: fn(&Entry) -> f64| rows.iter().map(f).fold(0.0, f64::max);
+        let (max_flushed, max_at_max) = (max(|r| r.flushed), max(|r| r.at_max));
+        let worst = rows.swap_remove(0);
+        Ok(Some(RunSummary {
+            epoch: last,
+            worst: worst.site,
+            worst_sqnr_db: worst.sqnr,
+            max_flushed,
+            max_at_max,
+        }))
+    }
+}
+
+/// One site's figures of one epoch, as `stats.json` gives them.
+struct Entry {
+    epoch: usize,
+    site: Site,
+    sqnr: Option<f64>,
+    flushed: f64,
+    at_max: f64,
+}
+
 /// A percentage with two decimals, or `-`.
 fn pct(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{:.2}", 100.0 * v))
@@ -306,5 +412,41 @@ mod tests {
         assert_eq!(json["epochs"][1]["sampled_steps"], json!([1, 2]));
         assert_eq!(json["sites"][0]["densest_log2"], json!([-1, 0]));
         assert_eq!(json["final_histograms"].as_array().unwrap().len(), 2);
+        // The run's summary: fc2 worst; fc1 of epoch 2 has 1 of 3 nonzero inputs at minpos,
+        // none flushed or saturated.
+        let summary = RunSummary::of(&log).unwrap();
+        assert_eq!((summary.epoch, summary.worst.layer.as_str()), (2, "fc2"));
+        assert_eq!((summary.max_flushed, summary.max_at_max), (0.0, 0.0));
+        let from_json = RunSummary::from_summary_json(&summary_json(&log)).unwrap();
+        assert_eq!(from_json, Some(summary));
+    }
+
+    #[test]
+    fn the_run_summary_takes_the_largest_fractions_and_puts_undefined_sqnr_last() {
+        // The rounded values are given by hand: fc1 has 1 of 2 nonzero inputs flushed to
+        // zero, fc2 1 of 4 at posit<8,0>'s largest value 64, fc3 zeros only (its SQNR is
+        // undefined, so it is not the worst site although its error is zero as well).
+        let log = StatsLog {
+            samples: vec![
+                sample(1, 1, "fc1", &[1.0, 0.001], &[1.0, 0.0]),
+                sample(1, 1, "fc2", &[1.0, 2.0, 4.0, 100.0], &[1.0, 2.0, 4.0, 64.0]),
+                sample(1, 1, "fc3", &[0.0, 0.0], &[0.0, 0.0]),
+            ],
+        };
+        let summary = RunSummary::of(&log).unwrap();
+        assert_eq!(summary.max_flushed, 0.5);
+        assert_eq!(summary.max_at_max, 0.25);
+        // SQNR: fc1 10 log10(1.000001 / 1e-6) = 60 dB, fc2 10 log10(10021 / 36^2) = 8.9 dB.
+        assert_eq!(summary.worst, Site::new("fc2", "gradient"));
+        assert!((summary.worst_sqnr_db.unwrap() - 8.884).abs() < 1e-3);
+        assert_eq!(
+            RunSummary::from_summary_json(&summary_json(&log)).unwrap(),
+            Some(summary)
+        );
+        assert_eq!(
+            RunSummary::from_summary_json(&summary_json(&StatsLog::default())).unwrap(),
+            None
+        );
+        assert!(RunSummary::from_summary_json("{}").is_err());
     }
 }

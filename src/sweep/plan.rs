@@ -24,6 +24,7 @@ use super::spec::{config_path, file_safe, Key, Spec, Value, MAX_POINTS};
 use crate::data::DataSource;
 use crate::format::Format;
 use crate::nn::{Category, QConfig, QuantSpec};
+use crate::run_stats::StatsEvery;
 use crate::train::{OptimizerKind, TrainOptions};
 
 /// Longest run name kept as it is; longer ones are cut and given a hash.
@@ -42,11 +43,14 @@ pub struct Settings {
     pub data_dir: Option<PathBuf>,
     /// Formats of the post-training quantization step (empty: none).
     pub ptq: Vec<Format>,
+    /// Rounding statistics to record while training (`[base]`'s `stats`; none: none).
+    pub stats: Option<StatsEvery>,
 }
 
 impl Settings {
     /// A canonical text of every setting that changes the point's results (not the config's
-    /// label): equal for two points exactly when they are the same run.
+    /// label): equal for two points exactly when they are the same run. `stats` is not part
+    /// of it: recording statistics changes no number of the run.
     pub fn identity(&self) -> String {
         let o = &self.options;
         let ptq: Vec<String> = self.ptq.iter().map(Format::to_string).collect();
@@ -397,12 +401,23 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
         device: text(Key::Device, "cpu").parse()?,
     };
     options.validate()?;
+    let stats = match get(Key::Stats) {
+        Some(Value::Stats(every)) => *every,
+        _ => None,
+    };
+    if stats.is_some() && options.device != crate::device::DeviceSpec::Cpu {
+        bail!(
+            "stats: rounding statistics are recorded on the CPU only, and the device is {}",
+            options.device
+        );
+    }
     Ok(Settings {
         config: config.with_seed(options.seed),
         options,
         data,
         data_dir,
         ptq: ptq.to_vec(),
+        stats,
     })
 }
 

@@ -13,7 +13,14 @@
 //! A point is finished when its run directory passes [`crate::train::load_checked_run`] (every
 //! file's digest), holds at least the epochs asked for, is the same run as the point (model,
 //! options, config contents), and, when the sweep has a PTQ step, its `ptq/ptq.csv` has a row
-//! for every format. Running a point ([`run_point`]) is the same code for a local worker and
+//! for every format, and, when the spec asks for rounding statistics (`stats`), every
+//! trained epoch has them at the asked interval. Statistics are not part of a run's identity
+//! (they change no number of it; names, digests and `run.json` are the same with or without
+//! them), but they cannot be added to an epoch after it was trained: a run whose trained
+//! epochs lack them is a conflict, not resumed, since resuming would record only the later
+//! epochs (delete its directory to train it again with them). A resumed run with statistics
+//! reads back those of its trained epochs and records the rest, so it ends complete. A config
+//! that rounds nothing has no statistics to record. Running a point ([`run_point`]) is the same code for a local worker and
 //! a Slurm array task: it trains (resuming what an interrupted attempt left), then runs the
 //! PTQ step, and records a failure's error in `failed/<name>.txt`.
 
@@ -155,7 +162,7 @@ pub fn state(dir: &SweepDir, point: &Point) -> (State, Option<RunRecord>) {
         Ok(r) => r,
         Err(e) => return (fallback(failure, State::Conflict(first_line(&e))), None),
     };
-    if let Some(why) = differs(point, &record) {
+    if let Some(why) = differs(point, &record).or_else(|| stats_gap(&run_dir, point, &record)) {
         return (State::Conflict(why), Some(record));
     }
     let (done, total) = (record.epochs.len(), point.settings.options.epochs);
@@ -182,6 +189,99 @@ fn differs(point: &Point, record: &RunRecord) -> Option<String> {
     };
     let diffs = identity_differences(record, &ours);
     (!diffs.is_empty()).then(|| format!("the directory holds another run ({})", diffs.join("; ")))
+}
+
+/// Why the run in `run_dir` (whose checked record is `record`) lacks statistics its point
+/// asks for, if it does: with `stats = "every=N"`, every trained epoch must have statistics
+/// recorded every N steps, since they cannot be added to an epoch after it was trained. A
+/// config that rounds nothing has no site to record, so its runs never have statistics.
+fn stats_gap(run_dir: &Path, point: &Point, record: &RunRecord) -> Option<String> {
+    let every = point.settings.stats?;
+    if !rounds_anything(&point.settings.config) || record.epochs.is_empty() {
+        return None;
+    }
+    let recorded = recorded_stats_epochs(run_dir, record);
+    let missing: Vec<usize> = (1..=record.epochs.len())
+        .filter(|e| !recorded.contains(&(*e, every.0)))
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let had = if recorded.is_empty() {
+        "none".to_string()
+    } else {
+        let list: Vec<String> = recorded
+            .iter()
+            .map(|(e, n)| format!("epoch {e} every={n}"))
+            .collect();
+        list.join(", ")
+    };
+    Some(format!(
+        "the spec asks for rounding statistics every={}, but trained epochs {} of {} have none \
+         at that interval (recorded: {had}); statistics cannot be added to trained epochs: \
+         delete {} to train the point again with them, or change `stats` in the spec",
+        every.0,
+        ranges(&missing),
+        run_dir.display(),
+        run_dir.display()
+    ))
+}
+
+/// The (epoch, sampling interval) pairs the run's `stats.json` records (none without one;
+/// its digest was checked with the run's other files).
+fn recorded_stats_epochs(run_dir: &Path, record: &RunRecord) -> Vec<(usize, usize)> {
+    if !record.files.contains_key("stats.json") {
+        return Vec::new();
+    }
+    let Ok(text) = std::fs::read_to_string(run_dir.join("stats.json")) else {
+        return Vec::new();
+    };
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Vec::new();
+    };
+    json["epochs"]
+        .as_array()
+        .map(|epochs| {
+            epochs
+                .iter()
+                .filter_map(|e| {
+                    let n = |k: &str| e[k].as_u64().and_then(|v| usize::try_from(v).ok());
+                    Some((n("epoch")?, n("every")?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `config` rounds any category of any layer (a run of one that does not has no
+/// statistics to record).
+fn rounds_anything(config: &crate::nn::QConfig) -> bool {
+    let base = crate::nn::Category::ALL
+        .iter()
+        .any(|&c| config.base.get(c).is_some());
+    base || config
+        .layers
+        .iter()
+        .any(|o| o.set.values().any(Option::is_some))
+}
+
+/// Sorted numbers as ranges: `1-3, 5`.
+fn ranges(numbers: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < numbers.len() {
+        let mut j = i;
+        while j + 1 < numbers.len() && numbers[j + 1] == numbers[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            numbers[i].to_string()
+        } else {
+            format!("{}-{}", numbers[i], numbers[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
 }
 
 /// Whether `run_dir` is locked by a writer (a live process holding `.lock`).
@@ -252,7 +352,8 @@ pub fn check_planned(dir: &SweepDir, plan: &Plan, index: usize) -> Result<()> {
 pub fn run_point(dir: &SweepDir, plan: &Plan, index: usize, quiet: bool) -> Result<()> {
     check_planned(dir, plan, index)?;
     let point = &plan.points[index];
-    match state(dir, point).0 {
+    let (current, record) = state(dir, point);
+    match current {
         State::Finished => return Ok(()),
         // Not a failure of the point: whoever holds it records its outcome.
         State::Running => bail!(
@@ -262,7 +363,11 @@ pub fn run_point(dir: &SweepDir, plan: &Plan, index: usize, quiet: bool) -> Resu
         ),
         _ => {}
     }
-    let result = train_and_quantize(dir, point, quiet);
+    // Resuming would record statistics of the later epochs only.
+    let result = match record.and_then(|r| stats_gap(&dir.run_dir(&point.name), point, &r)) {
+        Some(why) => Err(anyhow::anyhow!(why)),
+        None => train_and_quantize(dir, point, quiet),
+    };
     let failure = dir.failure_file(&point.name);
     match &result {
         Ok(()) => {
@@ -285,7 +390,7 @@ fn train_and_quantize(dir: &SweepDir, point: &Point, quiet: bool) -> Result<()> 
     let s = &point.settings;
     let run_dir = dir.run_dir(&point.name);
     let data = s.data.load(s.data_dir.as_deref())?;
-    crate::train::train(&data, &s.options, &s.config, Some(&run_dir), quiet)?;
+    crate::train::train_with_stats(&data, &s.options, &s.config, Some(&run_dir), quiet, s.stats)?;
     if ptq_done(&run_dir, point) {
         return Ok(());
     }

@@ -4,8 +4,15 @@
 //!
 //! - `report.csv`: one row per point: `run`, one column per axis, `status`, `epochs` (finished),
 //!   `top1`, `top5`, `train_loss` (of the last finished epoch), `seconds` (training steps,
-//!   summed over epochs), and with a PTQ step one `ptq <method> top1` column per method.
-//! - `report.md`: the same table, and when `seed` is an axis the mean ± sample standard
+//!   summed over epochs), with a PTQ step one `ptq <method> top1` column per method, and
+//!   when some point's run has rounding statistics (`stats` in the spec's `[base]`) the
+//!   summary of its last epoch's statistics ([`RunSummary`], the figures `qcandle stats`
+//!   shows): `worst_site` (`layer/category` with the lowest SQNR), `worst_sqnr_db`,
+//!   `max_flushed_pct` and `max_saturated_pct` (the largest percentages of nonzero inputs
+//!   flushed to zero and saturated to the format's largest magnitude over its sites); empty
+//!   for runs without statistics (a config that rounds nothing has none).
+//! - `report.md`: the same table (statistics columns `worst site`, `worst SQNR dB`, `max
+//!   flushed %`, `max saturated %`), and when `seed` is an axis the mean ± sample standard
 //!   deviation over seeds of every group of points equal in the other axes (finished points
 //!   only; `n` says how many).
 //! - `curves.png`: train loss and test top-1 per epoch of every point.
@@ -27,6 +34,7 @@ use super::spec::{Key, Value};
 use crate::format::Format;
 use crate::io::csv_field;
 use crate::plot::Series;
+use crate::run_stats::summary::RunSummary;
 use crate::train::RunRecord;
 
 /// One point's results.
@@ -40,6 +48,8 @@ pub struct Row {
     pub record: Option<RunRecord>,
     /// Top-1 of each PTQ method (`posit<8,0> quire`, ...), as `ptq.csv` lists them.
     pub ptq: Vec<(String, f64)>,
+    /// The summary of the run's rounding statistics, when it has them (`stats.json`).
+    pub stats: Option<RunSummary>,
 }
 
 impl Row {
@@ -64,11 +74,15 @@ pub fn gather(plan: &Plan, dir: &SweepDir) -> Vec<Row> {
         .map(|point| {
             let (state, record) = state(dir, point);
             let ptq = read_ptq(&dir.run_dir(&point.name));
+            let stats = record
+                .as_ref()
+                .and_then(|r| read_stats(&dir.run_dir(&point.name), r));
             Row {
                 point: point.clone(),
                 state,
                 record,
                 ptq,
+                stats,
             }
         })
         .collect()
@@ -86,6 +100,58 @@ fn read_ptq(run_dir: &Path) -> Vec<(String, f64)> {
             Some((fields.first()?.clone(), fields.get(1)?.parse().ok()?))
         })
         .collect()
+}
+
+/// The summary of the run's `stats.json` when its checked `record` lists one (its digest was
+/// checked); none when it has none or it is unreadable.
+fn read_stats(run_dir: &Path, record: &RunRecord) -> Option<RunSummary> {
+    if !record.files.contains_key("stats.json") {
+        return None;
+    }
+    let text = std::fs::read_to_string(run_dir.join("stats.json")).ok()?;
+    RunSummary::from_summary_json(&text).ok().flatten()
+}
+
+/// The statistics columns of `report.md`, present when some row has statistics.
+pub const STATS_COLUMNS: [&str; 4] = [
+    "worst site",
+    "worst SQNR dB",
+    "max flushed %",
+    "max saturated %",
+];
+
+/// The statistics columns of `report.csv`, present when some row has statistics.
+pub const STATS_CSV_COLUMNS: [&str; 4] = [
+    "worst_site",
+    "worst_sqnr_db",
+    "max_flushed_pct",
+    "max_saturated_pct",
+];
+
+/// Whether some row has statistics (the report then has their columns).
+fn has_stats(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.stats.is_some())
+}
+
+/// The statistics cells of a row: the last epoch's worst site (`layer/category`) and its SQNR
+/// (two decimals; `inf` when exact), the largest percentages flushed to zero and saturated
+/// over its sites (three decimals); empty without statistics.
+pub fn stats_cells(row: &Row) -> Vec<String> {
+    let Some(s) = &row.stats else {
+        return vec![String::new(); STATS_COLUMNS.len()];
+    };
+    let sqnr = match s.worst_sqnr_db {
+        Some(v) if v.is_finite() => format!("{v:.2}"),
+        Some(v) if v > 0.0 => "inf".to_string(),
+        Some(_) => "-inf".to_string(),
+        None => String::new(),
+    };
+    vec![
+        format!("{}/{}", s.worst.layer, s.worst.category),
+        sqnr,
+        format!("{:.3}", 100.0 * s.max_flushed),
+        format!("{:.3}", 100.0 * s.max_at_max),
+    ]
 }
 
 /// The PTQ methods over all rows, in first-seen order.
@@ -106,6 +172,10 @@ pub fn csv(plan: &Plan, rows: &[Row]) -> String {
     header.extend(plan.axes.iter().map(|k| k.name().to_string()));
     header.extend(["status", "epochs", "top1", "top5", "train_loss", "seconds"].map(String::from));
     header.extend(methods.iter().map(|m| format!("ptq {m} top1")));
+    let stats = has_stats(rows);
+    if stats {
+        header.extend(STATS_CSV_COLUMNS.map(String::from));
+    }
     let mut out = header
         .iter()
         .map(|h| csv_field(h))
@@ -118,6 +188,9 @@ pub fn csv(plan: &Plan, rows: &[Row]) -> String {
         fields.push(row.state.word().to_string());
         fields.extend(measurements(row));
         fields.extend(methods.iter().map(|m| ptq_cell(row, m)));
+        if stats {
+            fields.extend(stats_cells(row));
+        }
         out.push_str(
             &fields
                 .iter()
@@ -285,6 +358,10 @@ pub fn markdown(plan: &Plan, rows: &[Row], plots: &[String]) -> String {
         .map(String::from),
     );
     header.extend(methods.iter().map(|m| format!("PTQ {m} top-1 %")));
+    let stats = has_stats(rows);
+    if stats {
+        header.extend(STATS_COLUMNS.map(String::from));
+    }
     md.push_str(&table_header(&header));
     for row in rows {
         let mut cells = vec![format!("`{}`", row.point.name)];
@@ -295,6 +372,9 @@ pub fn markdown(plan: &Plan, rows: &[Row], plots: &[String]) -> String {
         });
         cells.extend(measurements(row));
         cells.extend(methods.iter().map(|m| ptq_cell(row, m)));
+        if stats {
+            cells.extend(stats_cells(row));
+        }
         md.push_str(&table_row(&cells));
     }
     if !plots.is_empty() {

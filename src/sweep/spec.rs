@@ -37,8 +37,16 @@
 //! and the pair `category` + `format`, which sets the named category (or `all`: every
 //! category but the accumulator) to the format, so that one grid can set each category
 //! alone; and `accumulate`, the GEMM arithmetic of every layer (`"quire"`, `"naive:fp16"`, ...;
-//! see [`crate::quire::accumulate`]), replacing the config's in every layer. Relative paths (`config` files, `data-dir`) are relative to the spec file's
-//! directory, so a spec means the same from any working directory.
+//! see [`crate::quire::accumulate`]), replacing the config's in every layer.
+//!
+//! `stats` (`[base]` only) records rounding statistics in every point's run, as `qcandle
+//! train --stats` does: `stats = "every=50"` (or `stats = 50`) samples every 50th step of an
+//! epoch and its last step, `stats = true` is `every=50`, `stats = false` records none. It is
+//! refused as a grid axis or in `exclude`: it changes no number of a run, so it is not part
+//! of a point's identity (see [`super::point`] for how it decides when a point is finished).
+//!
+//! Relative paths (`config` files, `data-dir`) are relative to the spec file's directory, so a
+//! spec means the same from any working directory.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -51,6 +59,7 @@ use crate::device::DeviceSpec;
 use crate::format::Format;
 use crate::nn::config::parse_quant_spec;
 use crate::nn::{Category, ModelKind, QConfig, QuantSpec};
+use crate::run_stats::StatsEvery;
 use crate::train::OptimizerKind;
 
 /// A setting a spec can give, in `[base]`, as a grid axis, or in an `exclude` entry.
@@ -86,6 +95,8 @@ pub enum Key {
     Format,
     /// The `accumulate` setting of every layer.
     Accumulate,
+    /// Rounding statistics of every point (`train --stats`); `[base]` only.
+    Stats,
 }
 
 impl Key {
@@ -105,7 +116,7 @@ impl Key {
             Key::TrainLimit,
         ];
         keys.extend(Category::ALL.map(Key::Quant));
-        keys.extend([Key::Category, Key::Format, Key::Accumulate]);
+        keys.extend([Key::Category, Key::Format, Key::Accumulate, Key::Stats]);
         keys
     }
 
@@ -127,6 +138,7 @@ impl Key {
             Key::Category => "category",
             Key::Format => "format",
             Key::Accumulate => "accumulate",
+            Key::Stats => "stats",
         }
     }
 
@@ -179,6 +191,8 @@ pub enum Value {
     Categories(CategoryChoice),
     /// An `accumulate` setting.
     Accumulate(crate::quire::Accumulate),
+    /// The `stats` setting: the sampling interval, or `None` for no statistics.
+    Stats(Option<StatsEvery>),
 }
 
 /// What the `category` key names.
@@ -218,6 +232,8 @@ impl fmt::Display for Value {
             Value::Categories(CategoryChoice::One(c)) => f.write_str(c.key()),
             Value::Categories(CategoryChoice::All) => f.write_str("all"),
             Value::Accumulate(a) => write!(f, "{a}"),
+            Value::Stats(Some(every)) => write!(f, "every={}", every.0),
+            Value::Stats(None) => f.write_str("off"),
         }
     }
 }
@@ -516,6 +532,7 @@ impl Reader<'_> {
     fn axis(&self, name: &str, value: &Toml, field: &str) -> Result<(Key, Vec<Value>)> {
         let key = Key::parse(name, field)?;
         let sub = format!("{field}.{name}");
+        refuse_stats_outside_base(key, &sub)?;
         let list = value.as_array().ok_or_else(|| {
             anyhow!("{sub}: an axis is a list of values, e.g. {name} = [..., ...]")
         })?;
@@ -557,6 +574,7 @@ impl Reader<'_> {
                     .map(|(name, v)| {
                         let key = Key::parse(name, &field)?;
                         let sub = format!("{field}.{name}");
+                        refuse_stats_outside_base(key, &sub)?;
                         let values = match v {
                             Toml::Array(list) => list
                                 .iter()
@@ -640,6 +658,7 @@ impl Reader<'_> {
                 let s = text()?;
                 Value::Accumulate(s.parse().map_err(|e| anyhow!("{field}: {e}"))?)
             }
+            Key::Stats => Value::Stats(stats_value(v, field)?),
             Key::Category => {
                 let s = text()?;
                 Value::Categories(match s.as_str() {
@@ -654,6 +673,40 @@ impl Reader<'_> {
                 })
             }
         })
+    }
+}
+
+/// `stats` anywhere but `[base]` is refused: recording statistics changes no number of a
+/// run, so two points that differ only in it would be the same run.
+fn refuse_stats_outside_base(key: Key, field: &str) -> Result<()> {
+    if key == Key::Stats {
+        bail!(
+            "{field}: `stats` is a setting of every point and belongs in [base] (e.g. stats = \
+             \"every=50\"); recording statistics changes no number of a run, so it is not an \
+             axis and excludes nothing"
+        );
+    }
+    Ok(())
+}
+
+/// The `stats` value: `"every=N"` or a whole number N >= 1 of steps, `true` (every 50 steps,
+/// as `train --stats` alone), or `false` (none).
+fn stats_value(v: &Toml, field: &str) -> Result<Option<StatsEvery>> {
+    let expected = "expected \"every=N\" or a number N >= 1 of steps, or true (every=50) or \
+                    false (no statistics)";
+    match v {
+        Toml::Boolean(true) => Ok(Some(StatsEvery::default())),
+        Toml::Boolean(false) => Ok(None),
+        Toml::String(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| anyhow!("{field}: `{s}`: {expected}")),
+        Toml::Integer(n) => usize::try_from(*n)
+            .ok()
+            .filter(|&n| n >= 1)
+            .map(|n| Some(StatsEvery(n)))
+            .ok_or_else(|| anyhow!("{field}: {n}: {expected}")),
+        other => bail!("{field}: {expected}, got {other}"),
     }
 }
 
