@@ -6,6 +6,8 @@
 //! killed by SIGPIPE like other command-line tools; either way every result file already
 //! written stays. A closed or full standard error loses notes, never a run.
 
+#[path = "qcandle/curve_labels.rs"]
+mod curve_labels;
 #[path = "qcandle/threads.rs"]
 mod threads;
 
@@ -106,7 +108,7 @@ enum Command {
     /// Train a model of the zoo under a quantization config; results go to --out.
     Train(TrainArgs),
     /// Compare finished runs: a markdown table of their last epochs and one PNG of all
-    /// their curves.
+    /// their curves (labelled by config, or by run directory when configs repeat).
     Compare {
         /// Run directories (each holds the run.json that `train` writes).
         #[arg(required = true)]
@@ -364,12 +366,24 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
     if let Some(path) = plot {
         check_plot_path(path)?;
     }
+    let dir_names: Vec<String> = runs
+        .iter()
+        .map(|dir| {
+            dir.file_name()
+                .map_or(dir.display().to_string(), |n| n.to_string_lossy().into())
+        })
+        .collect();
+    let configs: Vec<String> = records
+        .iter()
+        .map(|r| r.options.config_name.clone())
+        .collect();
+    let labels = curve_labels::curve_labels(&configs, &dir_names);
     let (mut loss, mut accuracy) = (Vec::new(), Vec::new());
     outln!(
         "| run | config | epochs | train loss | test top-1 | test top-5 | best top-1 | s/epoch |"
     );
     outln!("|---|---|---|---|---|---|---|---|");
-    for (dir, record) in runs.iter().zip(&records) {
+    for ((name, record), label) in dir_names.iter().zip(&records).zip(&labels) {
         let last = record
             .epochs
             .last()
@@ -377,9 +391,6 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
         let best = record.epochs.iter().map(|e| e.top1).fold(0.0, f64::max);
         let seconds =
             record.epochs.iter().map(|e| e.seconds).sum::<f64>() / record.epochs.len() as f64;
-        let name = dir
-            .file_name()
-            .map_or(dir.display().to_string(), |n| n.to_string_lossy().into());
         outln!(
             "| {name} | {} | {} | {:.4} | {:.2} | {:.2} | {best:.2} | {seconds:.1} |",
             record.options.config_name,
@@ -388,7 +399,7 @@ fn run_compare(runs: &[PathBuf], plot: Option<&std::path::Path>, title: &str) ->
             last.top1,
             last.top5
         );
-        let (l, a) = record.curves(&record.options.config_name);
+        let (l, a) = record.curves(label);
         loss.push(l);
         accuracy.push(a);
     }
