@@ -1,4 +1,9 @@
-//! The naive GEMM's vectorised row kernel for formats that round through f32.
+//! The naive GEMM's vectorised kernels for formats that round through f32.
+//!
+//! [`NaiveF32::gemm`] keeps the running sums in registers, [`naive_lanes::TILE`] output
+//! columns at a time ([`super::naive_lanes`], whose docs prove each step), and adds the bias
+//! and rounds the outputs per row with the run rounding below. The row kernel
+//! ([`NaiveF32::row`]) serves `fma:<A>` and operands off the f32 grid:
 //!
 //! For one output row, each step `t` forms the products `a_t · b_t[j]` for the whole row,
 //! rounds them, adds them to the row's running sums and rounds again, each rounding a run
