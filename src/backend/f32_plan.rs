@@ -628,6 +628,48 @@ impl F32Plan {
     }
 }
 
+/// Nearest-even rounding one element at a time, for kernels that keep their values in
+/// registers: the plan's constants copied out once ([`F32Plan::lanes`]), the per-element
+/// step of the vectorised pass.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NearestLanes<'a> {
+    plan: &'a F32Plan,
+    lim: Limits,
+}
+
+/// The shape of a posit plan ([`F32Plan::shape`]).
+pub(crate) const SHAPE_POSIT: u8 = POSIT;
+/// The shape of a float plan ([`F32Plan::shape`]).
+pub(crate) const SHAPE_FLOAT: u8 = SIGNED;
+
+impl F32Plan {
+    /// Which selects the plan's rounding needs: [`SHAPE_POSIT`], [`SHAPE_FLOAT`] or fixed
+    /// point's.
+    pub(crate) fn shape(&self) -> u8 {
+        self.shape
+    }
+
+    /// The per-element nearest-even step of this plan (built for a nearest-even rule).
+    pub(crate) fn lanes(&self) -> NearestLanes<'_> {
+        NearestLanes {
+            plan: self,
+            lim: self.limits(),
+        }
+    }
+}
+
+impl NearestLanes<'_> {
+    /// `x` rounded to nearest even: the result's pattern, and whether `x` needs the general
+    /// path instead (then the pattern is a placeholder). `SHAPE` must be the plan's
+    /// [`F32Plan::shape`].
+    #[inline(always)]
+    pub(crate) fn round<const SHAPE: u8>(&self, x: f32) -> (u32, bool) {
+        use crate::format::rounding::NearestEven;
+        self.plan
+            .round_one::<NearestEven, SHAPE>(x, 0, NearestEven, self.lim)
+    }
+}
+
 impl RunRounder for F32Plan {
     /// Branch-free rounding of a run of values (no calls, no data-dependent branches, so the
     /// loop vectorises): writes every element's fast-path result to `dst` and returns whether

@@ -20,7 +20,7 @@
 //! Where the accumulator is IEEE binary32 (`fp32`, `float<8,23>`), its rounding is the f64
 //! to f32 conversion, which is exactly that rounding (subnormals, overflow to infinity).
 
-use super::gemm_cpu::{f32_rows, for_rows, Bias, Dims};
+use super::gemm_cpu::{for_rows, Bias, Dims};
 use super::naive_f32::NaiveF32;
 use super::round_odd::{add_odd, mul_odd};
 use crate::format::float::{Overflow, Specials};
@@ -121,7 +121,7 @@ pub fn naive_sum_gemm(
     parallel: bool,
 ) {
     if let Some(kernel) = NaiveF32::with_accumulator(op, acc, false) {
-        return f32_rows(&kernel, a, b, dims, bias, out, parallel);
+        return kernel.gemm(a, b, dims, bias, out, parallel);
     }
     let (op, acc) = (Rounder::new(op), Rounder::new(acc));
     let step = |s: f64, x: f64, y: f64| acc.round(add_odd(s, op.round(mul_odd(x, y))));
@@ -143,7 +143,7 @@ pub fn fma_gemm(
 ) {
     debug_assert!(products_exact(op));
     if let Some(kernel) = NaiveF32::with_accumulator(op, acc, true) {
-        return f32_rows(&kernel, a, b, dims, bias, out, parallel);
+        return kernel.gemm(a, b, dims, bias, out, parallel);
     }
     let (op, acc) = (Rounder::new(op), Rounder::new(acc));
     let step = |s: f64, x: f64, y: f64| acc.round(add_odd(s, x * y));

@@ -280,33 +280,6 @@ fn not_finite(v: &[f64]) -> bool {
     v.iter().any(|x| !x.is_finite())
 }
 
-/// Runs the vectorised row kernel ([`NaiveF32`]) over every row, with the bias of each.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn f32_rows(
-    kernel: &NaiveF32,
-    a: &[f64],
-    b: &[f64],
-    (m, k, n): Dims,
-    bias: Bias,
-    out: &mut [f64],
-    parallel: bool,
-) {
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    let row = |i: usize, dst: &mut [f64]| {
-        let per_row;
-        let bias_row = match bias {
-            Bias::None => None,
-            Bias::PerCol(v) => Some(&v[..n]),
-            Bias::PerRow(v) => {
-                per_row = vec![v[i]; n];
-                Some(&per_row[..])
-            }
-        };
-        kernel.row(&a[i * k..i * k + k], &b[..k * n], bias_row, dst);
-    };
-    for_rows(out, m, n, parallel, row);
-}
-
 /// Runs `row(i, out_row)` for every row, on the rayon pool when `parallel`.
 pub(crate) fn for_rows<F>(out: &mut [f64], m: usize, n: usize, parallel: bool, row: F)
 where
@@ -505,7 +478,7 @@ pub fn naive_gemm(
         };
         for_rows(out, m, n, parallel, row);
     } else if let Some(fast) = NaiveF32::new(format) {
-        f32_rows(&fast, a, b, (m, k, n), bias, out, parallel);
+        fast.gemm(a, b, (m, k, n), bias, out, parallel);
     } else {
         let round = |x: f64| format.round_rule(x, NearestEven, 0);
         let row = |i: usize, dst: &mut [f64]| {

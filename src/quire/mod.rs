@@ -31,6 +31,7 @@ pub mod layer_conv;
 mod layer_io;
 pub mod layer_linear;
 pub mod naive_f32;
+pub mod naive_lanes;
 pub mod ops;
 pub mod quire_i16;
 pub mod round_odd;

@@ -1,4 +1,9 @@
-//! The naive GEMM's vectorised row kernel for formats that round through f32.
+//! The naive GEMM's vectorised kernels for formats that round through f32.
+//!
+//! [`NaiveF32::gemm`] keeps the running sums in registers, [`naive_lanes::TILE`] output
+//! columns at a time ([`super::naive_lanes`], whose docs prove each step), and adds the bias
+//! and rounds the outputs per row with the run rounding below. The row kernel
+//! ([`NaiveF32::row`]) serves `fma:<A>` and operands off the f32 grid:
 //!
 //! For one output row, each step `t` forms the products `a_t · b_t[j]` for the whole row,
 //! rounds them, adds them to the row's running sums and rounds again, each rounding a run
@@ -18,7 +23,9 @@
 //! and one of `A` is zero or at least the smaller of their smallest magnitudes, and below
 //! twice the larger maximum, so it stays inside f32's normal range too.
 
-use super::round_odd::add_odd;
+use super::gemm_cpu::{for_rows, Bias, Dims};
+use super::naive_lanes::{self, TILE};
+use super::round_odd::{add_odd, mul_odd};
 use crate::backend::f32_plan::{F32Plan, RunRounder};
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::Format;
@@ -42,17 +49,23 @@ fn to_f32_odd(v: f64) -> f32 {
 struct RunRounding {
     plan: F32Plan,
     format: Format,
+    /// The most significand bits a value of the format has.
+    significand_bits: u32,
 }
 
 impl RunRounding {
     fn new(format: &Format) -> Option<Self> {
-        let fits = match format {
-            Format::Posit(p) => p.n() <= 24 && 2 * p.max_scale() <= 125,
+        let (fits, significand_bits) = match format {
+            Format::Posit(p) => (
+                p.n() <= 24 && 2 * p.max_scale() <= 125,
+                p.n().saturating_sub(2 + p.es()),
+            ),
             Format::Float(f) => {
                 let (lo, hi) = (f.min_positive(), f.max_value());
-                f.man() <= 21 && lo * lo >= f64::from(f32::MIN_POSITIVE) && hi * hi < 2f64.powi(127)
+                let range = lo * lo >= f64::from(f32::MIN_POSITIVE) && hi * hi < 2f64.powi(127);
+                (f.man() <= 21 && range, f.man() + 1)
             }
-            _ => false,
+            _ => (false, 0),
         };
         if !fits {
             return None;
@@ -60,6 +73,7 @@ impl RunRounding {
         Some(RunRounding {
             plan: F32Plan::new(format, RuleKind::NearestEven)?,
             format: *format,
+            significand_bits,
         })
     }
 
@@ -109,6 +123,109 @@ impl NaiveF32 {
         self.sum.as_ref().unwrap_or(&self.op)
     }
 
+    /// `out (m x n) = A (m x k) · B (k x n) [+ bias]` under this kernel's rule, `a`, `b`
+    /// and the bias row-major on the formats' grids (`parallel`: rows on the rayon pool).
+    ///
+    /// Without `fma`, the sums run in registers, [`TILE`] columns at a time
+    /// ([`naive_lanes::tile`]); a tile the register kernel leaves behind (NaR, NaN, Inf)
+    /// is summed by the scalar definition; the bias and the output rounding follow on the
+    /// row. Operands that are not f32 values (off the grid) take the row kernel
+    /// ([`NaiveF32::row`]) instead, as `fma` does.
+    pub fn gemm(
+        &self,
+        a: &[f64],
+        b: &[f64],
+        (m, k, n): Dims,
+        bias: Bias,
+        out: &mut [f64],
+        parallel: bool,
+    ) {
+        assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+        let is_f32 = |v: &f64| v.is_nan() || f64::from(*v as f32) == *v;
+        let registers = !self.fused && a[..m * k].iter().chain(&b[..k * n]).all(is_f32);
+        let bias_of = |i: usize| -> Option<Vec<f64>> {
+            match bias {
+                Bias::None => None,
+                Bias::PerCol(v) => Some(v[..n].to_vec()),
+                Bias::PerRow(v) => Some(vec![v[i]; n]),
+            }
+        };
+        if !registers {
+            let row = |i: usize, dst: &mut [f64]| {
+                let bias_row = bias_of(i);
+                self.row(&a[i * k..i * k + k], &b[..k * n], bias_row.as_deref(), dst);
+            };
+            return for_rows(out, m, n, parallel, row);
+        }
+        // B as f32, each row padded with zeros to whole tiles.
+        let stride = n.div_ceil(TILE) * TILE;
+        let mut bf = vec![0f32; k * stride];
+        for (dst, src) in bf.chunks_mut(stride.max(1)).zip(b.chunks(n.max(1))) {
+            for (d, &v) in dst.iter_mut().zip(src) {
+                *d = v as f32;
+            }
+        }
+        let af: Vec<f32> = a[..m * k].iter().map(|&v| v as f32).collect();
+        let row = |i: usize, dst: &mut [f64]| {
+            let x = &af[i * k..i * k + k];
+            let xs = &a[i * k..i * k + k];
+            let mut sums = vec![0f32; n];
+            let mut tile = [0f32; TILE];
+            for col in (0..n).step_by(TILE) {
+                let width = TILE.min(n - col);
+                let done = naive_lanes::tile(
+                    &self.op.plan,
+                    &self.sum().plan,
+                    self.op.significand_bits <= 12,
+                    x,
+                    &bf[col..],
+                    stride,
+                    &mut tile,
+                );
+                for (j, s) in sums[col..col + width].iter_mut().enumerate() {
+                    *s = if done {
+                        tile[j]
+                    } else {
+                        self.scalar_sum(xs, &b[col + j..], n) as f32
+                    };
+                }
+            }
+            let bias_row = bias_of(i);
+            self.finish(sums, bias_row.as_deref(), dst);
+        };
+        for_rows(out, m, n, parallel, row);
+    }
+
+    /// One output's sum by the definition in f64 (each operation rounded to odd, then to
+    /// the format): `xs` against `b[0], b[stride], ...`.
+    fn scalar_sum(&self, xs: &[f64], b: &[f64], stride: usize) -> f64 {
+        let (op, sum) = (self.op.format, self.sum().format);
+        let round = |f: &Format, v: f64| f.round_rule(v, NearestEven, 0);
+        xs.iter().enumerate().fold(0.0, |c, (t, &x)| {
+            round(&sum, add_odd(c, round(&op, mul_odd(x, b[t * stride]))))
+        })
+    }
+
+    /// The bias step and the output rounding of one row of sums (values of the
+    /// accumulator format, as f32), into `out`.
+    fn finish(&self, mut acc: Vec<f32>, bias: Option<&[f64]>, out: &mut [f64]) {
+        let mut tmp = vec![0f32; acc.len()];
+        if let Some(bias) = bias {
+            for ((s, &c), &v) in tmp.iter_mut().zip(&acc).zip(bias) {
+                *s = to_f32_odd(add_odd(c as f64, v));
+            }
+            self.sum().round(&tmp, &mut acc);
+        }
+        if self.sum.is_some() {
+            // The output in the operand format.
+            tmp.copy_from_slice(&acc);
+            self.op.round(&tmp, &mut acc);
+        }
+        for (o, &c) in out.iter_mut().zip(&acc) {
+            *o = c as f64;
+        }
+    }
+
     /// One output row: `out[j] = round(... round(round(0 + round(a_0 b_0j)) + ...) + bias_j)`
     /// (with an accumulator: sums rounded to it, products to the operand format or fused,
     /// the result rounded to the operand format)
@@ -136,19 +253,6 @@ impl NaiveF32 {
             }
             self.sum().round(&tmp, &mut acc);
         }
-        if let Some(bias) = bias {
-            for ((s, &c), &v) in tmp.iter_mut().zip(&acc).zip(bias) {
-                *s = to_f32_odd(add_odd(c as f64, v));
-            }
-            self.sum().round(&tmp, &mut acc);
-        }
-        if self.sum.is_some() {
-            // The output in the operand format.
-            tmp.copy_from_slice(&acc);
-            self.op.round(&tmp, &mut acc);
-        }
-        for (o, &c) in out.iter_mut().zip(&acc) {
-            *o = c as f64;
-        }
+        self.finish(acc, bias, out);
     }
 }

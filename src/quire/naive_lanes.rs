@@ -1,0 +1,241 @@
+//! The naive GEMM's register kernel: one row of `A` against a tile of [`TILE`] output
+//! columns, every product and partial sum rounded in f32 lanes.
+//!
+//! Each lane is one output `c_j`, and each lane runs the definition in its own order: from
+//! `c = 0`, for `t` ascending, `c = S(c + P(a_t · b_tj))`, with `P` the rounding to the
+//! operand format and `S` the rounding to the accumulator format (the operand format for
+//! `naive`). Lanes never mix, so vectorising across columns leaves the order of every
+//! output's operations unchanged. The bias and the output rounding follow in the caller.
+//!
+//! # Why every step is the correctly rounded operation
+//!
+//! The formats (checked by the caller, [`super::naive_f32`]) are posits with `n <= 24` and
+//! `maxpos² <= 2^125`, and floats with at most 22 significand bits whose smallest magnitude
+//! squared is at least `2^-126` and whose largest squared is below `2^127`. So:
+//!
+//! * **Products.** `x · y` of two such values has at most 44 significand bits. With a fused
+//!   multiply-add, `hi = fl(x·y)` and `lo = fma(x, y, -hi)` give `x·y = hi + lo` exactly
+//!   (TwoProduct): `hi` is a normal f32 (`|x·y|` lies in `[minpos², maxpos²]`, resp. the
+//!   float bounds), and `lo` is a multiple of the product of the operands' last bits, at
+//!   least `2^-126`, so it is an f32 and the fused operation returns it exactly. Without a
+//!   fused multiply-add (the portable build) the product is formed in f64, where it is
+//!   exact, and `lo` is the sign of `x·y - hi` there. Where both operands have at most 12
+//!   significand bits (e4m3, e5m2, posit<16,2>, posit<8,0>, ...) the product is an f32
+//!   and `lo = 0`: the kernel then skips the step.
+//! * **Sums.** `s + p` of two values of the formats: TwoSum (six f32 operations) gives
+//!   `hi + lo = s + p` exactly for any finite f32 inputs; no sum overflows (both are below
+//!   `2^64`), and a nonzero sum is at least the smaller quantum, a normal f32.
+//! * **Round to odd.** From `hi + lo` the kernel forms the exact value rounded to odd at f32
+//!   precision: `hi` itself when `lo = 0` or `hi`'s last significand bit is 1, else the f32
+//!   next to `hi` towards `lo` (the pattern plus or minus one; the exact value lies strictly
+//!   between those two neighbours, and the one moved to is odd). A value `v` rounded to odd
+//!   with 24 bits, `o`, agrees with `v` on every comparison with an f32 whose last bit is 0:
+//!   it is never such a value unless `v` is, and lies on the same side of each. Every value
+//!   of these formats, every midpoint between neighbours (at most 23 significand bits), and
+//!   every power of two (the posit's pattern midpoints where exponent bits are cut) is such
+//!   an f32. Nearest-even rounding to the format is decided by those comparisons and the
+//!   parity of the neighbours, so it rounds `o` as it rounds `v`: `P(x·y)` and `S(s + p)`
+//!   are the correct roundings of the exact product and sum. The rounding itself is the
+//!   quantize kernel's branch-free step ([`F32Plan`]), bit-identical to the general path
+//!   wherever it does not ask for that path.
+//! * **Specials.** NaR and NaN operands, float overflow to Inf or NaN, and anything the
+//!   plan leaves to the general path mark their lane; the tile is then reported as not done
+//!   and the caller computes its columns with the scalar definition. With finite operands
+//!   on the format's grid a lane is never marked for posits (they saturate); for floats
+//!   only after an overflow.
+//!
+//! The kernel is compiled for AVX-512 (16 lanes a register, fused multiply-add), AVX2
+//! (8 lanes, fused multiply-add) and the portable baseline (products in f64), chosen at run
+//! time ([`crate::backend::isa`]); all give the same bits. [`TILE`] lanes make four
+//! independent AVX-512 chains per step, enough to hide the latency of one step's ~70
+//! dependent operations.
+
+use crate::backend::f32_plan::{F32Plan, NearestLanes, SHAPE_FLOAT, SHAPE_POSIT};
+use crate::backend::isa::{self, Isa};
+
+/// Output columns per tile (four AVX-512 registers of f32).
+pub const TILE: usize = 64;
+
+/// The exponent field of an f32 pattern, all ones for Inf and NaN.
+const EXP_MASK: u32 = 0x7f80_0000;
+
+/// `hi + lo` rounded to odd at f32 precision (see the module docs), and whether `hi` is Inf
+/// or NaN (the lane is then left to the scalar definition).
+#[inline(always)]
+fn to_odd(hi: f32, lo: f32) -> (f32, bool) {
+    let bits = hi.to_bits();
+    let inexact = (lo != 0.0) & (bits & 1 == 0);
+    // Towards lo: up in magnitude when lo has hi's sign, else down.
+    let step = if (lo.to_bits() ^ bits) >> 31 == 0 {
+        1
+    } else {
+        u32::MAX
+    };
+    let odd = bits.wrapping_add(if inexact { step } else { 0 });
+    (f32::from_bits(odd), bits & EXP_MASK == EXP_MASK)
+}
+
+/// `x · y` as `hi + lo` (exact; see the module docs). `FMA` chooses the fused
+/// multiply-add; without it the product is formed in f64.
+#[inline(always)]
+fn two_product<const FMA: bool>(x: f32, y: f32) -> (f32, f32) {
+    let hi = x * y;
+    let lo = if FMA {
+        x.mul_add(y, -hi)
+    } else {
+        (f64::from(x) * f64::from(y) - f64::from(hi)) as f32
+    };
+    (hi, lo)
+}
+
+/// `x + y` as `hi + lo` (TwoSum, exact for finite inputs).
+#[inline(always)]
+fn two_sum(x: f32, y: f32) -> (f32, f32) {
+    let s = x + y;
+    let yy = s - x;
+    let lo = (x - (s - yy)) + (y - yy);
+    (s, lo)
+}
+
+/// `(hi + lo)` rounded to odd, then to the plan's format; true where the lane needs the
+/// scalar definition.
+#[inline(always)]
+fn round_exact<const SHAPE: u8>(plan: &NearestLanes, hi: f32, lo: f32) -> (f32, bool) {
+    let (odd, special) = to_odd(hi, lo);
+    let (bits, slow) = plan.round::<SHAPE>(odd);
+    (f32::from_bits(bits), special | slow)
+}
+
+/// The tile loop (see [`tile`]), for plans of shapes `OP` and `SUM`.
+#[inline(always)]
+fn tile_body<const OP: u8, const SUM: u8, const FMA: bool, const EXACT: bool>(
+    op: NearestLanes,
+    sum: NearestLanes,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    let mut c = [0f32; TILE];
+    let mut marked = [0u32; TILE];
+    for (t, &x) in a.iter().enumerate() {
+        let row: &[f32; TILE] = b[t * stride..t * stride + TILE]
+            .try_into()
+            .expect("a full tile");
+        for j in 0..TILE {
+            let (hi, lo) = if EXACT {
+                (x * row[j], 0.0)
+            } else {
+                two_product::<FMA>(x, row[j])
+            };
+            let (p, p_marked) = round_exact::<OP>(&op, hi, lo);
+            let (hi, lo) = two_sum(c[j], p);
+            let (s, s_marked) = round_exact::<SUM>(&sum, hi, lo);
+            c[j] = s;
+            marked[j] |= (p_marked | s_marked) as u32;
+        }
+    }
+    *acc = c;
+    marked.iter().fold(0, |m, &l| m | l) == 0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+fn tile_avx512<const OP: u8, const SUM: u8, const EXACT: bool>(
+    op: NearestLanes,
+    sum: NearestLanes,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    tile_body::<OP, SUM, true, EXACT>(op, sum, a, b, stride, acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn tile_avx2<const OP: u8, const SUM: u8, const EXACT: bool>(
+    op: NearestLanes,
+    sum: NearestLanes,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    tile_body::<OP, SUM, true, EXACT>(op, sum, a, b, stride, acc)
+}
+
+fn tile_portable<const OP: u8, const SUM: u8, const EXACT: bool>(
+    op: NearestLanes,
+    sum: NearestLanes,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    tile_body::<OP, SUM, false, EXACT>(op, sum, a, b, stride, acc)
+}
+
+/// The compiled path for this CPU (at most the cap of [`isa::set_cap`]): AVX2 needs the
+/// fused multiply-add too.
+fn path() -> Isa {
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if !std::arch::is_x86_feature_detected!("fma") => Isa::Portable,
+        other => other,
+    }
+}
+
+/// The tile at one pair of plan shapes on the chosen path.
+fn tile_shapes<const OP: u8, const SUM: u8, const EXACT: bool>(
+    op: NearestLanes,
+    sum: NearestLanes,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    match path() {
+        // SAFETY: `path` returns AVX-512 or AVX2 only where the CPU has those instruction
+        // sets (AVX-512 F/BW/DQ/VL implies the fused multiply-add; AVX2 is checked for it).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { tile_avx512::<OP, SUM, EXACT>(op, sum, a, b, stride, acc) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { tile_avx2::<OP, SUM, EXACT>(op, sum, a, b, stride, acc) },
+        _ => tile_portable::<OP, SUM, EXACT>(op, sum, a, b, stride, acc),
+    }
+}
+
+/// The sums of one tile: for each of the [`TILE`] columns `j`, from `c_j = 0` and `t`
+/// ascending, `c_j = sum(c_j + op(a_t · b[t·stride + j]))`, each operation rounded to nearest
+/// even by the plan (`op` the operand format's, `sum` the accumulator's); the results go to
+/// `acc`. Returns false when some lane met a value the kernel leaves to the scalar
+/// definition (NaR, NaN, Inf, or the plan's general path); `acc` then holds no result.
+/// The plans must be posit or float plans of formats the module docs admit; `exact_products`
+/// says that every product of two operands is an f32 (at most 12 significand bits each),
+/// which saves the TwoProduct step.
+pub fn tile(
+    op: &F32Plan,
+    sum: &F32Plan,
+    exact_products: bool,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
+    let (o, s) = (op.lanes(), sum.lanes());
+    const P: u8 = SHAPE_POSIT;
+    const F: u8 = SHAPE_FLOAT;
+    match (op.shape(), sum.shape(), exact_products) {
+        (P, P, false) => tile_shapes::<P, P, false>(o, s, a, b, stride, acc),
+        (P, P, true) => tile_shapes::<P, P, true>(o, s, a, b, stride, acc),
+        (P, F, false) => tile_shapes::<P, F, false>(o, s, a, b, stride, acc),
+        (P, F, true) => tile_shapes::<P, F, true>(o, s, a, b, stride, acc),
+        (F, P, false) => tile_shapes::<F, P, false>(o, s, a, b, stride, acc),
+        (F, P, true) => tile_shapes::<F, P, true>(o, s, a, b, stride, acc),
+        (F, F, false) => tile_shapes::<F, F, false>(o, s, a, b, stride, acc),
+        (F, F, true) => tile_shapes::<F, F, true>(o, s, a, b, stride, acc),
+        _ => false,
+    }
+}

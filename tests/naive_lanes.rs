@@ -1,0 +1,336 @@
+//! The naive GEMM's register kernel (`quire::naive_lanes`, through `NaiveF32::gemm`) under
+//! every instruction set this CPU has (`backend::isa::set_cap`) against the definition one
+//! scalar operation at a time: `c = S(c + P(a_t · b_t))` from zero, `k` ascending, then
+//! `S(c + bias)` and, with an accumulator format, the output rounded to the operand format;
+//! each operation computed in f64 rounded to odd and rounded once by `Format::round`.
+//! Posits and floats, `naive` and `naive:<A>` (also mixing posit and float), odd shapes
+//! with partial tiles, bias per column and per row, and edge values: zeros, values near
+//! minpos and maxpos (saturation), products below the float's range, NaR and NaN, float
+//! overflow.
+//!
+//! The cap is process-wide, so the tests of this file take a lock while they hold one.
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::SplitMix;
+use qcandle::backend::f32_plan::F32Plan;
+use qcandle::backend::isa::{self, Isa};
+use qcandle::format::rounding::RuleKind;
+use qcandle::format::Rounding;
+use qcandle::quire::gemm_cpu::Bias;
+use qcandle::quire::naive_f32::NaiveF32;
+use qcandle::quire::naive_lanes::{tile, TILE};
+use qcandle::quire::round_odd::{add_odd, mul_odd};
+use qcandle::Format;
+
+static CAP: Mutex<()> = Mutex::new(());
+
+/// The instruction sets this CPU can run, narrowest first.
+fn available() -> Vec<Isa> {
+    let isas: Vec<Isa> = Isa::ALL
+        .into_iter()
+        .filter(|&isa| isa <= isa::detected())
+        .collect();
+    if isas.len() < Isa::ALL.len() {
+        eprintln!("only {isas:?} on this CPU: the wider paths are not exercised");
+    }
+    isas
+}
+
+/// Runs `f` under each instruction set this CPU has, holding the lock.
+fn on_every_isa(mut f: impl FnMut(Isa)) {
+    let _guard = CAP.lock().unwrap_or_else(|e| e.into_inner());
+    for isa in available() {
+        isa::set_cap(Some(isa));
+        f(isa);
+    }
+    isa::set_cap(None);
+}
+
+fn fmt(s: &str) -> Format {
+    s.parse().expect("a format")
+}
+
+/// Values of `format` over its range: random magnitudes around 1, values near the smallest
+/// and largest magnitudes, zeros, and both signs.
+fn values(format: &Format, count: usize, seed: u64) -> Vec<f64> {
+    let max = format.max_finite().unwrap();
+    let min = format.min_positive().unwrap();
+    let mut rng = SplitMix(seed);
+    (0..count)
+        .map(|i| {
+            let state = rng.next_u64();
+            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+            let v = match i % 11 {
+                0 => max * u,
+                1 => min * (1.0 + 3.0 * u),
+                2 => 0.0,
+                3 => max,
+                4 => min,
+                _ => (2.0 * u - 1.0) * 4.0f64.powf(6.0 * u - 3.0),
+            };
+            let v = if state >> 63 == 1 { -v } else { v };
+            format.round(v, Rounding::NearestEven, 0)
+        })
+        .collect()
+}
+
+/// The definition, one output at a time (see the file docs); `acc` `None` for `naive`.
+fn reference(
+    op: &Format,
+    acc: Option<&Format>,
+    a: &[f64],
+    b: &[f64],
+    (m, k, n): (usize, usize, usize),
+    bias: &Bias,
+) -> Vec<f64> {
+    let p = |x: f64| op.round(x, Rounding::NearestEven, 0);
+    let s = |x: f64| acc.unwrap_or(op).round(x, Rounding::NearestEven, 0);
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut c = 0.0;
+            for t in 0..k {
+                c = s(add_odd(c, p(mul_odd(a[i * k + t], b[t * n + j]))));
+            }
+            let bias_term = match bias {
+                Bias::None => None,
+                Bias::PerRow(v) => Some(v[i]),
+                Bias::PerCol(v) => Some(v[j]),
+            };
+            if let Some(v) = bias_term {
+                c = s(add_odd(c, v));
+            }
+            out[i * n + j] = if acc.is_some() { p(c) } else { c };
+        }
+    }
+    out
+}
+
+fn same(x: f64, y: f64) -> bool {
+    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+}
+
+/// The kernel of `(op, acc)` against the definition on `a`, `b`; panics with the first
+/// mismatches.
+fn check(
+    what: &str,
+    op: &Format,
+    acc: Option<&Format>,
+    a: &[f64],
+    b: &[f64],
+    dims: (usize, usize, usize),
+    bias: Bias,
+) {
+    let kernel = match acc {
+        None => NaiveF32::new(op),
+        Some(acc) => NaiveF32::with_accumulator(op, acc, false),
+    }
+    .unwrap_or_else(|| panic!("{what}: the formats take the f32 kernel"));
+    let (m, _, n) = dims;
+    for parallel in [false, true] {
+        let mut out = vec![0.0; m * n];
+        kernel.gemm(a, b, dims, bias, &mut out, parallel);
+        let want = reference(op, acc, a, b, dims, &bias);
+        let bad: Vec<String> = out
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .filter(|(_, (x, y))| !same(**x, **y))
+            .take(5)
+            .map(|(i, (x, y))| format!("out[{i}] = {x:e}, definition {y:e}"))
+            .collect();
+        assert!(bad.is_empty(), "{what}: {}", bad.join("; "));
+    }
+}
+
+/// `naive` and `naive:<A>` pairs the kernel takes: same shape, mixed shapes, exact and
+/// inexact products.
+const PAIRS: &[(&str, Option<&str>)] = &[
+    ("posit<16,1>", None),
+    ("posit<16,2>", None),
+    ("posit<16,0>", None),
+    ("posit<8,0>", None),
+    ("posit<12,1>", None),
+    ("posit<24,1>", None),
+    ("fp16", None),
+    ("e4m3", None),
+    ("e5m2", None),
+    ("float<5,2>", None),
+    ("float<4,3,fn>", None),
+    ("float<5,10,sat>", None),
+    ("float<5,10,nosub>", None),
+    ("e4m3", Some("fp16")),
+    ("e5m2", Some("fp16")),
+    ("e4m3", Some("posit<16,1>")),
+    ("posit<8,0>", Some("posit<16,1>")),
+    ("posit<16,1>", Some("fp16")),
+    ("fp16", Some("e5m2")),
+];
+
+#[test]
+fn register_kernel_equals_the_definition_on_every_instruction_set() {
+    on_every_isa(|isa| {
+        for &(op, acc) in PAIRS {
+            let (opf, accf) = (fmt(op), acc.map(fmt));
+            // n = 150: two full tiles and a partial one; n = 7: one partial tile.
+            for (seed, dims) in [(1, (5, 37, 150)), (2, (3, 61, 7)), (3, (2, 1, 65))] {
+                let (m, k, n) = dims;
+                let a = values(&opf, m * k, seed);
+                let b = values(&opf, k * n, seed + 10);
+                let bias_f = accf.unwrap_or(opf);
+                let col = values(&bias_f, n, seed + 20);
+                let row = values(&bias_f, m, seed + 30);
+                let what = format!("{op} sums in {acc:?}, {isa:?}, {dims:?}");
+                check(&what, &opf, accf.as_ref(), &a, &b, dims, Bias::None);
+                check(&what, &opf, accf.as_ref(), &a, &b, dims, Bias::PerCol(&col));
+                check(&what, &opf, accf.as_ref(), &a, &b, dims, Bias::PerRow(&row));
+            }
+            // No terms: the sum is zero (plus the bias).
+            let bias = [1.5, -0.25];
+            check(
+                "k = 0",
+                &opf,
+                accf.as_ref(),
+                &[],
+                &[],
+                (1, 0, 2),
+                Bias::PerCol(&bias),
+            );
+        }
+    });
+}
+
+/// Long sums of large values saturate posits at maxpos and overflow fp16 (to Inf, then the
+/// scalar definition takes the tile), products far below the floats' range round to zero
+/// or the smallest subnormal, and sums of opposite values cancel exactly.
+#[test]
+fn saturation_overflow_and_cancellation_equal_the_definition() {
+    on_every_isa(|isa| {
+        for &(op, acc) in PAIRS {
+            let (opf, accf) = (fmt(op), acc.map(fmt));
+            let (max, min) = (opf.max_finite().unwrap(), opf.min_positive().unwrap());
+            let (m, k, n) = (4, 40, 70);
+            let a: Vec<f64> = (0..m * k)
+                .map(|i| match i / k {
+                    0 => max,
+                    1 => min,
+                    2 => (if i % 2 == 0 { 1.0 } else { -1.0 }) * max,
+                    _ => opf.round(1.0 + (i % 5) as f64 / 8.0, Rounding::NearestEven, 0),
+                })
+                .collect();
+            let b: Vec<f64> = (0..k * n)
+                .map(|i| match i % 4 {
+                    0 => max,
+                    1 => min,
+                    2 => 1.0,
+                    _ => -min,
+                })
+                .collect();
+            let what = format!("{op} sums in {acc:?}, {isa:?}, edge values");
+            check(&what, &opf, accf.as_ref(), &a, &b, (m, k, n), Bias::None);
+        }
+    });
+}
+
+/// A NaR (NaN) operand makes its outputs NaN and takes only its own tile off the register
+/// kernel: the other tiles still equal the definition.
+#[test]
+fn nar_and_nan_take_their_tile_to_the_definition() {
+    on_every_isa(|isa| {
+        for &(op, acc) in PAIRS {
+            let (opf, accf) = (fmt(op), acc.map(fmt));
+            let (m, k, n) = (3, 9, 140);
+            let a = values(&opf, m * k, 7);
+            let mut b = values(&opf, k * n, 8);
+            b[4 * n + 70] = f64::NAN;
+            let what = format!("{op} sums in {acc:?}, {isa:?}, NaN operand");
+            check(&what, &opf, accf.as_ref(), &a, &b, (m, k, n), Bias::None);
+            let kernel = NaiveF32::new(&opf).unwrap();
+            let mut out = vec![0.0; m * n];
+            kernel.gemm(&a, &b, (m, k, n), Bias::None, &mut out, false);
+            assert!(out[70].is_nan() && out[n + 70].is_nan(), "{what}");
+        }
+    });
+}
+
+/// The tile itself finishes in registers for finite operands (it does not hand every tile
+/// to the scalar definition) and its sums equal the definition's before the bias.
+#[test]
+fn tiles_of_finite_operands_finish_in_registers() {
+    on_every_isa(|isa| {
+        for op in ["posit<16,1>", "posit<16,2>", "posit<8,0>", "e4m3", "fp16"] {
+            let f = fmt(op);
+            let plan = F32Plan::new(&f, RuleKind::NearestEven).unwrap();
+            let exact = matches!(op, "posit<16,2>" | "posit<8,0>" | "e4m3");
+            let k = 50;
+            let posit = op.starts_with("posit");
+            // Floats: magnitudes in [1/2, 2), so that sums of 50 products cannot overflow.
+            let moderate = |count: usize, seed: u64| -> Vec<f64> {
+                let mut rng = SplitMix(seed);
+                (0..count)
+                    .map(|_| {
+                        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                        f.round(
+                            4f64.powf(u - 0.5) * (2.0 * (u * 1e6).fract().round() - 1.0),
+                            Rounding::NearestEven,
+                            0,
+                        )
+                    })
+                    .collect()
+            };
+            let (a, b) = if posit {
+                (values(&f, k, 11), values(&f, k * TILE, 12))
+            } else {
+                (moderate(k, 11), moderate(k * TILE, 12))
+            };
+            let a32: Vec<f32> = a.iter().map(|&v| v as f32).collect();
+            let b32: Vec<f32> = b.iter().map(|&v| v as f32).collect();
+            let mut acc = [0f32; TILE];
+            let done = tile(&plan, &plan, exact, &a32, &b32, TILE, &mut acc);
+            let want = reference(&f, None, &a, &b, (1, k, TILE), &Bias::None);
+            assert!(done, "{op} {isa:?}: the tile finished in registers");
+            for (j, (&got, &w)) in acc.iter().zip(&want).enumerate() {
+                assert!(
+                    same(got as f64, w),
+                    "{op} {isa:?} column {j}: {got:e}, definition {w:e}"
+                );
+            }
+        }
+    });
+}
+
+/// posit<16,1> products near 1 have up to 26 bits: pairs whose exact product lies one unit
+/// of 2^-24 off a midpoint between neighbouring posits (where a product rounded to nearest
+/// in f32 would land on the midpoint and round to even, possibly the wrong way). Each pair
+/// is one column: `b` is diagonal, so output `j` is `P(x_j y_j)` plus exact zeros.
+#[test]
+fn posit16_products_next_to_a_midpoint_round_correctly() {
+    let f = fmt("posit<16,1>");
+    // x = 1 + i/4096 and y = 1 + j/4096 are posit<16,1> values (12 fraction bits near 1);
+    // 2^24 x y = (4096 + i)(4096 + j), and the midpoints of [1, 2) are the odd multiples
+    // of 2^11 there.
+    let mut pairs = Vec::new();
+    for i in (1..4096u64).step_by(3) {
+        for j in (1..4096u64).step_by(2) {
+            let p = (4096 + i) * (4096 + j);
+            if p < 1 << 25 && matches!(p % (1 << 12), 2047 | 2049) {
+                pairs.push((1.0 + i as f64 / 4096.0, 1.0 + j as f64 / 4096.0));
+            }
+        }
+    }
+    assert!(pairs.len() >= 2 * TILE, "{} pairs found", pairs.len());
+    on_every_isa(|isa| {
+        for group in pairs.chunks_exact(TILE).take(4) {
+            let a: Vec<f64> = group.iter().map(|p| p.0).collect();
+            let mut b = vec![0.0; TILE * TILE];
+            for (j, p) in group.iter().enumerate() {
+                b[j * TILE + j] = p.1;
+            }
+            let what = format!("pairs from {:?}, {isa:?}", group[0]);
+            check(&what, &f, None, &a, &b, (1, TILE, TILE), Bias::None);
+        }
+    });
+}
