@@ -125,6 +125,32 @@ fn the_transformer_learns_to_route_a_token_to_the_last_position() -> R {
     Ok(())
 }
 
+/// Every GEMM of the transformer (linear layers and attention's products) in posit<16,1>
+/// with a quire: a short run trains, and it is not the run with f32 sums.
+#[test]
+fn the_transformer_trains_with_quire_accumulation() -> R {
+    let data = modadd(MODADD_P)?.subset(128, 64)?;
+    let formats = "weight = \"posit<16,1>\"\nactivation = \"posit<16,1>\"\nerror = \"posit<16,1>\"\ngradient = \"posit<16,1>\"\n";
+    let quire = QConfig::from_toml(&format!("{formats}accumulate = \"quire\"\n"))?;
+    let f32_sums = QConfig::from_toml(formats)?;
+    let opts = options("transformer", 2, 3e-3, 32);
+    let with_quire = train(&data, &opts, &quire, None, true)?;
+    let without = train(&data, &opts, &f32_sums, None, true)?;
+    assert_eq!(with_quire.len(), 2);
+    for e in &with_quire {
+        assert!(e.train_loss.is_finite() && e.test_loss.is_finite(), "{e:?}");
+    }
+    assert!(
+        with_quire[1].train_loss < with_quire[0].train_loss,
+        "the loss falls: {with_quire:?}"
+    );
+    assert_ne!(
+        with_quire[1].train_loss, without[1].train_loss,
+        "exact sums are not f32 sums"
+    );
+    Ok(())
+}
+
 #[test]
 fn lenet5_classic_is_lenet5_with_tanh_and_average_pooling() -> R {
     let varmap = VarMap::new();

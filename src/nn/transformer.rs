@@ -118,9 +118,9 @@ impl Block {
         Ok(Block {
             ln1: ln("ln1")?,
             qkv: QLinear::new(d, 3 * d, vb("qkv"), config)?,
-            scores: QMatMul::new(&name("scores"), config),
+            scores: QMatMul::new(&name("scores"), config)?,
             softmax: QActivation::new(&name("softmax"), Activation::Softmax, config),
-            mix: QMatMul::new(&name("mix"), config),
+            mix: QMatMul::new(&name("mix"), config)?,
             proj: QLinear::new(d, d, vb("proj"), config)?,
             res1: output_quantizer(config, &name("res1")),
             ln2: ln("ln2")?,
