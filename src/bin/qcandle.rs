@@ -231,7 +231,9 @@ struct PtqArgs {
     /// Formats to evaluate (repeatable): posits (a naive and a quire row), floats and
     /// clamped fixed point (a naive row), MX and NVFP4 (f32 sums of operands blocked along
     /// the input channels); each model is also saved. Block floating point and `noclamp`
-    /// fixed point are refused. Default: the quantized model's format, else posit<8,0>.
+    /// fixed point are refused. The transformer is built with a config per row instead:
+    /// float32, float16, and per format f32, naive and (posits) quire sums. Default: the
+    /// quantized model's format, else posit<8,0>.
     #[arg(long = "format")]
     formats: Vec<Format>,
     /// The model of the zoo (default: from the run.json beside the model file, or the
