@@ -449,7 +449,7 @@ fn check_plot_path(path: &std::path::Path) -> Result<()> {
 }
 
 /// The dataset the run holding `model` was trained on, from its run.json: the embedded
-/// subset, or the named dataset read from the directory the run used.
+/// subset, modadd (generated), or the named dataset read from the directory the run used.
 fn dataset_of_run(model: &std::path::Path) -> Result<Option<Dataset>> {
     let Some(dir) = model.parent().filter(|d| d.join("run.json").exists()) else {
         return Ok(None);
@@ -457,6 +457,9 @@ fn dataset_of_run(model: &std::path::Path) -> Result<Option<Dataset>> {
     let run = qcandle::train::load_run(dir)?;
     if run.data == "embedded" {
         return Ok(Some(qcandle::data::embedded()?));
+    }
+    if run.data == qcandle::data::DataSource::MODADD {
+        return Ok(Some(load_data(&run.data, None)?));
     }
     if run.dataset.is_empty() {
         return Ok(None);
