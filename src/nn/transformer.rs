@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Every layer is a quantized block: linear layers are [`QLinear`], the two matrix products of
-//! attention are [`QMatMul`] (operands, product and errors rounded), softmax and GELU are
+//! attention are [`QMatMul`] (operands, product and errors rounded; both summed per the
+//! layer's `accumulate` setting, as the linear layers are), softmax and GELU are
 //! [`QActivation`]s, the norms [`QLayerNorm`]s, and each residual sum has its own quantizer,
 //! since the sum of two values on a grid is off it. The attention scale is applied in f32
 //! before the softmax (as a fused softmax kernel would). No causal mask: the model reads the
