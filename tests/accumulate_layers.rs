@@ -772,8 +772,26 @@ fn check_matmul(
     b_transposed: bool,
     seed: u64,
 ) -> Mismatches {
+    check_matmul_in(case, case.format, lead, (m, k, n), b_transposed, seed)
+}
+
+/// [`check_matmul`] with the error category in `error` (the activation category in the
+/// case's format).
+fn check_matmul_in(
+    case: &Case,
+    error: &str,
+    lead: &[usize],
+    (m, k, n): (usize, usize, usize),
+    b_transposed: bool,
+    seed: u64,
+) -> Mismatches {
     let f = fmt(case.format);
-    let cfg = config(case.format, case.setting);
+    let fe = fmt(error);
+    let cfg = QConfig::from_toml(&format!(
+        "activation = \"{}\"\nerror = \"{error}\"\naccumulate = \"{}\"\n",
+        case.format, case.setting
+    ))
+    .expect("the config parses");
     let op = QMatMul::new("attn", &cfg).expect("op");
     let mut rng = SplitMix(seed);
     let batch: usize = lead.iter().product();
@@ -825,11 +843,12 @@ fn check_matmul(
     // the error quantizer, both gradient products by the rule (error format), and each
     // gradient rounded by its operand's error quantizer.
     let q = |v: f64| f.round(v, qcandle::Rounding::NearestEven, 0);
+    let qe = |v: f64| fe.round(v, qcandle::Rounding::NearestEven, 0);
     let aq: Vec<f64> = a.iter().map(|&v| q(v as f64)).collect();
     let bq: Vec<f64> = b.iter().map(|&v| q(v as f64)).collect();
-    let dy: Vec<f64> = g.iter().map(|&v| q(v as f64)).collect();
+    let dy: Vec<f64> = g.iter().map(|&v| qe(v as f64)).collect();
     let fwd = Arith::new(case.setting, f);
-    let err = Arith::new(case.setting, f);
+    let err = Arith::new(case.setting, fe);
     let op_of = |r: &Arith, v: f64| r.operand(v as f32);
     let mut want_y = vec![0f32; batch * m * n];
     let mut want_da = vec![0f32; batch * m * k];
@@ -859,7 +878,7 @@ fn check_matmul(
                         )
                     })
                     .collect();
-                want_da[ao + i * k + t] = as_grad(q(err.dot(&terms, None) as f32 as f64) as f32);
+                want_da[ao + i * k + t] = as_grad(qe(err.dot(&terms, None) as f32 as f64) as f32);
             }
         }
         for t in 0..k {
@@ -872,7 +891,7 @@ fn check_matmul(
                         )
                     })
                     .collect();
-                want_db[bo + t * n + j] = as_grad(q(err.dot(&terms, None) as f32 as f64) as f32);
+                want_db[bo + t * n + j] = as_grad(qe(err.dot(&terms, None) as f32 as f64) as f32);
             }
         }
     }
@@ -889,7 +908,7 @@ fn check_matmul(
     };
     let mut mm = Mismatches::default();
     let what = format!(
-        "{} {} matmul {lead:?}x{m}x{k}x{n}{}",
+        "{} (errors {error}) {} matmul {lead:?}x{m}x{k}x{n}{}",
         case.format,
         case.setting,
         if b_transposed { " (bᵀ)" } else { "" }
@@ -918,6 +937,40 @@ fn attention_matmuls_equal_the_reference_in_every_rule() {
         }
     }
     m.assert_none_of("attention matmuls", checked);
+}
+
+/// The product computes in the activation format and both gradients in the error format:
+/// with the two formats apart, a rule taken from the wrong one shows.
+#[test]
+fn attention_matmul_gradients_compute_in_the_error_format() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (format, setting, error) in [
+        ("posit<16,1>", "naive", "posit<8,0>"),
+        ("posit<16,1>", "quire", "posit<8,2>"),
+        ("e4m3", "fma:fp32", "e5m2"),
+        ("bf16", "naive", "fp16"),
+    ] {
+        let case = Case {
+            format,
+            setting,
+            lo: -6,
+            hi: 2,
+        };
+        for (lead, dims, transposed) in [(vec![2, 3], (4, 7, 3), true), (vec![3], (3, 9, 2), false)]
+        {
+            m = m.merge(check_matmul_in(
+                &case,
+                error,
+                &lead,
+                dims,
+                transposed,
+                7 + checked,
+            ));
+            checked += 1;
+        }
+    }
+    m.assert_none_of("attention matmuls with their own error format", checked);
 }
 
 /// The matmul's rules come from its own `[[layer]]` entry: a pattern naming the products
