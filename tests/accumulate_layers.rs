@@ -28,7 +28,7 @@ use num_bigint::BigInt;
 use num_traits::Zero;
 use qcandle::format::rounding::NearestEven;
 use qcandle::lns::{GaussLog, LnsArith, LnsValue};
-use qcandle::nn::{QConfig, QConv2d, QLinear};
+use qcandle::nn::{QConfig, QConv2d, QLinear, QMatMul};
 use qcandle::quire::{rule_linear, Accumulate, LayerArith};
 use qcandle::Format;
 
@@ -759,4 +759,267 @@ fn conv_layers_equal_the_reference_in_every_rule() {
         }
     }
     m.assert_none_of("conv layers", checked);
+}
+
+/// `QMatMul` with `setting`: the product and the gradients of `sum(y · g)` w.r.t. both
+/// operands against the reference; `lead` are the batch dimensions. With `b_transposed` the
+/// right operand is handed over as the transpose of a `(.., n, k)` variable (as attention
+/// hands over `kᵀ`).
+fn check_matmul(
+    case: &Case,
+    lead: &[usize],
+    (m, k, n): (usize, usize, usize),
+    b_transposed: bool,
+    seed: u64,
+) -> Mismatches {
+    check_matmul_in(case, case.format, lead, (m, k, n), b_transposed, seed)
+}
+
+/// [`check_matmul`] with the error category in `error` (the activation category in the
+/// case's format).
+fn check_matmul_in(
+    case: &Case,
+    error: &str,
+    lead: &[usize],
+    (m, k, n): (usize, usize, usize),
+    b_transposed: bool,
+    seed: u64,
+) -> Mismatches {
+    let f = fmt(case.format);
+    let fe = fmt(error);
+    let cfg = QConfig::from_toml(&format!(
+        "activation = \"{}\"\nerror = \"{error}\"\naccumulate = \"{}\"\n",
+        case.format, case.setting
+    ))
+    .expect("the config parses");
+    let op = QMatMul::new("attn", &cfg).expect("op");
+    let mut rng = SplitMix(seed);
+    let batch: usize = lead.iter().product();
+    let (lo, hi) = (case.lo, case.hi);
+    let a = random_values(&mut rng, batch * m * k, lo, hi);
+    let b = random_values(&mut rng, batch * k * n, lo, hi);
+    let g: Vec<f32> = (0..batch * m * n)
+        .map(|_| rng.float_between(lo, hi) as f32)
+        .collect();
+    let shape = |r: usize, c: usize| {
+        let mut s = lead.to_vec();
+        s.extend([r, c]);
+        s
+    };
+    let av =
+        Var::from_tensor(&Tensor::from_vec(a.clone(), shape(m, k), &Device::Cpu).unwrap()).unwrap();
+    // The variable holds `b` as stored (`k x n` per batch element) or its transpose.
+    let bv = if b_transposed {
+        let bt: Vec<f32> = (0..batch * n * k)
+            .map(|i| {
+                let (bi, r) = (i / (n * k), i % (n * k));
+                b[bi * k * n + (r % k) * n + r / k]
+            })
+            .collect();
+        Var::from_tensor(&Tensor::from_vec(bt, shape(n, k), &Device::Cpu).unwrap()).unwrap()
+    } else {
+        Var::from_tensor(&Tensor::from_vec(b.clone(), shape(k, n), &Device::Cpu).unwrap()).unwrap()
+    };
+    let rank = lead.len() + 2;
+    let b_in = if b_transposed {
+        bv.as_tensor().transpose(rank - 2, rank - 1).unwrap()
+    } else {
+        bv.as_tensor().clone()
+    };
+    let y = op.forward(av.as_tensor(), &b_in).expect("forward");
+    assert_eq!(y.dims(), shape(m, n).as_slice());
+    let gt = Tensor::from_vec(g.clone(), shape(m, n), &Device::Cpu).unwrap();
+    let grads = (&y * &gt)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .expect("backward");
+    let da = f32s(grads.get(av.as_tensor()).expect("dA"));
+    let db_stored = f32s(grads.get(bv.as_tensor()).expect("dB"));
+
+    // The reference: the operands rounded by the activation quantizer, the products by the
+    // rule, the output by the activation quantizer again; the incoming gradient rounded by
+    // the error quantizer, both gradient products by the rule (error format), and each
+    // gradient rounded by its operand's error quantizer.
+    let q = |v: f64| f.round(v, qcandle::Rounding::NearestEven, 0);
+    let qe = |v: f64| fe.round(v, qcandle::Rounding::NearestEven, 0);
+    let aq: Vec<f64> = a.iter().map(|&v| q(v as f64)).collect();
+    let bq: Vec<f64> = b.iter().map(|&v| q(v as f64)).collect();
+    let dy: Vec<f64> = g.iter().map(|&v| qe(v as f64)).collect();
+    let fwd = Arith::new(case.setting, f);
+    let err = Arith::new(case.setting, fe);
+    let op_of = |r: &Arith, v: f64| r.operand(v as f32);
+    let mut want_y = vec![0f32; batch * m * n];
+    let mut want_da = vec![0f32; batch * m * k];
+    let mut want_db = vec![0f32; batch * k * n];
+    for bi in 0..batch {
+        let (ao, bo, yo) = (bi * m * k, bi * k * n, bi * m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let terms: Vec<(f64, f64)> = (0..k)
+                    .map(|t| {
+                        (
+                            op_of(&fwd, aq[ao + i * k + t]),
+                            op_of(&fwd, bq[bo + t * n + j]),
+                        )
+                    })
+                    .collect();
+                want_y[yo + i * n + j] = q(fwd.dot(&terms, None) as f32 as f64) as f32;
+            }
+        }
+        for i in 0..m {
+            for t in 0..k {
+                let terms: Vec<(f64, f64)> = (0..n)
+                    .map(|j| {
+                        (
+                            op_of(&err, dy[yo + i * n + j]),
+                            op_of(&err, bq[bo + t * n + j]),
+                        )
+                    })
+                    .collect();
+                want_da[ao + i * k + t] = as_grad(qe(err.dot(&terms, None) as f32 as f64) as f32);
+            }
+        }
+        for t in 0..k {
+            for j in 0..n {
+                let terms: Vec<(f64, f64)> = (0..m)
+                    .map(|i| {
+                        (
+                            op_of(&err, aq[ao + i * k + t]),
+                            op_of(&err, dy[yo + i * n + j]),
+                        )
+                    })
+                    .collect();
+                want_db[bo + t * n + j] = as_grad(qe(err.dot(&terms, None) as f32 as f64) as f32);
+            }
+        }
+    }
+    // The gradient of a transposed variable, back in `k x n` order.
+    let db: Vec<f32> = if b_transposed {
+        (0..batch * k * n)
+            .map(|i| {
+                let (bi, r) = (i / (k * n), i % (k * n));
+                db_stored[bi * n * k + (r % n) * k + r / n]
+            })
+            .collect()
+    } else {
+        db_stored
+    };
+    let mut mm = Mismatches::default();
+    let what = format!(
+        "{} (errors {error}) {} matmul {lead:?}x{m}x{k}x{n}{}",
+        case.format,
+        case.setting,
+        if b_transposed { " (bᵀ)" } else { "" }
+    );
+    compare(&mut mm, &format!("{what} y"), &f32s(&y), &want_y);
+    compare(&mut mm, &format!("{what} dA"), &da, &want_da);
+    compare(&mut mm, &format!("{what} dB"), &db, &want_db);
+    mm
+}
+
+#[test]
+fn attention_matmuls_equal_the_reference_in_every_rule() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (i, case) in CASES.iter().enumerate() {
+        for (lead, dims, transposed) in [
+            (vec![3], (3, 5, 2), false),
+            (vec![2, 3], (4, 7, 3), true),
+            (vec![1], (1, 1, 1), false),
+            (vec![2, 1, 2], (2, 33, 5), true),
+            (vec![4], (5, 2, 6), false),
+        ] {
+            let r = check_matmul(case, &lead, dims, transposed, 100 + i as u64);
+            checked += 1;
+            m = m.merge(r);
+        }
+    }
+    m.assert_none_of("attention matmuls", checked);
+}
+
+/// The product computes in the activation format and both gradients in the error format:
+/// with the two formats apart, a rule taken from the wrong one shows.
+#[test]
+fn attention_matmul_gradients_compute_in_the_error_format() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (format, setting, error) in [
+        ("posit<16,1>", "naive", "posit<8,0>"),
+        ("posit<16,1>", "quire", "posit<8,2>"),
+        ("e4m3", "fma:fp32", "e5m2"),
+        ("bf16", "naive", "fp16"),
+    ] {
+        let case = Case {
+            format,
+            setting,
+            lo: -6,
+            hi: 2,
+        };
+        for (lead, dims, transposed) in [(vec![2, 3], (4, 7, 3), true), (vec![3], (3, 9, 2), false)]
+        {
+            m = m.merge(check_matmul_in(
+                &case,
+                error,
+                &lead,
+                dims,
+                transposed,
+                7 + checked,
+            ));
+            checked += 1;
+        }
+    }
+    m.assert_none_of("attention matmuls with their own error format", checked);
+}
+
+/// The matmul's rules come from its own `[[layer]]` entry: a pattern naming the products
+/// gives them the rule, other products keep f32 sums, and a setting the formats cannot take
+/// is refused when the product is built, naming it.
+#[test]
+fn layer_patterns_reach_the_attention_matmuls() {
+    let base = "activation = \"posit<8,0>\"\nerror = \"posit<8,0>\"\n";
+    let patterned = QConfig::from_toml(&format!(
+        "{base}[[layer]]\npattern = \"*.scores\"\naccumulate = \"naive\"\n"
+    ))
+    .expect("config");
+    let global = QConfig::from_toml(&format!("{base}accumulate = \"naive\"\n")).expect("config");
+    let mut rng = SplitMix(7);
+    let a = Tensor::from_vec(
+        random_values(&mut rng, 2 * 3 * 40, -4, 2),
+        (2, 3, 40),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let b = Tensor::from_vec(
+        random_values(&mut rng, 2 * 40 * 4, -4, 2),
+        (2, 40, 4),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let run = |name: &str, cfg: &QConfig| {
+        f32s(&QMatMul::new(name, cfg).unwrap().forward(&a, &b).unwrap())
+    };
+    let naive = run("x", &global);
+    assert_eq!(run("block0.scores", &patterned), naive);
+    assert_ne!(
+        run("block0.mix", &patterned),
+        naive,
+        "f32 sums do not round each partial sum"
+    );
+
+    let float = QConfig::from_toml(
+        "activation = \"e4m3\"\nerror = \"e4m3\"\n[[layer]]\npattern = \"*.mix\"\naccumulate = \"quire\"\n",
+    )
+    .expect("config");
+    assert!(QMatMul::new("block0.scores", &float).is_ok());
+    let e = QMatMul::new("block0.mix", &float).unwrap_err().to_string();
+    assert!(
+        e.contains("block0.mix") && e.contains("quire needs a posit"),
+        "{e}"
+    );
+    let no_error = QConfig::from_toml("activation = \"posit<16,1>\"\naccumulate = \"naive\"\n")
+        .expect("config");
+    let e = QMatMul::new("attn", &no_error).unwrap_err().to_string();
+    assert!(e.contains("needs an error format"), "{e}");
 }

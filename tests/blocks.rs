@@ -309,7 +309,7 @@ fn norms_backward_matches_finite_differences() -> R {
 
 #[test]
 fn attention_matmul_rounds_operands_product_and_errors() -> R {
-    let op = QMatMul::new("attn", &config());
+    let op = QMatMul::new("attn", &config())?;
     let a = Var::from_tensor(&randn(&[2, 3, 4, 5], 3, DType::F32))?;
     let b = Var::from_tensor(&randn(&[2, 3, 5, 6], 4, DType::F32))?;
     let y = op.forward(&a, &b)?;
@@ -327,7 +327,7 @@ fn attention_matmul_rounds_operands_product_and_errors() -> R {
 
 #[test]
 fn attention_matmul_refuses_mismatched_shapes_and_matches_finite_differences() -> R {
-    let op = QMatMul::new("attn", &QConfig::float32());
+    let op = QMatMul::new("attn", &QConfig::float32())?;
     let a = randn(&[2, 4, 5], 3, DType::F32);
     let e = op
         .forward(&a, &randn(&[3, 5, 6], 3, DType::F32))

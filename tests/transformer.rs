@@ -125,6 +125,32 @@ fn the_transformer_learns_to_route_a_token_to_the_last_position() -> R {
     Ok(())
 }
 
+/// Every GEMM of the transformer (linear layers and attention's products) in posit<16,1>
+/// with a quire: a short run trains, and it is not the run with f32 sums.
+#[test]
+fn the_transformer_trains_with_quire_accumulation() -> R {
+    let data = modadd(MODADD_P)?.subset(128, 64)?;
+    let formats = "weight = \"posit<16,1>\"\nactivation = \"posit<16,1>\"\nerror = \"posit<16,1>\"\ngradient = \"posit<16,1>\"\n";
+    let quire = QConfig::from_toml(&format!("{formats}accumulate = \"quire\"\n"))?;
+    let f32_sums = QConfig::from_toml(formats)?;
+    let opts = options("transformer", 2, 3e-3, 32);
+    let with_quire = train(&data, &opts, &quire, None, true)?;
+    let without = train(&data, &opts, &f32_sums, None, true)?;
+    assert_eq!(with_quire.len(), 2);
+    for e in &with_quire {
+        assert!(e.train_loss.is_finite() && e.test_loss.is_finite(), "{e:?}");
+    }
+    assert!(
+        with_quire[1].train_loss < with_quire[0].train_loss,
+        "the loss falls: {with_quire:?}"
+    );
+    assert_ne!(
+        with_quire[1].train_loss, without[1].train_loss,
+        "exact sums are not f32 sums"
+    );
+    Ok(())
+}
+
 #[test]
 fn lenet5_classic_is_lenet5_with_tanh_and_average_pooling() -> R {
     let varmap = VarMap::new();
@@ -160,16 +186,91 @@ fn lenet5_classic_is_lenet5_with_tanh_and_average_pooling() -> R {
     Ok(())
 }
 
+/// ptq of a trained transformer: the float32 row is the run's final test accuracy, and each
+/// posit row is the model built from the trained variables with the row's config and
+/// evaluated as training evaluates; rows that do not apply are left out with a note.
 #[test]
-fn ptq_refuses_the_transformer() -> R {
+fn ptq_evaluates_the_transformer_with_a_config_per_row() -> R {
     let dir = tempfile::tempdir()?;
-    let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    ModelKind::Transformer.build(vb, &QConfig::float32())?;
-    let path = dir.path().join("model.safetensors");
-    varmap.save(&path)?;
-    let e = qcandle::ptq::read_weights(&path, Some(ModelKind::Transformer)).unwrap_err();
-    assert!(format!("{e:#}").contains("transformer is not one"), "{e:#}");
+    let run = dir.path().join("run");
+    let data = modadd(MODADD_P)?.subset(256, 300)?;
+    let epochs = train(
+        &data,
+        &options("transformer", 1, 3e-3, 32),
+        &QConfig::float32(),
+        Some(&run),
+        true,
+    )?;
+    let trained = epochs.last().unwrap().top1;
+    let model = run.join("model.safetensors");
+    let weights = qcandle::ptq::read_weights(&model, Some(ModelKind::Transformer))?;
+    let formats: Vec<qcandle::Format> = vec!["posit<16,1>".parse()?];
+    let report = qcandle::ptq::run(
+        &weights,
+        &data,
+        &formats,
+        &dir.path().join("ptq"),
+        1,
+        &Device::Cpu,
+        |_, _| {},
+    )?;
+    let rows: Vec<String> = report.rows.iter().map(|(m, _)| m.to_string()).collect();
+    let want = [
+        "float32",
+        "float16",
+        "posit<16,1> f32",
+        "posit<16,1> naive",
+        "posit<16,1> quire",
+    ];
+    assert_eq!(rows, want);
+    assert!(
+        report.markdown.contains("int8 omitted"),
+        "{}",
+        report.markdown
+    );
+    let (rows, notes) = qcandle::ptq::built::methods(&["bf16".parse()?]);
+    let rows: Vec<String> = rows.iter().map(|m| m.to_string()).collect();
+    assert_eq!(rows, ["float32", "float16", "bf16 f32", "bf16 naive"]);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("bf16 quire omitted: quire needs a posit format")),
+        "{notes:?}"
+    );
+    let top1 = |row: &str| {
+        report
+            .rows
+            .iter()
+            .find(|(m, _)| m.to_string() == row)
+            .unwrap()
+            .1
+            .top1
+    };
+    assert_eq!(top1("float32"), trained);
+
+    // The same rows computed another way: the trained variables loaded into a VarMap, the
+    // model built with a config that rounds weights and activations, evaluated by training's
+    // test pass.
+    let posit = "weight = \"posit<16,1>\"\nactivation = \"posit<16,1>\"\nerror = \"posit<16,1>\"\ngradient = \"posit<16,1>\"\n";
+    for (accumulate, row) in [
+        ("naive", "posit<16,1> naive"),
+        ("quire", "posit<16,1> quire"),
+    ] {
+        let config = QConfig::from_toml(&format!("{posit}accumulate = \"{accumulate}\"\n"))?;
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let built = ModelKind::Transformer.build(vb, &config)?;
+        varmap.load(&model)?;
+        let (_, want, _) = qcandle::train::evaluate(&built, &data, &Device::Cpu)?;
+        assert_eq!(top1(row), want, "{row}");
+    }
+    // The rounded rows are not the float32 row over again.
+    let differs = report
+        .rows
+        .iter()
+        .skip(1)
+        .any(|(_, s)| s.top1 != trained || s.tied > 0.0);
+    assert!(differs, "{}", report.markdown);
     Ok(())
 }
 

@@ -233,7 +233,9 @@ struct PtqArgs {
     /// Formats to evaluate (repeatable): posits (a naive and a quire row), floats and
     /// clamped fixed point (a naive row), MX and NVFP4 (f32 sums of operands blocked along
     /// the input channels); each model is also saved. Block floating point and `noclamp`
-    /// fixed point are refused. Default: the quantized model's format, else posit<8,0>.
+    /// fixed point are refused. The transformer is built with a config per row instead:
+    /// float32, float16, and per format f32, naive and (posits) quire sums. Default: the
+    /// quantized model's format, else posit<8,0>.
     #[arg(long = "format")]
     formats: Vec<Format>,
     /// The model of the zoo (default: from the run.json beside the model file, or the
@@ -458,7 +460,7 @@ fn check_plot_path(path: &std::path::Path) -> Result<()> {
 }
 
 /// The dataset the run holding `model` was trained on, from its run.json: the embedded
-/// subset, or the named dataset read from the directory the run used.
+/// subset, modadd (generated), or the named dataset read from the directory the run used.
 fn dataset_of_run(model: &std::path::Path) -> Result<Option<Dataset>> {
     let Some(dir) = model.parent().filter(|d| d.join("run.json").exists()) else {
         return Ok(None);
@@ -466,6 +468,9 @@ fn dataset_of_run(model: &std::path::Path) -> Result<Option<Dataset>> {
     let run = qcandle::train::load_run(dir)?;
     if run.data == "embedded" {
         return Ok(Some(qcandle::data::embedded()?));
+    }
+    if run.data == qcandle::data::DataSource::MODADD {
+        return Ok(Some(load_data(&run.data, None)?));
     }
     if run.dataset.is_empty() {
         return Ok(None);

@@ -19,8 +19,10 @@
 //!   intermediates are straight-through in backward.
 //! - [`QMatMul`]: `y = Q_act(Q_act(a) · Q_act(b))`, batched over the leading dimensions, the
 //!   error rounded before the product's backward and again before it reaches each operand.
-//!   The products are summed in f32 (the layer's accumulation rule for linear layers does not
-//!   reach this op yet).
+//!   The products are summed in f32, or, with an `accumulate` setting other than `f32`, in
+//!   the layer's simulated arithmetic as a linear layer's GEMMs are: the product in the
+//!   activation format, both operand gradients in the error format
+//!   ([`crate::quire::rule_matmul`]).
 //! - [`QAvgPool2d`]: `y = Q_act(avg_pool(x))`; the mean of values on a grid is off it, so
 //!   unlike max-pooling the pool needs its own quantizer.
 //! - [`QActivation`]: `y = Q_act(f(x))` for TanH, GELU (erf and tanh forms), SiLU, sigmoid
@@ -38,6 +40,7 @@ use candle_nn::VarBuilder;
 use crate::nn::config::{Category, QConfig};
 use crate::nn::layers::output_quantizer;
 use crate::ops::{quantize, Quant, Quantizer};
+use crate::quire::{rule_matmul, MatMulArith};
 
 /// Rounds `t` to `q` (straight-through) when a format is set.
 fn round(t: &Tensor, q: Option<&Quant>) -> Result<Tensor> {
@@ -334,17 +337,28 @@ impl Module for QRmsNorm {
 #[derive(Debug, Clone)]
 pub struct QMatMul {
     quantizer: Option<Quantizer>,
+    /// The rules of the product's GEMMs; `None` for `accumulate = "f32"`.
+    arith: Option<MatMulArith>,
     name: String,
 }
 
 impl QMatMul {
     /// The product named `name`: its operands and result are rounded with that layer's
-    /// activation format, their errors with its error format.
-    pub fn new(name: &str, config: &QConfig) -> Self {
-        QMatMul {
+    /// activation format, their errors with its error format, and the products computed
+    /// per its `accumulate` setting. A setting the formats cannot take is an error.
+    pub fn new(name: &str, config: &QConfig) -> Result<Self> {
+        let format = |c: Category| config.layer(name).get(c).map(|s| s.format);
+        let arith = MatMulArith::new(
+            &config.accumulate(name),
+            format(Category::Activation),
+            format(Category::Error),
+        )
+        .map_err(|e| candle_core::Error::Msg(format!("matmul {name}: {e}")))?;
+        Ok(QMatMul {
             quantizer: output_quantizer(config, name),
+            arith,
             name: name.to_string(),
-        }
+        })
     }
 
     /// The op's name.
@@ -369,7 +383,11 @@ impl QMatMul {
         let q = self.quantizer.as_ref();
         let a = round_output(a.clone(), q)?;
         let b = round_output(b.clone(), q)?;
-        round_output(a.contiguous()?.matmul(&b.contiguous()?)?, q)
+        let y = match &self.arith {
+            Some(arith) => rule_matmul(&a, &b, arith)?,
+            None => a.contiguous()?.matmul(&b.contiguous()?)?,
+        };
+        round_output(y, q)
     }
 
     /// The op's quantizers (clones sharing their call counters).

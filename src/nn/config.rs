@@ -469,6 +469,24 @@ impl QConfig {
         }
     }
 
+    /// Every variable of `varmap` with its optimizer quantizers ([`QConfig::param_quant`]),
+    /// sorted by name: what [`OptimLp::new`](crate::optim::OptimLp::new) takes.
+    pub fn param_quants(
+        &self,
+        varmap: &candle_nn::VarMap,
+    ) -> candle_core::Result<Vec<(candle_core::Var, ParamQuant)>> {
+        let data = varmap
+            .data()
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("poisoned var map".into()))?;
+        let mut vars: Vec<(&String, &candle_core::Var)> = data.iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(b.0));
+        Ok(vars
+            .into_iter()
+            .map(|(name, var)| (var.clone(), self.param_quant(name)))
+            .collect())
+    }
+
     fn from_value(value: &Value) -> Result<Self, ConfigError> {
         let map = value
             .as_object()

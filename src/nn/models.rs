@@ -27,8 +27,8 @@
 //! The transformer ([`crate::nn::transformer`]) takes rows of 3 token ids, held as f32
 //! "images" (N, 1, 1, 3) so it runs on the same datasets' plumbing (`--data modadd`), and
 //! returns logits (N, 97). It is not a list of stages: its [`plan`](ModelKind::plan) is
-//! empty and [`has_plan`](ModelKind::has_plan) is false, so post-training quantization,
-//! which replays plans, refuses it.
+//! empty and [`has_plan`](ModelKind::has_plan) is false, so post-training quantization
+//! builds it with a config per row instead of replaying a plan ([`crate::ptq::built`]).
 //!
 //! CifarNet is TF-slim's CIFAR-10 network without local response normalisation and
 //! dropout, with 2x2 pooling: conv 5x5 (64, same) → ReLU → max-pool 2 → conv 5x5 (64, same)
@@ -95,7 +95,7 @@ impl ModelKind {
     }
 
     /// Whether the model is a [plan](Self::plan) of stages (every image model), which
-    /// post-training quantization can replay; the transformer is not.
+    /// post-training quantization can replay; the transformer is not (ptq builds it per row).
     pub fn has_plan(self) -> bool {
         self != ModelKind::Transformer
     }

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Every layer is a quantized block: linear layers are [`QLinear`], the two matrix products of
-//! attention are [`QMatMul`] (operands, product and errors rounded), softmax and GELU are
+//! attention are [`QMatMul`] (operands, product and errors rounded; both summed per the
+//! layer's `accumulate` setting, as the linear layers are), softmax and GELU are
 //! [`QActivation`]s, the norms [`QLayerNorm`]s, and each residual sum has its own quantizer,
 //! since the sum of two values on a grid is off it. The attention scale is applied in f32
 //! before the softmax (as a fused softmax kernel would). No causal mask: the model reads the
@@ -118,9 +119,9 @@ impl Block {
         Ok(Block {
             ln1: ln("ln1")?,
             qkv: QLinear::new(d, 3 * d, vb("qkv"), config)?,
-            scores: QMatMul::new(&name("scores"), config),
+            scores: QMatMul::new(&name("scores"), config)?,
             softmax: QActivation::new(&name("softmax"), Activation::Softmax, config),
-            mix: QMatMul::new(&name("mix"), config),
+            mix: QMatMul::new(&name("mix"), config)?,
             proj: QLinear::new(d, d, vb("proj"), config)?,
             res1: output_quantizer(config, &name("res1")),
             ln2: ln("ln2")?,

@@ -25,6 +25,12 @@
 //! | block floating point                        | refused: it rounds whole blocks, not single operations | none |
 //! | MX, NVFP4 (without `<dim=...>`)             | f32 sums of block-scaled operands | packed codes and scales, f32 biases |
 //!
+//! The table above is that of the models made of convolution and linear stages, which ptq
+//! replays stage by stage ([`arith`]). A model without such a plan (the transformer) is
+//! evaluated by building it with one config per row instead ([`built`]): float32, float16
+//! and, per format, f32, naive and quire sums where the format takes them; rows that do not
+//! apply are left out with a note in the report.
+//!
 //! A model holding NaN or infinite parameters is refused when it is read (see
 //! [`model_file`]): the scores of a diverged model would be meaningless, and formats
 //! without NaN could not save it.
@@ -40,17 +46,18 @@
 
 pub mod arith;
 pub mod block_file;
+pub mod built;
 pub mod checks;
 pub mod model_file;
 
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::DType;
+use candle_core::{DType, Device, Tensor};
 
 use crate::data::Dataset;
 use crate::format::Format;
-use crate::quire::Accumulation;
+use crate::quire::{Accumulate, Accumulation};
 use arith::{run_plan, Arithmetic, BlockScaled, Float16, Float32, Int8, PositGemm};
 pub use checks::{check_formats, model_file_name, prepare_out_dir};
 pub use model_file::{encode, read_weights, write_encoded, write_quantized, Encoded, Weights};
@@ -80,6 +87,14 @@ pub enum Method {
         /// The block-scaled format.
         format: Format,
     },
+    /// A model without a plan built with weights and activations in `format` and its GEMMs
+    /// summed per `accumulate` ([`built`]).
+    Config {
+        /// The number format.
+        format: Format,
+        /// How the linear layers and attention's products sum.
+        accumulate: Accumulate,
+    },
 }
 
 impl std::fmt::Display for Method {
@@ -96,6 +111,7 @@ impl std::fmt::Display for Method {
                 write!(f, "{format} {how}")
             }
             Method::BlockScaled { format } => write!(f, "{format} f32"),
+            Method::Config { format, accumulate } => write!(f, "{format} {accumulate}"),
         }
     }
 }
@@ -149,14 +165,26 @@ pub fn top_is_tied(logits: &[f64]) -> bool {
 /// Evaluates `arith` on the test split of `data`, on the device of `weights` (which `arith`
 /// was made from).
 pub fn evaluate(weights: &Weights, arith: &dyn Arithmetic, data: &Dataset) -> Result<Score> {
+    let device = weights.device();
+    score(data, &device, |images: &Tensor| {
+        let images = images.to_device(&device)?;
+        Ok(run_plan(weights.model, arith, &images, |_, _| Ok(()))?)
+    })
+}
+
+/// The score of `logits_of` (a batch of test inputs to its logits) on the test split of
+/// `data`, read in batches of 1000.
+pub fn score(
+    data: &Dataset,
+    device: &Device,
+    logits_of: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Score> {
     let start = Instant::now();
     let (mut top1, mut top5, mut tied, mut n) = (0usize, 0usize, 0usize, 0usize);
     let (mut lost, mut won) = (0usize, 0usize);
-    let device = weights.device();
     for batch in data.test_batches(1000)? {
         let (images, labels) = batch?;
-        let images = images.to_device(&device)?;
-        let logits = run_plan(weights.model, arith, &images, |_, _| Ok(()))?
+        let logits = logits_of(&images.to_device(device)?)?
             .to_dtype(DType::F64)?
             .to_vec2::<f64>()?;
         for (row, &label) in logits.iter().zip(&labels.to_vec1::<u32>()?) {
@@ -202,6 +230,9 @@ pub fn arithmetic(
         }
         Method::Format { format, acc } => Box::new(PositGemm::new(weights, format, acc)?),
         Method::BlockScaled { format } => Box::new(BlockScaled::new(weights, format)?),
+        Method::Config { .. } => {
+            anyhow::bail!("{method} is a row of models built from a config ([`built`])")
+        }
     })
 }
 
@@ -215,9 +246,20 @@ pub fn evaluate_methods(
 ) -> Result<Vec<(Method, Score)>> {
     check_formats(formats)?;
     let mut rows = Vec::new();
-    for method in methods(formats) {
-        let arith = arithmetic(method, weights, data).with_context(|| format!("{method}"))?;
-        let score = evaluate(weights, arith.as_ref(), data).with_context(|| format!("{method}"))?;
+    let methods = match weights.model.has_plan() {
+        true => methods(formats),
+        false => built::methods(formats).0,
+    };
+    for method in methods {
+        let score = match weights.model.has_plan() {
+            true => {
+                let arith =
+                    arithmetic(method, weights, data).with_context(|| format!("{method}"))?;
+                evaluate(weights, arith.as_ref(), data)
+            }
+            false => built::evaluate(weights, method, data),
+        }
+        .with_context(|| format!("{method}"))?;
         progress(method, &score);
         rows.push((method, score));
     }
@@ -295,6 +337,14 @@ pub fn run(
     report.push_str(
         "\nTop-1/top-5 ties go to the lower class index (a stable sort of the logits).\n",
     );
+    if !weights.model.has_plan() {
+        report.push_str(
+            "Rows built from configs (weights and activations rounded to the format, the linear layers and attention's products summed per the row's accumulate setting; see `qcandle::ptq::built`).\n",
+        );
+        for note in built::methods(formats).1 {
+            report.push_str(&format!("{note}\n"));
+        }
+    }
     for model in &models {
         let path = out.join(model_file_name(&model.format));
         let bytes = write_encoded(&path, model)?;

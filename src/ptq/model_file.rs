@@ -204,13 +204,6 @@ pub fn read_weights(path: &Path, model: Option<ModelKind>) -> Result<Weights> {
             path.display()
         ),
     };
-    if !model.has_plan() {
-        bail!(
-            "{}: post-training quantization replays models made of convolution and linear \
-             stages; {model} is not one (train it with a config instead)",
-            path.display()
-        );
-    }
     let format = format_from_metadata(&metadata, path)?;
     if let Some(f) = format.filter(is_block_scaled) {
         let values = block_file::decode(tensors, &metadata, &f)

@@ -1,6 +1,7 @@
-//! What the layer ops of [`super::layer_linear`] and [`super::layer_conv`] share: checks of
-//! their input tensors, f32 data out of tensors and storages, transposes, results back into
-//! tensors, and the candle op glue ([`LayerOp`], [`apply`]).
+//! What the layer ops of [`super::layer_linear`], [`super::layer_conv`] and
+//! [`super::layer_matmul`] share: checks of their input tensors, f32 data out of tensors and
+//! storages, transposes, results back into tensors, and the candle op glue ([`LayerOp`],
+//! [`apply`]).
 
 use candle_core::{
     bail, CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,

@@ -15,8 +15,9 @@
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
 //!   `naive:<format>`, `fma:<format>`, `lns:<impl>`) and the rule of each; [`rule`] resolves
 //!   it for one GEMM's format; [`gemm_acc`] and [`gemm_lns`] are the kernels of the
-//!   accumulator-format and LNS rules; [`layer_linear`] and [`layer_conv`] are the layers'
-//!   GEMMs with their backward passes.
+//!   accumulator-format and LNS rules; [`layer_linear`], [`layer_conv`] and
+//!   [`layer_matmul`] (attention's batched products) are the layers' GEMMs with their
+//!   backward passes.
 
 pub mod accumulate;
 pub mod accumulator;
@@ -30,6 +31,7 @@ pub mod int_round;
 pub mod layer_conv;
 mod layer_io;
 pub mod layer_linear;
+pub mod layer_matmul;
 pub mod naive_f32;
 pub mod naive_lanes;
 pub mod ops;
@@ -41,5 +43,6 @@ pub use accumulate::{Accumulate, AccumulateError, LnsSum};
 pub use accumulator::Quire;
 pub use layer_conv::rule_conv2d;
 pub use layer_linear::rule_linear;
+pub use layer_matmul::{rule_matmul, MatMulArith};
 pub use ops::{conv2d, linear, matmul, naive_matmul, quire_matmul, Accumulation};
 pub use rule::{GemmRule, LayerArith};
