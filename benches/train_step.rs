@@ -18,6 +18,8 @@ mod epochs;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use qcandle::nn::QConfig;
+use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
 
 fn bench_train_step(c: &mut Criterion) {
     threads::tune_cpu_threads();
