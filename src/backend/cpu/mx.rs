@@ -30,6 +30,7 @@ use super::{fill_dispatch, for_each_chunk, map_elements, Element};
 use super::{CHUNK, RUN};
 use crate::backend::mx_plan::{mag_bits, MxBlock, MxF32Plan};
 use crate::backend::nvfp4_plan::{Nvfp4F32Plan, Nvfp4Scales};
+use crate::backend::nvfp4_stochastic_plan::{Nvfp4SrPlan, SrBlock};
 use crate::format::mx::{MxGrid, MX_BLOCK};
 use crate::format::nvfp4::NVFP4_BLOCK;
 use crate::format::rounding::RuleKind;
@@ -543,12 +544,11 @@ pub(crate) fn quantize_nvfp4<T: Element, R: RoundingRule>(
     let s_t = Nvfp4::tensor_scale(tensor_max);
     if let Some(out) = T::as_f32s_mut(dst) {
         let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        let aligned = grid.inner() == 1 && grid.len().is_multiple_of(NVFP4_BLOCK);
         match Nvfp4F32Plan::new(s_t, R::KIND) {
-            Some(plan) if grid.inner() == 1 && grid.len().is_multiple_of(NVFP4_BLOCK) => {
-                nvfp4_aligned(src, out, &plan)
-            }
+            Some(plan) if aligned => nvfp4_aligned(src, out, &plan),
             Some(plan) => nvfp4_walked(src, out, grid, &plan),
-            None => nvfp4_scalar_f32(src, out, grid, s_t, rule, stream),
+            None => nvfp4_stochastic(src, out, grid, s_t, rule, stream),
         }
         return Ok(());
     }
@@ -652,9 +652,44 @@ fn nvfp4_walked(src: Option<&[f32]>, dst: &mut [f32], grid: MxGrid, plan: &Nvfp4
     for_each_chunk(dst, work);
 }
 
-/// Stochastic NVFP4 on f32: the scalar rule per element (on the f64 quotient), with the
-/// block scales from the maxima's bits and the random words drawn per run.
-fn nvfp4_scalar_f32<R: RoundingRule>(
+/// The staged inputs of one run of stochastic NVFP4: each element's block, its result's
+/// flag, and the rows of the blocks for the scalar rule.
+struct Nvfp4SrRun<'a> {
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    words: &'a [u32],
+    /// Each element's block divisor and reciprocal.
+    d: &'a [f64],
+    inv: &'a [f64],
+    /// Set for the elements left to the scalar rule (written unchanged).
+    flags: &'a mut [bool],
+    k: u32,
+}
+
+impl SimdPass for Nvfp4SrRun<'_> {
+    #[inline(always)]
+    fn run(self) -> bool {
+        let mut any = false;
+        for j in 0..self.out.len() {
+            let x = self.inp.map_or(self.out[j], |inp| inp[j]).to_bits();
+            let block = SrBlock {
+                d: self.d[j],
+                inv: self.inv[j],
+            };
+            let (v, flag) = Nvfp4SrPlan::round_lane(x, self.words[j], block, self.k);
+            self.out[j] = f32::from_bits(if flag { x } else { v });
+            self.flags[j] = flag;
+            any |= flag;
+        }
+        any
+    }
+}
+
+/// Stochastic NVFP4 on f32: the block maxima first, then each run with its elements' block
+/// divisors staged per lane (block by block for aligned blocks, by walked block segments
+/// for others), rounded by [`Nvfp4SrPlan::round_lane`]; the elements it flags are redone by
+/// the scalar rule. The random word of element `i` is word `i` of the stream.
+fn nvfp4_stochastic<R: RoundingRule>(
     src: Option<&[f32]>,
     dst: &mut [f32],
     grid: MxGrid,
@@ -662,15 +697,19 @@ fn nvfp4_scalar_f32<R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) {
-    let scales = Nvfp4Scales::new(s_t);
-    let s_b: Vec<f64> = block_amax_bits(src.unwrap_or(dst), &grid)
+    let plan = Nvfp4SrPlan::new(s_t);
+    let rows: Vec<u8> = block_amax_bits(src.unwrap_or(dst), &grid)
         .iter()
-        .map(|&m| Nvfp4Scales::block_scale(scales.row_of(m)))
+        .map(|&m| plan.scales.row_of(m) as u8)
         .collect();
+    let k = rule.random_bits();
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
         let mut walker = Walker::at(grid, base);
         let mut words = [0u32; RUN];
+        let mut d = [0f64; RUN];
+        let mut inv = [0f64; RUN];
+        let mut flags = [false; RUN];
         let mut start = 0;
         while start < out.len() {
             let len = RUN.min(out.len() - start);
@@ -678,15 +717,32 @@ fn nvfp4_scalar_f32<R: RoundingRule>(
             if let Some(stream) = stream {
                 fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
             }
-            let inp = src.map(|s| &s[first..first + len]);
-            let o = &mut out[start..start + len];
-            walker.segments(len, |at, l, b, step| {
-                for j in at..at + l {
-                    let x = inp.map_or(o[j], |inp| inp[j]) as f64;
-                    let s = s_b[b + (j - at) * step];
-                    o[j] = Nvfp4::round(x, s, s_t, rule, words[j]) as f32;
+            walker.segments(len, |s, l, b, step| {
+                for j in 0..l {
+                    let block = plan.block(rows[b + j * step] as usize);
+                    d[s + j] = block.d;
+                    inv[s + j] = block.inv;
                 }
             });
+            let inp = src.map(|s| &s[first..first + len]);
+            let pass = Nvfp4SrRun {
+                inp,
+                out: &mut out[start..start + len],
+                words: &words[..len],
+                d: &d[..len],
+                inv: &inv[..len],
+                flags: &mut flags[..len],
+                k,
+            };
+            if run_simd(pass) {
+                let o = &mut out[start..start + len];
+                for j in (0..len).filter(|&j| flags[j]) {
+                    let row = rows[grid.block_of(first + j)] as usize;
+                    let x = inp.map_or(o[j], |inp| inp[j]) as f64;
+                    let s_b = Nvfp4Scales::block_scale(row);
+                    o[j] = Nvfp4::round(x, s_b, s_t, rule, words[j]) as f32;
+                }
+            }
             start += len;
         }
     };
