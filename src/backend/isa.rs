@@ -45,8 +45,7 @@ pub fn detected() -> Isa {
         {
             return Isa::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             return Isa::Avx2;
         }

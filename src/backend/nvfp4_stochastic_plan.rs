@@ -32,7 +32,7 @@
 //!
 //! # Blocks
 //! A block of scale 0 has `1/d`, `d_h` and `d_l` 0: every element is ±0, as the rule gives.
-//! A NaN block's elements are the rule's NaN. Blocks whose divisor is outside
+//! A NaN block's elements are the rule's NaN (its ±Inf and NaN elements are flagged). Blocks whose divisor is outside
 //! `[2^-100, 2^120]` (only in tensors whose largest magnitude is below about `2^-90`, where
 //! `1/d` or `d_l` would leave f32's normal range) flag every element.
 
@@ -148,8 +148,11 @@ impl Nvfp4SrPlan {
         let up = r1 <= z;
         let v = ((floor + if up { 1.0 } else { 0.0 }) * u).min(6.0);
         let mag = v.mul_add(row.d_hi, v * row.d_lo).to_bits();
-        let near = ((z - r1).abs() < sr.band) | ((z < sr.band) & (r1 == sr.scale));
-        let flag = ((near & (q != 0.0)) | !(q <= f32::MAX)) & (row.nan == 0);
+        // Near r + 1, or near 0 when r + 1 = 2^k: `z < band + (r + 1 - 2^k)` holds only then
+        // (otherwise `r + 1 - 2^k <= -1`).
+        let near = ((z - r1).abs() < sr.band) | (z < sr.band + (r1 - sr.scale));
+        // Inf and NaN inputs (only in NaN blocks, whose q is then NaN) go to the scalar rule.
+        let flag = (near & (q != 0.0)) | !(q <= f32::MAX);
         let out = ((mag | sign) & !row.nan) | (NAN_BITS & row.nan);
         (out, flag)
     }
@@ -188,8 +191,12 @@ mod tests {
                             let near = [x.to_bits() - 1, x.to_bits(), x.to_bits() + 1];
                             for x in near.map(f32::from_bits) {
                                 for x in [x, -x] {
-                                    let (got, flag) =
-                                        Nvfp4SrPlan::round_lane(x.to_bits(), r, row, SrBits::new(k));
+                                    let (got, flag) = Nvfp4SrPlan::round_lane(
+                                        x.to_bits(),
+                                        r,
+                                        row,
+                                        SrBits::new(k),
+                                    );
                                     let want = Nvfp4::round(x as f64, s_b, s_t, rule, r) as f32;
                                     checked += 1;
                                     if flag {

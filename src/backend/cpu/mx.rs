@@ -692,9 +692,7 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
             let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
             let at = b * NVFP4_BLOCK;
             let x: [f32; NVFP4_BLOCK] = match self.inp {
-                Some(inp) => inp[at..at + NVFP4_BLOCK]
-                    .try_into()
-                    .expect("a whole block"),
+                Some(inp) => inp[at..at + NVFP4_BLOCK].try_into().expect("a whole block"),
                 None => *o,
             };
             let r: &[u32; NVFP4_BLOCK] = self.words[at..at + NVFP4_BLOCK]
