@@ -152,7 +152,7 @@ impl Nvfp4SrPlan {
         // (otherwise `r + 1 - 2^k <= -1`).
         let near = ((z - r1).abs() < sr.band) | (z < sr.band + (r1 - sr.scale));
         // Inf and NaN inputs (only in NaN blocks, whose q is then NaN) go to the scalar rule.
-        let flag = (near & (q != 0.0)) | !(q <= f32::MAX);
+        let flag = (near & (q != 0.0)) | !q.is_finite();
         let out = ((mag | sign) & !row.nan) | (NAN_BITS & row.nan);
         (out, flag)
     }

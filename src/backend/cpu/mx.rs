@@ -20,9 +20,11 @@
 //!
 //! MX leaves subnormal f32 inputs to the scalar rule (their binade is not their exponent
 //! byte's); the pass writes them unchanged and the run is scanned for them afterwards.
-//! Stochastic NVFP4 draws on the f64 quotient (see [`crate::format::nvfp4`]) and other
-//! dtypes go through f64: those elements take the scalar rules, with the block scales
-//! computed once per block.
+//! Stochastic NVFP4 decides from an f32 quotient estimate
+//! ([`nvfp4_stochastic_plan`](crate::backend::nvfp4_stochastic_plan)) and leaves the few
+//! elements near a decision boundary to the scalar rule the same way. Other dtypes go
+//! through f64: those elements take the scalar rules, with the block scales computed once
+//! per block.
 
 use rayon::prelude::*;
 
