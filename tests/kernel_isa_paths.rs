@@ -5,7 +5,8 @@
 //! and the gathered tables) and the stochastic rows of the elementwise formats and block
 //! floating point, from a source and in place, on inputs with zeros, subnormals, Inf, NaN,
 //! values near every clamp, values already on the lns grid, and lengths that end in partial
-//! groups, runs and chunks.
+//! groups, runs and chunks; and NVFP4 in every mode, blocks along the last and other axes,
+//! with stochastic inputs on and near the decision boundaries of their own stream words.
 //!
 //! The cap is process-wide, so the tests of this file take a lock while they hold one.
 
@@ -15,7 +16,9 @@ use qcandle::backend::cpu::quantize_slice;
 use qcandle::backend::isa::{self, Isa};
 use qcandle::format::block::block_max;
 use qcandle::format::lns::Lns;
+use qcandle::format::mx::MxGrid;
 use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero};
+use qcandle::format::Nvfp4;
 use qcandle::philox::Stream;
 use qcandle::{Format, Rounding};
 
@@ -283,5 +286,161 @@ fn stochastic_results_depend_on_the_seed_and_call_only() {
             isa::set_cap(None);
         }
         assert_ne!(run(2), first, "{name}: the call index changes nothing");
+    }
+}
+
+/// NVFP4 by the scalar rule of `format::nvfp4` (f32 storage), blocks along `dim` of `dims`.
+fn nvfp4_scalar(
+    dims: &[usize],
+    dim: i64,
+    xs: &[f32],
+    rounding: Rounding,
+    stream: Stream,
+) -> Vec<f32> {
+    let grid = MxGrid::new(16, dim, dims, "nvfp4").unwrap();
+    let amax_t = xs
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f64, |m, &x| m.max(x.abs() as f64));
+    let s_t = Nvfp4::tensor_scale(amax_t);
+    let mut amax = vec![0f64; grid.count()];
+    for (i, &x) in xs.iter().enumerate() {
+        let m = if x.is_finite() {
+            x.abs() as f64
+        } else {
+            f64::INFINITY
+        };
+        let b = grid.block_of(i);
+        amax[b] = amax[b].max(m);
+    }
+    xs.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let s_b = Nvfp4::block_scale(amax[grid.block_of(i)], s_t);
+            let (x, r) = (x as f64, stream.at(i as u64));
+            (match rounding {
+                Rounding::NearestEven => Nvfp4::round(x, s_b, s_t, NearestEven, r),
+                Rounding::NearestAway => Nvfp4::round(x, s_b, s_t, NearestAway, r),
+                Rounding::TowardZero => Nvfp4::round(x, s_b, s_t, TowardZero, r),
+                Rounding::Stochastic { bits } => Nvfp4::round(x, s_b, s_t, Stochastic { bits }, r),
+            }) as f32
+        })
+        .collect()
+}
+
+/// Runs the kernel on a tensor of shape `dims` under every available instruction set, from
+/// a source and in place, against `want`.
+fn check_tensor(
+    format: &Format,
+    rounding: Rounding,
+    dims: &[usize],
+    xs: &[f32],
+    want: &[f32],
+    stream: Stream,
+) {
+    let _lock = CAP.lock().unwrap_or_else(|e| e.into_inner());
+    for isa in available() {
+        isa::set_cap(Some(isa));
+        let mut out = vec![0f32; xs.len()];
+        quantize_slice(Some(xs), &mut out, dims, format, rounding, Some(stream)).unwrap();
+        let mut in_place = xs.to_vec();
+        quantize_slice(None, &mut in_place, dims, format, rounding, Some(stream)).unwrap();
+        isa::set_cap(None);
+        let bad: Vec<usize> = (0..xs.len())
+            .filter(|&i| !same(out[i], want[i]) || !same(in_place[i], want[i]))
+            .collect();
+        if let Some(&i) = bad.first() {
+            panic!(
+                "{format} {dims:?} {rounding} {isa:?}: {} mismatches, first [{i}] {:e} ({:#010x}): {:e} / {:e} in place vs {:e}",
+                bad.len(),
+                xs[i],
+                xs[i].to_bits(),
+                out[i],
+                in_place[i],
+                want[i]
+            );
+        }
+    }
+}
+
+/// NVFP4 in every mode on the mixed inputs (zeros, subnormals, Inf and NaN blocks, every
+/// binade), blocks along the last axis (aligned, and with a short last block) and along
+/// another axis, over several chunks.
+#[test]
+fn nvfp4_kernel_equals_the_scalar_rule_on_every_instruction_set() {
+    let stream = Stream::new(0x5eed, 5);
+    for (dims, dim) in [
+        (vec![2 * (1 << 14) / 48 + 3, 48], -1i64),
+        (vec![700, 37], -1),
+        (vec![37, 3, 301], 0),
+        (vec![5, 40, 111], 1),
+    ] {
+        let n: usize = dims.iter().product();
+        let xs = inputs(n);
+        let name = if dim == -1 {
+            "nvfp4".to_string()
+        } else {
+            format!("nvfp4<dim={dim}>")
+        };
+        let format: Format = name.parse().unwrap();
+        for rounding in ROUNDINGS {
+            let want = nvfp4_scalar(&dims, dim, &xs, rounding, stream);
+            check_tensor(&format, rounding, &dims, &xs, &want, stream);
+        }
+    }
+}
+
+/// Blocks of known scale (under a tensor scale that is not a power of two, so `1/d` is
+/// inexact) whose elements lie within two f32 units of the stochastic decision boundary
+/// `lo + (r + 1) u / 2^k` their own stream word sets: the decisions the estimate leaves to
+/// the scalar rule and those just outside its band, aligned and along another axis.
+#[test]
+fn nvfp4_stochastic_kernel_decides_near_its_thresholds_like_the_scalar_rule() {
+    let stream = Stream::new(0x5eed, 13);
+    let e4m3 = qcandle::format::nvfp4::e4m3_saturating();
+    let amax_t = (2688.0 * 1.3) as f32;
+    let s_t = Nvfp4::tensor_scale(amax_t as f64);
+    let lows = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let units = [0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0, 2.0];
+    for bits in [23, 4] {
+        let rounding = Rounding::Stochastic { bits };
+        for (dims, dim) in [(vec![3000, 16], -1i64), (vec![16, 3000], 0)] {
+            let n = 3000 * 16;
+            let grid = MxGrid::new(16, dim, &dims, "nvfp4").unwrap();
+            // Each block's scale code, and its first element pinning it.
+            let code = |b: usize| 1 + (b as u32 * 37) % 126;
+            let mut firsts = vec![None; grid.count()];
+            let xs: Vec<f32> = (0..n)
+                .map(|i| {
+                    let b = grid.block_of(i);
+                    let d = e4m3.decode(code(b)) * s_t;
+                    if i == 0 {
+                        return amax_t;
+                    }
+                    if firsts[b].is_none() {
+                        firsts[b] = Some(i);
+                        return (6.0 * d) as f32;
+                    }
+                    let h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+                    let r = (stream.at(i as u64) >> (32 - bits)) as f64;
+                    let g = (h % 7) as usize;
+                    let t = lows[g] + (r + 1.0) * units[g] / (1u64 << bits) as f64;
+                    let x = (t * d) as f32;
+                    let x = f32::from_bits((x.to_bits() as i64 + (i % 5) as i64 - 2) as u32);
+                    if h & 8 == 0 {
+                        x
+                    } else {
+                        -x
+                    }
+                })
+                .collect();
+            let name = if dim == -1 {
+                "nvfp4".to_string()
+            } else {
+                format!("nvfp4<dim={dim}>")
+            };
+            let want = nvfp4_scalar(&dims, dim, &xs, rounding, stream);
+            check_tensor(&name.parse().unwrap(), rounding, &dims, &xs, &want, stream);
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Isa {
     /// The target's baseline (SSE2 on x86-64).
     Portable,
-    /// AVX2 (256-bit integer vectors, gathers).
+    /// AVX2 (256-bit integer vectors, gathers) with FMA.
     Avx2,
     /// AVX-512 F, BW, DQ and VL.
     Avx512,
@@ -45,7 +45,8 @@ pub fn detected() -> Isa {
         {
             return Isa::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             return Isa::Avx2;
         }
     }

@@ -3,7 +3,8 @@
 //! * [`cpu`]: the rayon loops over CPU storage (quantize, block maxima, strided gather), with
 //!   [`f32_plan`], the vectorised f32 rounding they run (a table per format, cached per
 //!   thread), [`lns_plan`], the table-driven f32 rounding of the logarithmic format, and
-//!   [`mx_plan`] and [`nvfp4_plan`], the integer f32 rounding of the block-scaled formats.
+//!   [`mx_plan`] and [`nvfp4_plan`], the integer f32 rounding of the block-scaled formats,
+//!   and [`nvfp4_stochastic_plan`], stochastic NVFP4 on f32 from a quotient estimate.
 //! * [`isa`]: which vector instruction set (portable, AVX2, AVX-512) the CPU passes run,
 //!   detected at run time, with a cap for tests that compare the compiled paths.
 //! * [`im2col`]: the column layout of a 2-D convolution, shared by the training and the
@@ -21,4 +22,5 @@ pub mod isa;
 pub mod lns_plan;
 pub mod mx_plan;
 pub mod nvfp4_plan;
+pub mod nvfp4_stochastic_plan;
 pub mod qc;

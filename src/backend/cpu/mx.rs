@@ -20,9 +20,11 @@
 //!
 //! MX leaves subnormal f32 inputs to the scalar rule (their binade is not their exponent
 //! byte's); the pass writes them unchanged and the run is scanned for them afterwards.
-//! Stochastic NVFP4 draws on the f64 quotient (see [`crate::format::nvfp4`]) and other
-//! dtypes go through f64: those elements take the scalar rules, with the block scales
-//! computed once per block.
+//! Stochastic NVFP4 decides from an f32 quotient estimate
+//! ([`nvfp4_stochastic_plan`](crate::backend::nvfp4_stochastic_plan)) and leaves the few
+//! elements near a decision boundary to the scalar rule the same way. Other dtypes go
+//! through f64: those elements take the scalar rules, with the block scales computed once
+//! per block.
 
 use rayon::prelude::*;
 
@@ -30,6 +32,7 @@ use super::{fill_dispatch, for_each_chunk, map_elements, Element};
 use super::{CHUNK, RUN};
 use crate::backend::mx_plan::{mag_bits, MxBlock, MxF32Plan};
 use crate::backend::nvfp4_plan::{Nvfp4F32Plan, Nvfp4Scales};
+use crate::backend::nvfp4_stochastic_plan::{Nvfp4SrPlan, SrBits, SrRow};
 use crate::format::mx::{MxGrid, MX_BLOCK};
 use crate::format::nvfp4::NVFP4_BLOCK;
 use crate::format::rounding::RuleKind;
@@ -114,8 +117,8 @@ fn run_simd<P: SimdPass>(pass: P) -> bool {
             // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
             return unsafe { run_avx512(pass) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
+        if super::has_avx2() {
+            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
             return unsafe { run_avx2(pass) };
         }
     }
@@ -129,7 +132,7 @@ unsafe fn run_avx512<P: SimdPass>(pass: P) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2<P: SimdPass>(pass: P) -> bool {
     pass.run()
 }
@@ -543,12 +546,11 @@ pub(crate) fn quantize_nvfp4<T: Element, R: RoundingRule>(
     let s_t = Nvfp4::tensor_scale(tensor_max);
     if let Some(out) = T::as_f32s_mut(dst) {
         let src = src.map(|s| T::as_f32s(s).expect("src has dst's type"));
+        let aligned = grid.inner() == 1 && grid.len().is_multiple_of(NVFP4_BLOCK);
         match Nvfp4F32Plan::new(s_t, R::KIND) {
-            Some(plan) if grid.inner() == 1 && grid.len().is_multiple_of(NVFP4_BLOCK) => {
-                nvfp4_aligned(src, out, &plan)
-            }
+            Some(plan) if aligned => nvfp4_aligned(src, out, &plan),
             Some(plan) => nvfp4_walked(src, out, grid, &plan),
-            None => nvfp4_scalar_f32(src, out, grid, s_t, rule, stream),
+            None => nvfp4_stochastic(src, out, grid, s_t, rule, stream),
         }
         return Ok(());
     }
@@ -652,9 +654,121 @@ fn nvfp4_walked(src: Option<&[f32]>, dst: &mut [f32], grid: MxGrid, plan: &Nvfp4
     for_each_chunk(dst, work);
 }
 
-/// Stochastic NVFP4 on f32: the scalar rule per element (on the f64 quotient), with the
-/// block scales from the maxima's bits and the random words drawn per run.
-fn nvfp4_scalar_f32<R: RoundingRule>(
+/// Rounds a group of stochastic NVFP4 elements `x` into `o`, each with its block's row,
+/// writing the flagged elements unchanged; the flags as a bit mask.
+#[inline(always)]
+fn nvfp4_sr_group<const N: usize>(
+    x: &[f32; N],
+    r: &[u32; N],
+    row: impl Fn(usize) -> SrRow,
+    sr: SrBits,
+    o: &mut [f32; N],
+) -> u64 {
+    let mut flags = 0u64;
+    for j in 0..N {
+        let bits = x[j].to_bits();
+        let (v, flag) = Nvfp4SrPlan::round_lane(bits, r[j], row(j), sr);
+        o[j] = f32::from_bits(if flag { bits } else { v });
+        flags |= (flag as u64) << j;
+    }
+    flags
+}
+
+/// One run of aligned stochastic NVFP4 blocks: each block's maximum, its row, then its
+/// elements; the flags of block `b` in `flags[b]`.
+struct Nvfp4SrAlignedRun<'a> {
+    plan: &'a Nvfp4SrPlan,
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    words: &'a [u32],
+    rows: &'a mut [u8],
+    flags: &'a mut [u64],
+    sr: SrBits,
+}
+
+impl SimdPass for Nvfp4SrAlignedRun<'_> {
+    #[inline(always)]
+    fn run(self) -> bool {
+        let mut any = 0u64;
+        for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
+            let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
+            let at = b * NVFP4_BLOCK;
+            let x: [f32; NVFP4_BLOCK] = match self.inp {
+                Some(inp) => inp[at..at + NVFP4_BLOCK].try_into().expect("a whole block"),
+                None => *o,
+            };
+            let r: &[u32; NVFP4_BLOCK] = self.words[at..at + NVFP4_BLOCK]
+                .try_into()
+                .expect("a whole block");
+            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
+            let code = self.plan.scales.row_of(m);
+            self.rows[b] = code as u8;
+            let row = self.plan.row(code);
+            let flags = nvfp4_sr_group(&x, r, |_| row, self.sr, o);
+            self.flags[b] = flags;
+            any |= flags;
+        }
+        any != 0
+    }
+}
+
+/// One run of stochastic NVFP4 elements with the rows of their blocks staged per lane.
+struct Nvfp4SrLanesRun<'a> {
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    words: &'a [u32],
+    /// Each element's row, field by field.
+    inv: &'a [f32],
+    d_hi: &'a [f32],
+    d_lo: &'a [f32],
+    nan: &'a [u32],
+    /// The flags of the elements of group `g` (of [`GROUP`]) in `flags[g]`.
+    flags: &'a mut [u64],
+    sr: SrBits,
+}
+
+impl SimdPass for Nvfp4SrLanesRun<'_> {
+    #[inline(always)]
+    fn run(self) -> bool {
+        let mut any = 0u64;
+        for (g, o) in self.out.chunks_mut(GROUP).enumerate() {
+            let at = g * GROUP;
+            let n = o.len();
+            let mut x = [0f32; GROUP];
+            let mut r = [0u32; GROUP];
+            let mut staged = [0f32; GROUP];
+            x[..n].copy_from_slice(self.inp.map_or(&*o, |inp| &inp[at..at + n]));
+            r[..n].copy_from_slice(&self.words[at..at + n]);
+            let (inv, d_hi, d_lo, nan) = (
+                &self.inv[at..at + n],
+                &self.d_hi[at..at + n],
+                &self.d_lo[at..at + n],
+                &self.nan[at..at + n],
+            );
+            let row = |j: usize| {
+                let j = j.min(n - 1);
+                SrRow {
+                    inv: inv[j],
+                    d_hi: d_hi[j],
+                    d_lo: d_lo[j],
+                    nan: nan[j],
+                }
+            };
+            let flags = nvfp4_sr_group(&x, &r, row, self.sr, &mut staged) & ((1u64 << n) - 1);
+            o.copy_from_slice(&staged[..n]);
+            self.flags[g] = flags;
+            any |= flags;
+        }
+        any != 0
+    }
+}
+
+/// Stochastic NVFP4 on f32, with [`Nvfp4SrPlan::round_lane`]: for aligned blocks maxima,
+/// rows and elements in one pass block by block; for other blocks the maxima first, then
+/// each run with its elements' rows staged per lane from the walked block segments. The
+/// elements the lane step flags are redone by the scalar rule. The random word of element
+/// `i` is word `i` of the stream.
+fn nvfp4_stochastic<R: RoundingRule>(
     src: Option<&[f32]>,
     dst: &mut [f32],
     grid: MxGrid,
@@ -662,15 +776,23 @@ fn nvfp4_scalar_f32<R: RoundingRule>(
     rule: R,
     stream: Option<Stream>,
 ) {
-    let scales = Nvfp4Scales::new(s_t);
-    let s_b: Vec<f64> = block_amax_bits(src.unwrap_or(dst), &grid)
-        .iter()
-        .map(|&m| Nvfp4Scales::block_scale(scales.row_of(m)))
-        .collect();
+    let plan = Nvfp4SrPlan::new(s_t);
+    let sr = SrBits::new(rule.random_bits());
+    let aligned = grid.inner() == 1 && grid.len().is_multiple_of(NVFP4_BLOCK);
+    let rows: Vec<u8> = if aligned {
+        Vec::new()
+    } else {
+        block_amax_bits(src.unwrap_or(dst), &grid)
+            .iter()
+            .map(|&m| plan.scales.row_of(m) as u8)
+            .collect()
+    };
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
         let mut walker = Walker::at(grid, base);
         let mut words = [0u32; RUN];
+        let mut flags = [0u64; RUN / NVFP4_BLOCK];
+        let mut run_rows = [0u8; RUN / NVFP4_BLOCK];
         let mut start = 0;
         while start < out.len() {
             let len = RUN.min(out.len() - start);
@@ -680,13 +802,55 @@ fn nvfp4_scalar_f32<R: RoundingRule>(
             }
             let inp = src.map(|s| &s[first..first + len]);
             let o = &mut out[start..start + len];
-            walker.segments(len, |at, l, b, step| {
-                for j in at..at + l {
+            // Flags in groups of 16 elements: blocks (aligned) or lane groups.
+            let any = if aligned {
+                run_simd(Nvfp4SrAlignedRun {
+                    plan: &plan,
+                    inp,
+                    out: o,
+                    words: &words[..len],
+                    rows: &mut run_rows[..len / NVFP4_BLOCK],
+                    flags: &mut flags[..len / NVFP4_BLOCK],
+                    sr,
+                })
+            } else {
+                let mut inv = [0f32; RUN];
+                let mut d_hi = [0f32; RUN];
+                let mut d_lo = [0f32; RUN];
+                let mut nan = [0u32; RUN];
+                walker.segments(len, |s, l, b, step| {
+                    for j in 0..l {
+                        let row = plan.row(rows[b + j * step] as usize);
+                        inv[s + j] = row.inv;
+                        d_hi[s + j] = row.d_hi;
+                        d_lo[s + j] = row.d_lo;
+                        nan[s + j] = row.nan;
+                    }
+                });
+                run_simd(Nvfp4SrLanesRun {
+                    inp,
+                    out: o,
+                    words: &words[..len],
+                    inv: &inv[..len],
+                    d_hi: &d_hi[..len],
+                    d_lo: &d_lo[..len],
+                    nan: &nan[..len],
+                    flags: &mut flags[..len.div_ceil(GROUP)],
+                    sr,
+                })
+            };
+            if any {
+                for j in (0..len).filter(|&j| flags[j / 16] >> (j % 16) & 1 == 1) {
+                    let row = if aligned {
+                        run_rows[j / NVFP4_BLOCK]
+                    } else {
+                        rows[grid.block_of(first + j)]
+                    };
+                    let s_b = Nvfp4Scales::block_scale(row as usize);
                     let x = inp.map_or(o[j], |inp| inp[j]) as f64;
-                    let s = s_b[b + (j - at) * step];
-                    o[j] = Nvfp4::round(x, s, s_t, rule, words[j]) as f32;
+                    o[j] = Nvfp4::round(x, s_b, s_t, rule, words[j]) as f32;
                 }
-            });
+            }
             start += len;
         }
     };
