@@ -28,7 +28,7 @@
 //! "images" (N, 1, 1, 3) so it runs on the same datasets' plumbing (`--data modadd`), and
 //! returns logits (N, 97). It is not a list of stages: its [`plan`](ModelKind::plan) is
 //! empty and [`has_plan`](ModelKind::has_plan) is false, so post-training quantization
-//! builds it with a config per row instead of replaying a plan ([`crate::ptq::built`]).
+//! builds it with a config per row instead of replaying a plan (`ptq::built`, with the `cli` feature).
 //!
 //! CifarNet is TF-slim's CIFAR-10 network without local response normalisation and
 //! dropout, with 2x2 pooling: conv 5x5 (64, same) → ReLU → max-pool 2 → conv 5x5 (64, same)
