@@ -369,11 +369,7 @@ impl QMatMul {
     /// `Q(Q(a) · Q(b))` for `a` (.., m, k) and `b` (.., k, n) with equal leading dimensions.
     pub fn forward(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (da, db) = (a.dims(), b.dims());
-        let ok = da.len() >= 2
-            && da.len() == db.len()
-            && da[..da.len() - 2] == db[..db.len() - 2]
-            && da[da.len() - 1] == db[db.len() - 2];
-        if !ok {
+        if !crate::quire::layer_matmul::matmul_shapes_agree(da, db) {
             candle_core::bail!(
                 "matmul {}: needs (.., m, k) and (.., k, n) with equal leading dimensions, got \
                  {da:?} and {db:?}",

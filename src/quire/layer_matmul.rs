@@ -25,7 +25,7 @@ use super::accumulate::Accumulate;
 use super::gemm_cpu::{Bias, Dims};
 use super::layer_io::{apply, check_tensor, storage_f32, tensor_f32, LayerOp};
 use super::quire_i16::Operand;
-use super::rule::GemmRule;
+use super::rule::{category_rule, GemmRule};
 use crate::format::Format;
 
 /// The rules of a batched product's GEMMs: forward (activation format) and both operand
@@ -51,27 +51,22 @@ impl MatMulArith {
         if setting.is_f32() {
             return Ok(None);
         }
-        let rule = |f: Option<Format>,
-                    category: &str,
-                    gemm: &str|
-         -> std::result::Result<GemmRule, String> {
-            let f = f.ok_or_else(|| {
-                format!(
-                    "accumulate = \"{setting}\" needs an {category} format: the {gemm} is computed in it (set {category}, or use accumulate = \"f32\")"
-                )
-            })?;
-            GemmRule::new(setting, &f)
-                .map_err(|e| {
-                    format!("accumulate = \"{setting}\" in the {category} format ({gemm}): {e}")
-                })?
-                .ok_or_else(|| "f32 has no rule".to_string())
-        };
+        let rule = |f, category, gemm| category_rule(setting, f, category, gemm);
         Ok(Some(MatMulArith {
             setting: *setting,
             forward: rule(activation, "activation", "forward product")?,
             grad: rule(error, "error", "gradient products")?,
         }))
     }
+}
+
+/// Whether `a` of shape `da` and `b` of shape `db` are `(.., m, k)` and `(.., k, n)` with
+/// equal leading dimensions.
+pub(crate) fn matmul_shapes_agree(da: &[usize], db: &[usize]) -> bool {
+    da.len() >= 2
+        && da.len() == db.len()
+        && da[..da.len() - 2] == db[..db.len() - 2]
+        && da[da.len() - 1] == db[db.len() - 2]
 }
 
 /// `a (.., m, k) · b (.., k, n)` under `arith`'s rules, forward and backward (see the module
@@ -81,11 +76,7 @@ pub fn rule_matmul(a: &Tensor, b: &Tensor, arith: &MatMulArith) -> Result<Tensor
     check_tensor(a, "left operand", &setting)?;
     check_tensor(b, "right operand", &setting)?;
     let (da, db) = (a.dims(), b.dims());
-    let ok = da.len() >= 2
-        && da.len() == db.len()
-        && da[..da.len() - 2] == db[..db.len() - 2]
-        && da[da.len() - 1] == db[db.len() - 2];
-    if !ok {
+    if !matmul_shapes_agree(da, db) {
         bail!(
             "matmul: needs (.., m, k) and (.., k, n) with equal leading dimensions, got {da:?} and {db:?}"
         );

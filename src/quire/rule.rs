@@ -278,6 +278,26 @@ pub struct LayerArith {
     pub weight_grad: GemmRule,
 }
 
+/// The rule of `setting` for the GEMM `gemm` computed in the format of `category` (`f`); an
+/// error naming the category when it has no format or the format cannot take the setting.
+/// `setting` is not `f32`.
+pub(crate) fn category_rule(
+    setting: &Accumulate,
+    f: Option<Format>,
+    category: &str,
+    gemm: &str,
+) -> Result<GemmRule, String> {
+    let f = f.ok_or_else(|| {
+        format!(
+            "accumulate = \"{setting}\" needs a{} {category} format: the {gemm} is computed in it (set {category}, or use accumulate = \"f32\")",
+            if category == "error" || category == "activation" { "n" } else { "" }
+        )
+    })?;
+    GemmRule::new(setting, &f)
+        .map_err(|e| format!("accumulate = \"{setting}\" in the {category} format ({gemm}): {e}"))?
+        .ok_or_else(|| "f32 has no rule".to_string())
+}
+
 impl LayerArith {
     /// The rules of `setting` for a layer whose activation, error and gradient formats are
     /// given; `None` for `f32`; an error naming the category at fault.
@@ -290,19 +310,7 @@ impl LayerArith {
         if setting.is_f32() {
             return Ok(None);
         }
-        let rule = |f: Option<Format>, category: &str, gemm: &str| -> Result<GemmRule, String> {
-            let f = f.ok_or_else(|| {
-                format!(
-                    "accumulate = \"{setting}\" needs a{} {category} format: the {gemm} is computed in it (set {category}, or use accumulate = \"f32\")",
-                    if category == "error" || category == "activation" { "n" } else { "" }
-                )
-            })?;
-            GemmRule::new(setting, &f)
-                .map_err(|e| {
-                    format!("accumulate = \"{setting}\" in the {category} format ({gemm}): {e}")
-                })?
-                .ok_or_else(|| "f32 has no rule".to_string())
-        };
+        let rule = |f, category, gemm| category_rule(setting, f, category, gemm);
         Ok(Some(LayerArith {
             setting: *setting,
             forward: rule(activation, "activation", "forward GEMM")?,
