@@ -17,9 +17,36 @@ mod epochs;
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use qcandle::nn::QConfig;
-use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
+use candle_core::Tensor;
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
+use qcandle::train::{OptimizerKind, Trainer};
+
+/// A group of step benches with the sampling both groups use.
+fn step_group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut group = c.benchmark_group(name);
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8));
+    group
+}
+
+/// Benches `trainer`'s step as `id`, cycling through `batches` as an epoch does.
+fn bench_steps(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: String,
+    mut trainer: Trainer,
+    batches: &[(Tensor, Tensor)],
+) {
+    let mut next = batches.iter().cycle();
+    group.bench_function(id, |b| {
+        b.iter(|| {
+            let (inputs, labels) = next.next().expect("a batch");
+            trainer.step(inputs, labels).expect("a step")
+        })
+    });
+}
 
 fn bench_train_step(c: &mut Criterion) {
     threads::tune_cpu_threads();
@@ -27,16 +54,12 @@ fn bench_train_step(c: &mut Criterion) {
     // until the errors shrink towards the formats' smallest values, which real training
     // does not see (and which the f32 fast path of posits sends to the slow path).
     let data = qcandle::data::embedded().expect("the embedded subset loads");
-    let batches: Vec<(candle_core::Tensor, candle_core::Tensor)> = data
+    let batches: Vec<(Tensor, Tensor)> = data
         .train_batches(128, 1, 0)
         .expect("batches")
         .collect::<Result<_, _>>()
         .expect("a batch");
-    let mut group = c.benchmark_group("lenet5_step_b128");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(8));
+    let mut group = step_group(c, "lenet5_step_b128");
     for (model, preset) in [
         ("lenet5", "float32"),
         ("lenet5", "posit<16,1>"),
@@ -45,15 +68,9 @@ fn bench_train_step(c: &mut Criterion) {
         ("lenet5-unpadded", "float32"),
         ("lenet5-unpadded", "posit<16,1>"),
     ] {
-        let mut trainer = epochs::trainer(model, preset).expect("a trainer");
-        let mut next = batches.iter().cycle();
+        let trainer = epochs::trainer(model, preset).expect("a trainer");
         let label = qcandle::train::config_label(preset);
-        group.bench_function(format!("{model}/{label}"), |b| {
-            b.iter(|| {
-                let (images, labels) = next.next().expect("a batch");
-                trainer.step(images, labels).expect("a step")
-            })
-        });
+        bench_steps(&mut group, format!("{model}/{label}"), trainer, &batches);
     }
     group.finish();
 }
@@ -61,38 +78,22 @@ fn bench_train_step(c: &mut Criterion) {
 fn bench_transformer_step(c: &mut Criterion) {
     threads::tune_cpu_threads();
     let data = qcandle::data::modadd::modadd(qcandle::data::modadd::MODADD_P).expect("modadd");
-    let batches: Vec<(candle_core::Tensor, candle_core::Tensor)> = data
+    let batches: Vec<(Tensor, Tensor)> = data
         .train_batches(64, 1, 0)
         .expect("batches")
         .collect::<Result<_, _>>()
         .expect("a batch");
-    let mut group = c.benchmark_group("transformer_step_b64");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(8));
+    let mut group = step_group(c, "transformer_step_b64");
     for preset in ["float32", "bf16", "posit<16,1>"] {
-        let options = TrainOptions {
-            model: "transformer".into(),
-            config_name: preset.into(),
-            epochs: 1,
-            batch: 64,
-            lr: 3e-3,
-            optimizer: OptimizerKind::AdamW,
-            seed: 0,
-            train_limit: None,
-            device: qcandle::device::DeviceSpec::Cpu,
-        };
-        let config = QConfig::load(preset).expect("a preset or a format");
-        let mut trainer = Trainer::new(options, config).expect("a trainer");
-        let mut next = batches.iter().cycle();
+        let trainer = epochs::trainer_with("transformer", preset, 64, 3e-3, OptimizerKind::AdamW)
+            .expect("a trainer");
         let label = qcandle::train::config_label(preset);
-        group.bench_function(format!("transformer/{label}"), |b| {
-            b.iter(|| {
-                let (tokens, labels) = next.next().expect("a batch");
-                trainer.step(tokens, labels).expect("a step")
-            })
-        });
+        bench_steps(
+            &mut group,
+            format!("transformer/{label}"),
+            trainer,
+            &batches,
+        );
     }
     group.finish();
 }

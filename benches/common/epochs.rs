@@ -45,13 +45,25 @@ pub fn epoch_batches(limit: Option<usize>) -> anyhow::Result<Vec<(Tensor, Tensor
 /// A CPU trainer of `model` under `config` with the recipe of `qcandle train --epochs 1`:
 /// batch 128, Adam lr 1e-3, seed 0.
 pub fn trainer(model: &str, config: &str) -> anyhow::Result<Trainer> {
+    trainer_with(model, config, 128, 1e-3, OptimizerKind::Adam)
+}
+
+/// A CPU trainer of `model` under `config` for one epoch at seed 0 with the given batch,
+/// learning rate and optimizer.
+pub fn trainer_with(
+    model: &str,
+    config: &str,
+    batch: usize,
+    lr: f64,
+    optimizer: OptimizerKind,
+) -> anyhow::Result<Trainer> {
     let options = TrainOptions {
         model: model.into(),
         config_name: config.into(),
         epochs: 1,
-        batch: 128,
-        lr: 1e-3,
-        optimizer: OptimizerKind::Adam,
+        batch,
+        lr,
+        optimizer,
         seed: 0,
         train_limit: None,
         device: qcandle::device::DeviceSpec::Cpu,
