@@ -10,10 +10,12 @@
 //!
 //! The cap is process-wide, so the tests of this file take a lock while they hold one.
 
-use std::sync::Mutex;
+#[path = "common/isa_cap.rs"]
+mod isa_cap;
 
+use isa_cap::{available, CAP};
 use qcandle::backend::cpu::quantize_slice;
-use qcandle::backend::isa::{self, Isa};
+use qcandle::backend::isa;
 use qcandle::format::block::block_max;
 use qcandle::format::lns::Lns;
 use qcandle::format::mx::MxGrid;
@@ -21,20 +23,6 @@ use qcandle::format::rounding::{NearestAway, NearestEven, Stochastic, TowardZero
 use qcandle::format::Nvfp4;
 use qcandle::philox::Stream;
 use qcandle::{Format, Rounding};
-
-static CAP: Mutex<()> = Mutex::new(());
-
-/// The instruction sets this CPU can run, narrowest first.
-fn available() -> Vec<Isa> {
-    let isas: Vec<Isa> = Isa::ALL
-        .into_iter()
-        .filter(|&isa| isa <= isa::detected())
-        .collect();
-    if isas.len() < Isa::ALL.len() {
-        eprintln!("only {isas:?} on this CPU: the wider paths are not exercised");
-    }
-    isas
-}
 
 /// Inputs across many binades with the specials mixed in, plus the lns<8,3> grid (values
 /// that stochastic and toward-zero rounding keep).

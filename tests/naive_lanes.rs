@@ -11,12 +11,12 @@
 //! The cap is process-wide, so the tests of this file take a lock while they hold one.
 
 mod common;
-
-use std::sync::Mutex;
+#[path = "common/isa_cap.rs"]
+mod isa_cap;
 
 use common::SplitMix;
+use isa_cap::on_every_isa;
 use qcandle::backend::f32_plan::F32Plan;
-use qcandle::backend::isa::{self, Isa};
 use qcandle::format::rounding::RuleKind;
 use qcandle::format::Rounding;
 use qcandle::quire::gemm_cpu::Bias;
@@ -24,30 +24,6 @@ use qcandle::quire::naive_f32::NaiveF32;
 use qcandle::quire::naive_lanes::{tile, TILE};
 use qcandle::quire::round_odd::{add_odd, mul_odd};
 use qcandle::Format;
-
-static CAP: Mutex<()> = Mutex::new(());
-
-/// The instruction sets this CPU can run, narrowest first.
-fn available() -> Vec<Isa> {
-    let isas: Vec<Isa> = Isa::ALL
-        .into_iter()
-        .filter(|&isa| isa <= isa::detected())
-        .collect();
-    if isas.len() < Isa::ALL.len() {
-        eprintln!("only {isas:?} on this CPU: the wider paths are not exercised");
-    }
-    isas
-}
-
-/// Runs `f` under each instruction set this CPU has, holding the lock.
-fn on_every_isa(mut f: impl FnMut(Isa)) {
-    let _guard = CAP.lock().unwrap_or_else(|e| e.into_inner());
-    for isa in available() {
-        isa::set_cap(Some(isa));
-        f(isa);
-    }
-    isa::set_cap(None);
-}
 
 fn fmt(s: &str) -> Format {
     s.parse().expect("a format")
