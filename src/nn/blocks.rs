@@ -25,6 +25,8 @@
 //!   ([`crate::quire::rule_matmul`]).
 //! - [`QAvgPool2d`]: `y = Q_act(avg_pool(x))`; the mean of values on a grid is off it, so
 //!   unlike max-pooling the pool needs its own quantizer.
+//! - [`QAdd`]: `y = Q_act(a + b)` (broadcasting), a residual connection: the sum of two
+//!   values on a grid is off it.
 //! - [`QActivation`]: `y = Q_act(f(x))` for TanH, GELU (erf and tanh forms), SiLU, sigmoid
 //!   and softmax over the last dimension; `f` maps grid values off the grid, so each needs
 //!   its quantizer (ReLU and max-pooling do not, see [`crate::nn::layers`]).
@@ -439,6 +441,48 @@ impl Module for QAvgPool2d {
         }
         let y = x.avg_pool2d_with_stride(self.kernel, self.stride)?;
         round_output(y, self.output.as_ref())
+    }
+}
+
+/// A sum of two tensors (a residual connection) with a rounded output and error.
+#[derive(Debug, Clone)]
+pub struct QAdd {
+    output: Option<Quantizer>,
+    name: String,
+}
+
+impl QAdd {
+    /// The sum named `name`: its result is rounded to that layer's activation format and
+    /// its error to the error format.
+    pub fn new(name: &str, config: &QConfig) -> Self {
+        QAdd {
+            output: output_quantizer(config, name),
+            name: name.to_string(),
+        }
+    }
+
+    /// The op's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `Q(a + b)`, broadcasting as candle's `broadcast_add` does (the same bits as `a + b`
+    /// when the shapes agree); shapes that do not broadcast are an error.
+    pub fn forward(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let y = a.broadcast_add(b).map_err(|e| {
+            candle_core::Error::Msg(format!(
+                "add {}: the shapes {:?} and {:?} do not broadcast ({e})",
+                self.name,
+                a.dims(),
+                b.dims()
+            ))
+        })?;
+        round_output(y, self.output.as_ref())
+    }
+
+    /// The op's quantizers (clones sharing their call counters).
+    pub fn quants(&self) -> Vec<Quant> {
+        block_quants(None, None, self.output.as_ref())
     }
 }
 
