@@ -91,8 +91,8 @@ impl Transformer {
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
         let t = tokens.dim(1)?;
         let positions = Tensor::arange(0u32, t as u32, tokens.device())?;
-        let embedded = self.embed.forward(tokens)?;
-        let mut x = embedded.broadcast_add(&self.pos.forward(&positions)?)?;
+        let (e, p) = (self.embed.forward(tokens)?, self.pos.forward(&positions)?);
+        let mut x = e.broadcast_add(&p)?;
         for block in &self.blocks {
             x = block.forward(&x)?;
         }

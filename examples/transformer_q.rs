@@ -105,10 +105,8 @@ impl Transformer {
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
         let t = tokens.dim(1)?;
         let positions = Tensor::arange(0u32, t as u32, tokens.device())?;
-        let embedded = self.embed.forward(tokens)?;
-        let mut x = self
-            .embed_sum
-            .forward(&embedded, &self.pos.forward(&positions)?)?;
+        let (e, p) = (self.embed.forward(tokens)?, self.pos.forward(&positions)?);
+        let mut x = self.embed_sum.forward(&e, &p)?;
         for block in &self.blocks {
             x = block.forward(&x)?;
         }

@@ -11,7 +11,7 @@
 use candle_core::{DType, Device, Module, Tensor, Var, D};
 use candle_nn::{VarBuilder, VarMap};
 use qcandle::nn::{
-    Activation, NormStats, QActivation, QAvgPool2d, QConfig, QEmbedding, QLayerNorm, QMatMul,
+    Activation, NormStats, QActivation, QAdd, QAvgPool2d, QConfig, QEmbedding, QLayerNorm, QMatMul,
     QRmsNorm,
 };
 use qcandle::{quantize_no_grad, Quant};
@@ -360,6 +360,94 @@ fn average_pooling_rounds_its_output_and_error() -> R {
         .forward(&randn(&[1, 1, 1, 5], 1, DType::F32))
         .unwrap_err();
     assert!(e.to_string().contains("H and W >= 2"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn residual_add_rounds_its_sum_and_error_and_broadcasts() -> R {
+    let add = QAdd::new("res", &config());
+    let a = Var::from_tensor(&act_q(&randn(&[2, 3, 4], 21, DType::F32)))?;
+    let b = Var::from_tensor(&act_q(&randn(&[3, 4], 22, DType::F32)))?;
+    let y = add.forward(&a, &b)?;
+    let (a_ref, b_ref) = (Var::from_tensor(&a)?, Var::from_tensor(&b)?);
+    let y_ref = a_ref.broadcast_add(&b_ref)?;
+    assert_same(&y, &act_q(&y_ref), "forward");
+    assert_ne!(bits(&y), bits(&y_ref), "the sum leaves the grid");
+    let g = randn(&[2, 3, 4], 23, DType::F32);
+    let grads = grads_of(&y, &g, &[a.as_tensor(), b.as_tensor()]);
+    let grads_ref = grads_of(&y_ref, &err_q(&g), &[a_ref.as_tensor(), b_ref.as_tensor()]);
+    assert_same(&grads[0], &grads_ref[0], "gradient of a");
+    assert_same(
+        &grads[1],
+        &grads_ref[1],
+        "gradient of b (summed over the broadcast)",
+    );
+    // Equal shapes: the bits of `a + b`.
+    let same = QAdd::new("res", &QConfig::float32());
+    let c = randn(&[2, 3, 4], 24, DType::F32);
+    assert_same(&same.forward(&a, &c)?, &(a.as_tensor() + &c)?, "unrounded");
+    let e = add.forward(&a, &randn(&[5], 1, DType::F32)).unwrap_err();
+    assert!(e.to_string().contains("add res: the shapes"), "{e}");
+    let a = Var::from_tensor(&randn(&[2, 3], 25, DType::F64))?;
+    let b = Var::from_tensor(&randn(&[3], 26, DType::F64))?;
+    let g = randn(&[2, 3], 27, DType::F64);
+    let f = || same.forward(&a, &b).unwrap();
+    check_finite_differences(&a, &g, &f, "a");
+    check_finite_differences(&b, &g, &f, "b");
+    Ok(())
+}
+
+#[test]
+fn candle_nn_style_constructors_name_each_op_by_the_var_builders_prefix() -> R {
+    let config = QConfig::from_toml(
+        "activation = \"e4m3\"\n[[layer]]\npattern = \"block0.*\"\nactivation = \"bf16\"",
+    )?;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu).pp("block0");
+    let x = randn(&[2, 3, 8], 31, DType::F32);
+    let bf16 = |t: &Tensor| quantize_no_grad(t, &q("bf16")).unwrap();
+    let softmax = qcandle::nn::softmax_last_dim(vb.pp("softmax"), &config);
+    assert_eq!(softmax.name(), "block0.softmax");
+    assert_same(
+        &softmax.forward(&x)?,
+        &bf16(&reference(Activation::Softmax, &x)),
+        "softmax",
+    );
+    let gelu = qcandle::nn::gelu_erf(vb.pp("gelu"), &config);
+    assert_same(&gelu.forward(&x)?, &bf16(&x.gelu_erf()?), "gelu");
+    let add = qcandle::nn::add(vb.pp("res1"), &config);
+    assert_eq!(add.name(), "block0.res1");
+    assert_same(
+        &add.forward(&x, &x.sin()?)?,
+        &bf16(&(&x + x.sin()?)?),
+        "add",
+    );
+    let mm = qcandle::nn::matmul(vb.pp("scores"), &config)?;
+    assert_eq!(mm.name(), "block0.scores");
+    let xt = x.transpose(1, 2)?;
+    let want = bf16(&bf16(&x).matmul(&bf16(&xt).contiguous()?)?);
+    assert_same(&mm.forward(&x, &xt)?, &want, "matmul");
+    let ln = qcandle::nn::layer_norm(8, 1e-5, vb.pp("ln1"), &config)?;
+    assert_eq!((ln.name(), ln.stats()), ("block0.ln1", NormStats::F32));
+    let rms = qcandle::nn::rms_norm(8, 1e-5, vb.pp("rms"), &config)?;
+    assert_eq!((rms.name(), rms.stats()), ("block0.rms", NormStats::F32));
+    let e = qcandle::nn::embedding(5, 8, vb.pp("embed"), &config)?;
+    assert_eq!(e.weight().dims(), [5, 8]);
+    let fc = qcandle::nn::linear(8, 4, vb.pp("fc"), &config)?;
+    assert_eq!(
+        (fc.name(), fc.weight().dims()),
+        ("block0.fc", &[4usize, 8][..])
+    );
+    let conv = qcandle::nn::conv2d(3, 4, 3, Default::default(), vb.pp("c"), &config)?;
+    assert_eq!(conv.weight().dims(), [4, 3, 3, 3]);
+    // Outside the pattern, the config's default activation format.
+    let other = qcandle::nn::add(vb.root().pp("res1"), &config);
+    let e4m3 = act_q(&(&x + x.sin()?)?);
+    assert_same(
+        &other.forward(&x, &x.sin()?)?,
+        &e4m3,
+        "add outside the pattern",
+    );
     Ok(())
 }
 
