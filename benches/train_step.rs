@@ -4,8 +4,15 @@
 //! embedded Fashion-MNIST subset's batches in turn, as in an epoch.
 //!
 //! The same for the zoo's transformer (batch 64 of modadd's training pairs, AdamW lr 3e-3,
-//! f32 sums): float32 against every category rounded to bf16 and to posit<16,1>.
-//! Run: `cargo bench --bench train_step` (`-- transformer` for the transformer alone).
+//! f32 sums): float32 against every category rounded to bf16, posit<16,1>, the `fp8` preset
+//! and mxfp8_e4m3. After its criterion group the transformer's configs also step in turn,
+//! batch by batch, in one loop, and the ratio of each config's CPU time to float32's is
+//! printed: every config sees the same machine at the same moments.
+//!
+//! Every figure is the process's CPU time (all threads, `common/cpu_time.rs`), so time spent
+//! waiting for a core on a loaded machine does not count. Run: `cargo bench --bench
+//! train_step` (`-- transformer` for the transformer alone; `RAYON_NUM_THREADS=1
+//! CANDLE_NUM_THREADS=1` for one thread).
 
 /// The tool's CPU thread settings, applied before the first candle op.
 #[path = "../src/bin/qcandle/threads.rs"]
@@ -18,12 +25,20 @@ mod epochs;
 use std::time::Duration;
 
 use candle_core::Tensor;
-use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
+use epochs::cpu_time::{process_cpu_ns, ProcessCpuTime};
 use qcandle::train::{OptimizerKind, Trainer};
 
+type Group<'a> = BenchmarkGroup<'a, ProcessCpuTime>;
+
+/// The transformer's configs, float32 (the baseline) first.
+const TRANSFORMER_PRESETS: [&str; 5] = ["float32", "bf16", "posit<16,1>", "fp8", "mxfp8_e4m3"];
+
+/// Steps per config of the interleaved transformer comparison (after as many warm-up steps).
+const INTERLEAVED_STEPS: usize = 200;
+
 /// A group of step benches with the sampling both groups use.
-fn step_group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+fn step_group<'a>(c: &'a mut Criterion<ProcessCpuTime>, name: &str) -> Group<'a> {
     let mut group = c.benchmark_group(name);
     group
         .sample_size(30)
@@ -34,7 +49,7 @@ fn step_group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTi
 
 /// Benches `trainer`'s step as `id`, cycling through `batches` as an epoch does.
 fn bench_steps(
-    group: &mut BenchmarkGroup<'_, WallTime>,
+    group: &mut Group<'_>,
     id: String,
     mut trainer: Trainer,
     batches: &[(Tensor, Tensor)],
@@ -48,7 +63,7 @@ fn bench_steps(
     });
 }
 
-fn bench_train_step(c: &mut Criterion) {
+fn bench_train_step(c: &mut Criterion<ProcessCpuTime>) {
     threads::tune_cpu_threads();
     // Steps cycle through the embedded subset's batches: repeating one batch would fit it
     // until the errors shrink towards the formats' smallest values, which real training
@@ -75,7 +90,11 @@ fn bench_train_step(c: &mut Criterion) {
     group.finish();
 }
 
-fn bench_transformer_step(c: &mut Criterion) {
+fn transformer_trainer(preset: &str) -> Trainer {
+    epochs::trainer_with("transformer", preset, 64, 3e-3, OptimizerKind::AdamW).expect("a trainer")
+}
+
+fn bench_transformer_step(c: &mut Criterion<ProcessCpuTime>) {
     threads::tune_cpu_threads();
     let data = qcandle::data::modadd::modadd(qcandle::data::modadd::MODADD_P).expect("modadd");
     let batches: Vec<(Tensor, Tensor)> = data
@@ -84,10 +103,9 @@ fn bench_transformer_step(c: &mut Criterion) {
         .collect::<Result<_, _>>()
         .expect("a batch");
     let mut group = step_group(c, "transformer_step_b64");
-    for preset in ["float32", "bf16", "posit<16,1>"] {
-        let trainer = epochs::trainer_with("transformer", preset, 64, 3e-3, OptimizerKind::AdamW)
-            .expect("a trainer");
+    for preset in TRANSFORMER_PRESETS {
         let label = qcandle::train::config_label(preset);
+        let trainer = transformer_trainer(preset);
         bench_steps(
             &mut group,
             format!("transformer/{label}"),
@@ -96,7 +114,59 @@ fn bench_transformer_step(c: &mut Criterion) {
         );
     }
     group.finish();
+    let args = epochs::bench_args();
+    if args.is_empty()
+        || args
+            .iter()
+            .any(|a| "transformer_step_b64".contains(a.as_str()))
+    {
+        interleaved_transformer_steps(&batches);
+    }
 }
 
-criterion_group!(benches, bench_train_step, bench_transformer_step);
+/// Steps every transformer config in turn, batch by batch, and prints each config's CPU
+/// time per step and its ratio to float32's (of the sums, and the median of the per-round
+/// ratios).
+fn interleaved_transformer_steps(batches: &[(Tensor, Tensor)]) {
+    let mut trainers: Vec<Trainer> = TRANSFORMER_PRESETS.map(transformer_trainer).into();
+    let mut cpu = vec![Vec::with_capacity(INTERLEAVED_STEPS); trainers.len()];
+    let rounds = batches
+        .iter()
+        .cycle()
+        .take(2 * INTERLEAVED_STEPS)
+        .enumerate();
+    for (round, (inputs, labels)) in rounds {
+        for (trainer, times) in trainers.iter_mut().zip(&mut cpu) {
+            let start = process_cpu_ns();
+            trainer.step(inputs, labels).expect("a step");
+            if round >= INTERLEAVED_STEPS {
+                times.push((process_cpu_ns() - start) as f64);
+            }
+        }
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split(' ').take(3).collect::<Vec<_>>().join(" ");
+    println!(
+        "transformer_step_b64 interleaved: {INTERLEAVED_STEPS} steps per config after as many \
+         warm-up steps, process CPU time, load average {load}"
+    );
+    let base: f64 = cpu[0].iter().sum();
+    for (preset, times) in TRANSFORMER_PRESETS.iter().zip(&cpu) {
+        let sum: f64 = times.iter().sum();
+        let mut ratios: Vec<f64> = times.iter().zip(&cpu[0]).map(|(t, b)| t / b).collect();
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "  {preset:<12} {:7.2} ms/step   {:.3}x float32 (median of rounds {:.3}x)",
+            sum / times.len() as f64 / 1e6,
+            sum / base,
+            ratios[ratios.len() / 2]
+        );
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(ProcessCpuTime);
+    targets = bench_train_step, bench_transformer_step
+}
 criterion_main!(benches);

@@ -133,12 +133,15 @@ fn zoo(varmap: &VarMap, config: &QConfig) -> anyhow::Result<Transformer> {
     Ok(Transformer::new(TransformerConfig::default(), vb, config)?)
 }
 
+/// Tensors' bits by name.
+type NamedBits = Vec<(String, Vec<u32>)>;
+
 /// The loss of `logits` and the gradient of every variable of `varmap`, by name.
 fn loss_and_grads(
     varmap: &VarMap,
     logits: &Tensor,
     sums: &Tensor,
-) -> anyhow::Result<(f32, Vec<(String, Vec<u32>)>)> {
+) -> anyhow::Result<(f32, NamedBits)> {
     let loss = candle_nn::loss::cross_entropy(logits, sums)?;
     let grads = loss.backward()?;
     let data = varmap.data().lock().expect("the varmap's lock");

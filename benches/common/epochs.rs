@@ -17,8 +17,9 @@ use qcandle::data::{load, DatasetName};
 use qcandle::nn::QConfig;
 use qcandle::train::{OptimizerKind, TrainOptions, Trainer};
 
+/// The process's CPU time (shared with the benches that include this file).
 #[path = "cpu_time.rs"]
-mod cpu_time;
+pub mod cpu_time;
 
 /// The bench's own arguments: those `cargo bench` passes after `--` (its `--bench` flag
 /// left out).
