@@ -7,7 +7,8 @@
 //! f32 sums): float32 against every category rounded to bf16, posit<16,1>, the `fp8` preset
 //! and mxfp8_e4m3. After its criterion group the transformer's configs also step in turn,
 //! batch by batch, in one loop, and the ratio of each config's CPU time to float32's is
-//! printed: every config sees the same machine at the same moments.
+//! printed: every config sees the same machine at the same moments (`-- interleaved` runs
+//! that comparison alone).
 //!
 //! Every figure is the process's CPU time (all threads, `common/cpu_time.rs`), so time spent
 //! waiting for a core on a loaded machine does not count. Run: `cargo bench --bench
@@ -115,11 +116,8 @@ fn bench_transformer_step(c: &mut Criterion<ProcessCpuTime>) {
     }
     group.finish();
     let args = epochs::bench_args();
-    if args.is_empty()
-        || args
-            .iter()
-            .any(|a| "transformer_step_b64".contains(a.as_str()))
-    {
+    let interleaved = "transformer_step_b64/interleaved";
+    if args.is_empty() || args.iter().any(|a| interleaved.contains(a.as_str())) {
         interleaved_transformer_steps(&batches);
     }
 }

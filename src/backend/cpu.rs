@@ -32,6 +32,19 @@ use crate::philox::Stream;
 /// Elements per parallel work item; a multiple of 4 so each Philox block stays in one item.
 pub const CHUNK: usize = 1 << 14;
 
+/// Elements a pass needs before it is split over rayon's pool. Below it the pass runs on the
+/// calling thread: handing work to the pool from a thread outside it and waiting for it is
+/// a cross-thread wake-up, which costs more than the rounding it would share out (the
+/// tensors of a small model's training step are mostly this small), and with one thread in
+/// the pool the work would only move to another thread. Results do not depend on it: every
+/// chunk is rounded alike wherever it runs, and the reductions are maxima.
+pub const PARALLEL_MIN_LEN: usize = 4 * CHUNK;
+
+/// Whether a pass over `len` elements is split over rayon's pool (see [`PARALLEL_MIN_LEN`]).
+pub(crate) fn in_parallel(len: usize) -> bool {
+    len > PARALLEL_MIN_LEN && rayon::current_num_threads() > 1
+}
+
 /// A floating-point storage type the kernels read and write through f64.
 pub trait Element: Copy + Send + Sync + 'static {
     /// Positive zero.
@@ -140,10 +153,14 @@ pub fn gather<T: Copy>(data: &[T], layout: &Layout) -> Vec<T> {
 }
 
 /// Runs `work(chunk_number, chunk)` over `CHUNK`-element chunks of `dst`, in parallel when
-/// there is more than one.
+/// [`in_parallel`] says so.
 fn for_each_chunk<T: Send>(dst: &mut [T], work: impl Fn(usize, &mut [T]) + Sync) {
     if dst.len() <= CHUNK {
         work(0, dst);
+    } else if !in_parallel(dst.len()) {
+        for (c, out) in dst.chunks_mut(CHUNK).enumerate() {
+            work(c, out);
+        }
     } else {
         dst.par_chunks_mut(CHUNK)
             .enumerate()
@@ -436,7 +453,11 @@ where
 /// Largest finite magnitude of an f32 slice (0 when there is none), as an integer max over
 /// magnitude bits (a vectorisable reduction; the bit order of finite floats is their order).
 fn max_abs_f32(xs: &[f32]) -> f64 {
-    let bits = xs.par_chunks(CHUNK).map(max_abs_bits).max().unwrap_or(0);
+    let bits = if in_parallel(xs.len()) {
+        xs.par_chunks(CHUNK).map(max_abs_bits).max().unwrap_or(0)
+    } else {
+        xs.chunks(CHUNK).map(max_abs_bits).max().unwrap_or(0)
+    };
     f32::from_bits(bits) as f64
 }
 
@@ -500,13 +521,20 @@ fn slice_maxima_f32(data: &[f32], grid: BlockGrid) -> Vec<f64> {
     let inner = grid.inner();
     let mut runs = vec![0u32; data.len() / inner];
     let per_task = (CHUNK / inner).max(1);
-    runs.par_chunks_mut(per_task)
-        .zip(data.par_chunks(per_task * inner))
-        .for_each(|(maxima, xs)| {
-            for (m, run) in maxima.iter_mut().zip(xs.chunks(inner)) {
-                *m = max_abs_bits(run);
-            }
-        });
+    let task = |(maxima, xs): (&mut [u32], &[f32])| {
+        for (m, run) in maxima.iter_mut().zip(xs.chunks(inner)) {
+            *m = max_abs_bits(run);
+        }
+    };
+    if in_parallel(data.len()) {
+        runs.par_chunks_mut(per_task)
+            .zip(data.par_chunks(per_task * inner))
+            .for_each(task);
+    } else {
+        runs.chunks_mut(per_task)
+            .zip(data.chunks(per_task * inner))
+            .for_each(task);
+    }
     let mut blocks = vec![0u32; grid.count()];
     for slice in runs.chunks(grid.count()) {
         for (b, &m) in blocks.iter_mut().zip(slice) {
@@ -578,18 +606,23 @@ fn block_maxima<T: Element>(data: &[T], grid: BlockGrid) -> Vec<f64> {
         }
         m
     };
-    data.par_chunks(CHUNK)
-        .enumerate()
-        .map(|(c, xs)| fold(c, xs))
-        .reduce(
-            || vec![0f64; grid.count()],
-            |mut a, b| {
-                for (x, y) in a.iter_mut().zip(b) {
-                    *x = x.max(y);
-                }
-                a
-            },
-        )
+    let merge = |mut a: Vec<f64>, b: Vec<f64>| {
+        for (x, y) in a.iter_mut().zip(b) {
+            *x = x.max(y);
+        }
+        a
+    };
+    if in_parallel(data.len()) {
+        data.par_chunks(CHUNK)
+            .enumerate()
+            .map(|(c, xs)| fold(c, xs))
+            .reduce(|| vec![0f64; grid.count()], merge)
+    } else {
+        data.chunks(CHUNK)
+            .enumerate()
+            .map(|(c, xs)| fold(c, xs))
+            .fold(vec![0f64; grid.count()], merge)
+    }
 }
 
 fn run_rule<T: Element, R: RoundingRule>(

@@ -804,6 +804,10 @@ impl LnsF32Plan {
         };
         if dst.len() <= CHUNK {
             work(0, dst);
+        } else if !super::cpu::in_parallel(dst.len()) {
+            for (c, out) in dst.chunks_mut(CHUNK).enumerate() {
+                work(c, out);
+            }
         } else {
             dst.par_chunks_mut(CHUNK)
                 .enumerate()

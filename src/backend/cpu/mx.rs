@@ -28,7 +28,7 @@
 
 use rayon::prelude::*;
 
-use super::{fill_dispatch, for_each_chunk, map_elements, Element};
+use super::{fill_dispatch, for_each_chunk, in_parallel, map_elements, Element};
 use super::{CHUNK, RUN};
 use crate::backend::mx_plan::{mag_bits, MxBlock, MxF32Plan};
 use crate::backend::nvfp4_plan::{Nvfp4F32Plan, Nvfp4Scales};
@@ -84,9 +84,15 @@ fn block_maxima<T: Element, M: Copy + Send + Sync>(
             }
         }
     };
-    data.par_chunks(row * rows)
-        .zip(amax.par_chunks_mut(row_blocks * rows))
-        .for_each(work);
+    if in_parallel(data.len()) {
+        data.par_chunks(row * rows)
+            .zip(amax.par_chunks_mut(row_blocks * rows))
+            .for_each(work);
+    } else {
+        data.chunks(row * rows)
+            .zip(amax.chunks_mut(row_blocks * rows))
+            .for_each(work);
+    }
     amax
 }
 
