@@ -63,7 +63,11 @@ fn rounding_gives_the_same_bits_on_one_thread_and_on_the_pool() -> R {
                     let mut in_place = input.contiguous()?.copy()?;
                     q.set_calls(0);
                     four.install(|| qcandle::quantize_(&in_place, &q))?;
-                    assert_eq!(bits(&in_place)?, bits(&pool)?, "{format} {rounding} in place");
+                    assert_eq!(
+                        bits(&in_place)?,
+                        bits(&pool)?,
+                        "{format} {rounding} in place"
+                    );
                     in_place = input.contiguous()?.copy()?;
                     q.set_calls(0);
                     one.install(|| qcandle::quantize_(&in_place, &q))?;
