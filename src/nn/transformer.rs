@@ -15,8 +15,8 @@
 //! Every layer is a quantized block: linear layers are [`QLinear`], the two matrix products of
 //! attention are [`QMatMul`] (operands, product and errors rounded; both summed per the
 //! layer's `accumulate` setting, as the linear layers are), softmax and GELU are
-//! [`QActivation`]s, the norms [`QLayerNorm`]s, and each residual sum has its own quantizer,
-//! since the sum of two values on a grid is off it. The attention scale is applied in f32
+//! [`QActivation`]s, the norms [`QLayerNorm`]s, and each residual sum is a [`QAdd`] with its
+//! own quantizer, since the sum of two values on a grid is off it. The attention scale is applied in f32
 //! before the softmax (as a fused softmax kernel would). No causal mask: the model reads the
 //! last position, which sees the whole sequence.
 //!
@@ -28,10 +28,12 @@
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
-use crate::nn::blocks::{Activation, NormStats, QActivation, QEmbedding, QLayerNorm, QMatMul};
+use crate::nn::blocks::{
+    Activation, NormStats, QActivation, QAdd, QEmbedding, QLayerNorm, QMatMul,
+};
 use crate::nn::config::QConfig;
-use crate::nn::layers::{output_quantizer, QLinear};
-use crate::ops::{Quant, Quantizer};
+use crate::nn::layers::QLinear;
+use crate::ops::Quant;
 
 /// The modulus of the modular-addition task the zoo's transformer is sized for: tokens
 /// `0..97` and `=` (97), answers `0..97`.
@@ -84,30 +86,12 @@ struct Block {
     softmax: QActivation,
     mix: QMatMul,
     proj: QLinear,
-    res1: Option<Quantizer>,
+    res1: QAdd,
     ln2: QLayerNorm,
     fc1: QLinear,
     gelu: QActivation,
     fc2: QLinear,
-    res2: Option<Quantizer>,
-}
-
-fn round(x: Tensor, q: Option<&Quantizer>) -> Result<Tensor> {
-    match q {
-        Some(q) => q.forward(&x),
-        None => Ok(x),
-    }
-}
-
-fn quantizer_quants(q: Option<&Quantizer>) -> Vec<Quant> {
-    q.map(|q| {
-        q.forward_quant()
-            .into_iter()
-            .chain(q.backward_quant())
-            .cloned()
-            .collect()
-    })
-    .unwrap_or_default()
+    res2: QAdd,
 }
 
 impl Block {
@@ -123,12 +107,12 @@ impl Block {
             softmax: QActivation::new(&name("softmax"), Activation::Softmax, config),
             mix: QMatMul::new(&name("mix"), config)?,
             proj: QLinear::new(d, d, vb("proj"), config)?,
-            res1: output_quantizer(config, &name("res1")),
+            res1: QAdd::new(&name("res1"), config),
             ln2: ln("ln2")?,
             fc1: QLinear::new(d, c.mlp, vb("fc1"), config)?,
             gelu: QActivation::new(&name("gelu"), Activation::Gelu, config),
             fc2: QLinear::new(c.mlp, d, vb("fc2"), config)?,
-            res2: output_quantizer(config, &name("res2")),
+            res2: QAdd::new(&name("res2"), config),
         })
     }
 
@@ -149,10 +133,10 @@ impl Block {
             .forward(&(scores * (1.0 / (hd as f64).sqrt()))?)?;
         let mixed = self.mix.forward(&weights, &v)?; // (N, H, T, hd)
         let mixed = mixed.transpose(1, 2)?.reshape((n, t, d))?;
-        let x = round((x + self.proj.forward(&mixed)?)?, self.res1.as_ref())?;
+        let x = self.res1.forward(x, &self.proj.forward(&mixed)?)?;
         let h = self.fc1.forward(&self.ln2.forward(&x)?)?;
         let h = self.fc2.forward(&self.gelu.forward(&h)?)?;
-        round((x + h)?, self.res2.as_ref())
+        self.res2.forward(&x, &h)
     }
 
     fn quants(&self) -> Vec<Quant> {
@@ -162,12 +146,12 @@ impl Block {
         quants.extend(self.softmax.quants());
         quants.extend(self.mix.quants());
         quants.extend(self.proj.quants());
-        quants.extend(quantizer_quants(self.res1.as_ref()));
+        quants.extend(self.res1.quants());
         quants.extend(self.ln2.quants());
         quants.extend(self.fc1.quants());
         quants.extend(self.gelu.quants());
         quants.extend(self.fc2.quants());
-        quants.extend(quantizer_quants(self.res2.as_ref()));
+        quants.extend(self.res2.quants());
         quants
     }
 }
@@ -179,7 +163,7 @@ pub struct Transformer {
     sizes: TransformerConfig,
     embed: QEmbedding,
     pos: QEmbedding,
-    embed_sum: Option<Quantizer>,
+    embed_sum: QAdd,
     blocks: Vec<Block>,
     ln_f: QLayerNorm,
     head: QLinear,
@@ -206,7 +190,7 @@ impl Transformer {
             sizes,
             embed: QEmbedding::new(c.vocab, c.width, vb.pp("embed"), config)?,
             pos: QEmbedding::new(c.seq_len, c.width, vb.pp("pos"), config)?,
-            embed_sum: output_quantizer(config, "embed_sum"),
+            embed_sum: QAdd::new("embed_sum", config),
             blocks,
             ln_f: QLayerNorm::new(c.width, 1e-5, c.norm_stats, vb.pp("ln_f"), config)?,
             head: QLinear::new(c.width, c.classes, vb.pp("head"), config)?,
@@ -222,7 +206,7 @@ impl Transformer {
     pub fn quants(&self) -> Vec<Quant> {
         let mut quants = self.embed.quants();
         quants.extend(self.pos.quants());
-        quants.extend(quantizer_quants(self.embed_sum.as_ref()));
+        quants.extend(self.embed_sum.quants());
         for b in &self.blocks {
             quants.extend(b.quants());
         }
@@ -259,11 +243,8 @@ impl Module for Transformer {
             }
         };
         let positions = Tensor::arange(0u32, t as u32, ids.device())?;
-        let x = self
-            .embed
-            .forward(&ids)?
-            .broadcast_add(&self.pos.forward(&positions)?)?;
-        let mut x = round(x, self.embed_sum.as_ref())?;
+        let (e, p) = (self.embed.forward(&ids)?, self.pos.forward(&positions)?);
+        let mut x = self.embed_sum.forward(&e, &p)?;
         for b in &self.blocks {
             x = b.forward(&x, self.sizes.heads)?;
         }
