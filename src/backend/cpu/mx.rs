@@ -600,6 +600,9 @@ struct Nvfp4AlignedRun<'a> {
 impl SimdPass for Nvfp4AlignedRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
+        let mut rows = [0u8; RUN / NVFP4_BLOCK];
+        let rows = &mut rows[..self.out.len() / NVFP4_BLOCK];
+        nvfp4_block_rows(self.inp.unwrap_or(self.out), &self.plan.scales, rows);
         for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
             let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
             let x: [f32; NVFP4_BLOCK] = match self.inp {
@@ -608,13 +611,24 @@ impl SimdPass for Nvfp4AlignedRun<'_> {
                     .expect("a whole block"),
                 None => *o,
             };
-            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-            let row = self.plan.row(self.plan.scales.row_of(m));
+            let row = self.plan.row(rows[b] as usize);
             for j in 0..NVFP4_BLOCK {
                 o[j] = f32::from_bits(Nvfp4F32Plan::round_lane(x[j].to_bits(), row));
             }
         }
         false
+    }
+}
+
+/// The rows (E4M3 codes of the scales, or the NaN row) of the aligned blocks of `xs`, all
+/// before any element is rounded: each block's maximum and row depend only on its own
+/// elements, so the blocks' scale computations overlap instead of each waiting for the
+/// previous block's elements.
+#[inline(always)]
+fn nvfp4_block_rows(xs: &[f32], scales: &Nvfp4Scales, rows: &mut [u8]) {
+    for (x, row) in xs.chunks_exact(NVFP4_BLOCK).zip(rows.iter_mut()) {
+        let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
+        *row = scales.row_of(m) as u8;
     }
 }
 
@@ -690,6 +704,7 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
         let mut any = 0u64;
+        nvfp4_block_rows(self.inp.unwrap_or(self.out), &self.plan.scales, self.rows);
         for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
             let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
             let at = b * NVFP4_BLOCK;
@@ -700,10 +715,7 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
             let r: &[u32; NVFP4_BLOCK] = self.words[at..at + NVFP4_BLOCK]
                 .try_into()
                 .expect("a whole block");
-            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-            let code = self.plan.scales.row_of(m);
-            self.rows[b] = code as u8;
-            let row = self.plan.row(code);
+            let row = self.plan.row(self.rows[b] as usize);
             let flags = nvfp4_sr_group(&x, r, |_| row, self.sr, o);
             self.flags[b] = flags;
             any |= flags;
