@@ -669,7 +669,8 @@ fn nvfp4_walked(src: Option<&[f32]>, dst: &mut [f32], grid: MxGrid, plan: &Nvfp4
 }
 
 /// Rounds a group of stochastic NVFP4 elements `x` into `o`, each with its block's row,
-/// writing the flagged elements unchanged; the flags as a bit mask.
+/// writing the flagged elements unchanged; each lane's flag (1 for the scalar rule) into
+/// `flags`, and OR-ed into `any` (lane by lane, so no reduction across lanes per group).
 #[inline(always)]
 fn nvfp4_sr_group<const N: usize>(
     x: &[f32; N],
@@ -677,33 +678,34 @@ fn nvfp4_sr_group<const N: usize>(
     row: impl Fn(usize) -> SrRow,
     sr: SrBits,
     o: &mut [f32; N],
-) -> u64 {
-    let mut flags = 0u64;
+    flags: &mut [u8; N],
+    any: &mut [u8; N],
+) {
     for j in 0..N {
         let bits = x[j].to_bits();
         let (v, flag) = Nvfp4SrPlan::round_lane(bits, r[j], row(j), sr);
         o[j] = f32::from_bits(if flag { bits } else { v });
-        flags |= (flag as u64) << j;
+        flags[j] = flag as u8;
+        any[j] |= flag as u8;
     }
-    flags
 }
 
-/// One run of aligned stochastic NVFP4 blocks: each block's maximum, its row, then its
-/// elements; the flags of block `b` in `flags[b]`.
+/// One run of aligned stochastic NVFP4 blocks: the rows of its blocks, then each block's
+/// elements; the flag of element `j` in `flags[j]`.
 struct Nvfp4SrAlignedRun<'a> {
     plan: &'a Nvfp4SrPlan,
     inp: Option<&'a [f32]>,
     out: &'a mut [f32],
     words: &'a [u32],
     rows: &'a mut [u8],
-    flags: &'a mut [u64],
+    flags: &'a mut [u8],
     sr: SrBits,
 }
 
 impl SimdPass for Nvfp4SrAlignedRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
-        let mut any = 0u64;
+        let mut any = [0u8; NVFP4_BLOCK];
         nvfp4_block_rows(self.inp.unwrap_or(self.out), &self.plan.scales, self.rows);
         for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
             let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
@@ -715,12 +717,13 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
             let r: &[u32; NVFP4_BLOCK] = self.words[at..at + NVFP4_BLOCK]
                 .try_into()
                 .expect("a whole block");
+            let flags: &mut [u8; NVFP4_BLOCK] = (&mut self.flags[at..at + NVFP4_BLOCK])
+                .try_into()
+                .expect("a whole block");
             let row = self.plan.row(self.rows[b] as usize);
-            let flags = nvfp4_sr_group(&x, r, |_| row, self.sr, o);
-            self.flags[b] = flags;
-            any |= flags;
+            nvfp4_sr_group(&x, r, |_| row, self.sr, o, flags, &mut any);
         }
-        any != 0
+        any.iter().any(|&f| f != 0)
     }
 }
 
@@ -734,21 +737,22 @@ struct Nvfp4SrLanesRun<'a> {
     d_hi: &'a [f32],
     d_lo: &'a [f32],
     nan: &'a [u32],
-    /// The flags of the elements of group `g` (of [`GROUP`]) in `flags[g]`.
-    flags: &'a mut [u64],
+    /// The flag of element `j` in `flags[j]`.
+    flags: &'a mut [u8],
     sr: SrBits,
 }
 
 impl SimdPass for Nvfp4SrLanesRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
-        let mut any = 0u64;
+        let mut any = [0u8; GROUP];
         for (g, o) in self.out.chunks_mut(GROUP).enumerate() {
             let at = g * GROUP;
             let n = o.len();
             let mut x = [0f32; GROUP];
             let mut r = [0u32; GROUP];
             let mut staged = [0f32; GROUP];
+            let mut flags = [0u8; GROUP];
             x[..n].copy_from_slice(self.inp.map_or(&*o, |inp| &inp[at..at + n]));
             r[..n].copy_from_slice(&self.words[at..at + n]);
             let (inv, d_hi, d_lo, nan) = (
@@ -766,12 +770,24 @@ impl SimdPass for Nvfp4SrLanesRun<'_> {
                     nan: nan[j],
                 }
             };
-            let flags = nvfp4_sr_group(&x, &r, row, self.sr, &mut staged) & ((1u64 << n) - 1);
+            // Lanes past `n` repeat the last element: their flags are dropped.
+            let mut group_any = [0u8; GROUP];
+            nvfp4_sr_group(
+                &x,
+                &r,
+                row,
+                self.sr,
+                &mut staged,
+                &mut flags,
+                &mut group_any,
+            );
             o.copy_from_slice(&staged[..n]);
-            self.flags[g] = flags;
-            any |= flags;
+            self.flags[at..at + n].copy_from_slice(&flags[..n]);
+            for j in 0..n {
+                any[j] |= flags[j];
+            }
         }
-        any != 0
+        any.iter().any(|&f| f != 0)
     }
 }
 
@@ -803,7 +819,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
         let base = chunk * CHUNK;
         let mut walker = Walker::at(grid, base);
         let mut words = [0u32; RUN];
-        let mut flags = [0u64; RUN / NVFP4_BLOCK];
+        let mut flags = [0u8; RUN];
         let mut run_rows = [0u8; RUN / NVFP4_BLOCK];
         let mut start = 0;
         while start < out.len() {
@@ -814,7 +830,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
             }
             let inp = src.map(|s| &s[first..first + len]);
             let o = &mut out[start..start + len];
-            // Flags in groups of 16 elements: blocks (aligned) or lane groups.
+            // A flag per element: blocks (aligned) or lane groups.
             let any = if aligned {
                 run_simd(Nvfp4SrAlignedRun {
                     plan: &plan,
@@ -822,7 +838,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     out: o,
                     words: &words[..len],
                     rows: &mut run_rows[..len / NVFP4_BLOCK],
-                    flags: &mut flags[..len / NVFP4_BLOCK],
+                    flags: &mut flags[..len],
                     sr,
                 })
             } else {
@@ -847,12 +863,12 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     d_hi: &d_hi[..len],
                     d_lo: &d_lo[..len],
                     nan: &nan[..len],
-                    flags: &mut flags[..len.div_ceil(GROUP)],
+                    flags: &mut flags[..len],
                     sr,
                 })
             };
             if any {
-                for j in (0..len).filter(|&j| flags[j / 16] >> (j % 16) & 1 == 1) {
+                for j in (0..len).filter(|&j| flags[j] != 0) {
                     let row = if aligned {
                         run_rows[j / NVFP4_BLOCK]
                     } else {
