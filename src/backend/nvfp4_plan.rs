@@ -33,7 +33,7 @@
 //! apart (`2^-9` apart in the subnormal range, where `y'`'s absolute error is below
 //! `2^-55`), so at most one midpoint lies between `y` and `y'`. The E4M3 code `c0` nearest
 //! to `y'` (ties up), read from the bits of `y'` (its exponent and top 3 mantissa bits,
-//! rounded; `round(y' · 2^9)` below `2^-6`) and clamped to 126, is the count of midpoints
+//! rounded; `y' · 2^9` rounded to an integer below `2^-6`) and clamped to 126, is the count of midpoints
 //! below `y'` give or take one, hence `n ∈ {c0 - 1, c0, c0 + 1}`. Since the thresholds are
 //! sorted, `n = c0 + [t_c0 < bits(amax_b)] - [t_(c0-1) >= bits(amax_b)]` (no `t_126`; no
 //! `t_-1`): two compares with exact thresholds, so the code is the exact rule's whatever the
@@ -112,8 +112,10 @@ impl Nvfp4Scales {
         // Exponent and top 3 mantissa bits of y, rounded at the 4th, rebased so that 2^-6
         // (biased exponent 1017) is code 8.
         let normal = ((y.to_bits() + (1 << 48)) >> 49) as i64 - (1017 * 8 - E4M3_MIN_NORMAL_CODE);
-        // Subnormal scales: multiples of 2^-9.
-        let subnormal = (y * 512.0 + 0.5) as i64;
+        // Subnormal scales: y · 2^9 rounded to an integer by adding 2^52 (whose ulp is 1),
+        // read from the bits (no conversion; for y >= 2^-6 the value is not used).
+        const MAGIC: f64 = (1u64 << 52) as f64;
+        let subnormal = ((y * 512.0 + MAGIC).to_bits() - MAGIC.to_bits()) as i64;
         let code = if y >= 1.0 / 64.0 { normal } else { subnormal };
         code.min(126) as usize
     }
