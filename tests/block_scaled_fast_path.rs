@@ -572,6 +572,13 @@ fn nvfp4_tensors_equal_the_scalar_rule() {
     }
     xs[0] = amax_t;
     checked += check_tensor("nvfp4", &[xs.len() / 16, 16], &xs, &mut bad);
+    // The same blocks in tensors of tiny and huge magnitude: divisors outside the stochastic
+    // lane step's range (every element left to the scalar rule), subnormal tensor scales,
+    // subnormal inputs and scales near f32::MAX.
+    for factor in [2f64.powi(-100), 2f64.powi(-125), 1e-42, 2f64.powi(100)] {
+        let scaled: Vec<f32> = xs.iter().map(|&x| (x as f64 * factor) as f32).collect();
+        checked += check_tensor("nvfp4", &[scaled.len() / 16, 16], &scaled, &mut bad);
+    }
     for (s, (dims, dim)) in SHAPES.iter().enumerate() {
         let n: usize = dims.iter().product();
         let xs = special_tensor(n, 200 + s as u64);
