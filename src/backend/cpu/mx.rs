@@ -5,14 +5,15 @@
 //! f32 data takes the integer fast paths of [`mx_plan`](crate::backend::mx_plan) and
 //! [`nvfp4_plan`](crate::backend::nvfp4_plan), which give the scalar rules' bits without
 //! dividing: a block's parameters follow from the bits of its maximum (a table lookup for
-//! MX, a search of 126 thresholds for NVFP4's E4M3 scale), and elements are rounded many
-//! lanes at a time, compiled for AVX-512 or AVX2 where the CPU has them (integer operations
-//! only, so every instruction set gives the same bits).
+//! MX, an estimate corrected by two exact threshold compares for NVFP4's E4M3 scale), and
+//! elements are rounded many lanes at a time, compiled for AVX-512 or AVX2 where the CPU has
+//! them (integer operations only, so every instruction set gives the same bits).
 //!
 //! - Blocks of aligned consecutive elements (along the last axis, whose length is a
-//!   multiple of the block size): one pass does both steps block by block, on each run of
-//!   [`RUN`] elements while it is in cache; the parameters of a block are the same in all
-//!   its lanes.
+//!   multiple of the block size): one pass does both steps on each run of [`RUN`] elements
+//!   while it is in cache (MX block by block; NVFP4 the rows of all the run's blocks first,
+//!   so that their scale computations overlap, then the elements); the parameters of a
+//!   block are the same in all its lanes.
 //! - Other blocks (along another axis, or with a shorter last block): the maxima come from
 //!   a first pass (an integer max over magnitude bits, vectorised across the inner
 //!   dimension), and each run is walked block segment by segment, the parameters of each
