@@ -443,32 +443,51 @@ fn nvfp4_thresholds_decide_as_exact_comparisons() {
     bad.assert_none_of("thresholds", checked);
 }
 
-/// The block-scale search gives [`Nvfp4::block_scale`] for maxima on, below and above every
-/// E4M3 midpoint and value times `6 s_t`, for tensor scales of several kinds.
+/// Tensor scales of several kinds: powers of two and not, the smallest (a subnormal f32,
+/// for tensors whose largest magnitude is subnormal), the largest, and 1 (a zero tensor).
+const NVFP4_TENSOR_MAXIMA: [f64; 11] = [
+    2688.0, 1.0, 3.3e-3, 1e-40, 7.77e30, 3.4e38, 1.2345, 1e-44, 1e-45, 0.0, 6.1e-5,
+];
+
+/// The block scale from the estimate and its two compares gives [`Nvfp4::block_scale`] for
+/// maxima on, below and above every E4M3 value and midpoint times `6 s_t` (their f32
+/// neighbours, and the midpoint thresholds and their neighbours as bit patterns: the
+/// subnormal scales, the smallest normal, 448 and beyond included), zero, and random
+/// magnitudes of every exponent, for tensor scales of every kind.
 #[test]
-fn nvfp4_block_scale_search_equals_the_scalar_rule() {
+fn nvfp4_block_scale_equals_the_scalar_rule() {
     let e4m3 = e4m3_saturating();
+    let mut rng = SplitMix(0x5ca1e);
     let mut bad = Mismatches::default();
     let mut checked = 0;
-    for amax_t in [2688.0, 1.0, 3.3e-3, 1e-40, 7.77e30, f32::MAX as f64, 1.2345] {
+    for amax_t in NVFP4_TENSOR_MAXIMA {
         let s_t = Nvfp4::tensor_scale(amax_t as f32 as f64);
         let scales = Nvfp4Scales::new(s_t);
+        let c = 6.0 * s_t;
+        let mut maxima: Vec<u32> = vec![0, 1, 2, 0x7f7f_ffff, 0x7f7f_fffe];
         for code in 0..127u32 {
             let v = e4m3.decode(code);
             let next = e4m3.decode(code + 1).min(600.0);
-            for q in [v, 0.5 * (v + next)] {
-                for a in around(q * 6.0 * s_t) {
-                    if !a.is_finite() {
-                        continue;
-                    }
-                    let row = scales.row_of(mag_bits(a.to_bits()));
-                    let want = Nvfp4::block_scale(a as f64, s_t);
-                    checked += 1;
-                    bad.check(Nvfp4Scales::block_scale(row) == want, || {
-                        format!("s_t {s_t:e} amax {a:e}: row {row}, want {want:e}")
-                    });
-                }
+            let mid = 0.5 * (v + next);
+            for q in [v, mid] {
+                maxima.extend(around(q * c).map(f32::to_bits));
             }
+            for tie_up in [false, true] {
+                let t = threshold(mid * c, tie_up);
+                maxima.extend([t.saturating_sub(1), t, t + 1, t + 2]);
+            }
+        }
+        for _ in 0..20_000 {
+            maxima.push(rng.next_u32() & 0x7fff_ffff);
+        }
+        for amax in maxima.into_iter().filter(|&a| a < 0x7f80_0000) {
+            let a = f32::from_bits(amax);
+            let row = scales.row_of(amax);
+            let want = Nvfp4::block_scale(a as f64, s_t);
+            checked += 1;
+            bad.check(Nvfp4Scales::block_scale(row) == want, || {
+                format!("s_t {s_t:e} amax {a:e} ({amax:#x}): row {row}, want {want:e}")
+            });
         }
         let nan = scales.row_of(mag_bits(f32::NAN.to_bits()));
         bad.check(
@@ -518,7 +537,7 @@ fn nvfp4_lane_step_equals_the_scalar_rule_for_every_block_scale() {
     }
     let mut bad = Mismatches::default();
     let mut checked = 0;
-    for amax_t in [2688.0, 1.0, 3.3e-3, 1e-40, 7.77e30, f32::MAX as f64, 1.2345] {
+    for amax_t in NVFP4_TENSOR_MAXIMA {
         let s_t = Nvfp4::tensor_scale(amax_t as f32 as f64);
         checked += check(s_t, NearestEven, &mut bad);
         checked += check(s_t, NearestAway, &mut bad);
@@ -553,6 +572,13 @@ fn nvfp4_tensors_equal_the_scalar_rule() {
     }
     xs[0] = amax_t;
     checked += check_tensor("nvfp4", &[xs.len() / 16, 16], &xs, &mut bad);
+    // The same blocks in tensors of tiny and huge magnitude: divisors outside the stochastic
+    // lane step's range (every element left to the scalar rule), subnormal tensor scales,
+    // subnormal inputs and scales near f32::MAX.
+    for factor in [2f64.powi(-100), 2f64.powi(-125), 1e-42, 2f64.powi(100)] {
+        let scaled: Vec<f32> = xs.iter().map(|&x| (x as f64 * factor) as f32).collect();
+        checked += check_tensor("nvfp4", &[scaled.len() / 16, 16], &scaled, &mut bad);
+    }
     for (s, (dims, dim)) in SHAPES.iter().enumerate() {
         let n: usize = dims.iter().product();
         let xs = special_tensor(n, 200 + s as u64);

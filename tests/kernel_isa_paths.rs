@@ -6,7 +6,8 @@
 //! floating point, from a source and in place, on inputs with zeros, subnormals, Inf, NaN,
 //! values near every clamp, values already on the lns grid, and lengths that end in partial
 //! groups, runs and chunks; and NVFP4 in every mode, blocks along the last and other axes,
-//! with stochastic inputs on and near the decision boundaries of their own stream words.
+//! with stochastic inputs on and near the decision boundaries of their own stream words,
+//! and block maxima on and around every E4M3 block-scale boundary.
 //!
 //! The cap is process-wide, so the tests of this file take a lock while they hold one.
 
@@ -429,6 +430,78 @@ fn nvfp4_stochastic_kernel_decides_near_its_thresholds_like_the_scalar_rule() {
             };
             let want = nvfp4_scalar(&dims, dim, &xs, rounding, stream);
             check_tensor(&name.parse().unwrap(), rounding, &dims, &xs, &want, stream);
+        }
+    }
+}
+
+/// The elements of a block whose largest magnitude is `m`: `m` itself, zeros of both signs
+/// and fractions of `m` of both signs (each at most `m` after rounding to f32).
+fn block_with_max(m: f32) -> [f32; 16] {
+    let parts = [
+        1.0, -0.37, 0.81, 0.0, -0.0, 0.5, -0.123, 0.999, 0.125, -0.66, 0.25, 0.75, -0.05, 0.9, 0.0,
+        -0.33,
+    ];
+    parts.map(|p: f64| (m as f64 * p) as f32)
+}
+
+/// Blocks whose maxima lie on and one f32 unit around every E4M3 block-scale boundary (each
+/// midpoint between neighbouring scale codes times `6 s_t`, as the exact threshold of both
+/// tie directions, and each scale value times `6 s_t`): subnormal scales, the smallest
+/// normal and 448 included, under a tensor scale that is not a power of two, the smallest
+/// (subnormal) tensor scale and a huge one. Blocks aligned along the last axis, in rows with
+/// a short last block (the row's first 8 elements again), and along the first axis; every
+/// mode, every instruction set, from a source and in place.
+#[test]
+fn nvfp4_block_scale_boundaries_on_every_instruction_set() {
+    use qcandle::backend::nvfp4_plan::threshold;
+    let stream = Stream::new(0x5eed, 17);
+    let e4m3 = qcandle::format::nvfp4::e4m3_saturating();
+    for amax_t in [(2688.0 * 1.3) as f32, 1e-42, 3.0e-39, 1.0e30] {
+        let s_t = Nvfp4::tensor_scale(amax_t as f64);
+        let c = 6.0 * s_t;
+        let mut maxima = Vec::new();
+        for code in 0..127u32 {
+            let v = e4m3.decode(code);
+            let f = ((v * c) as f32).to_bits();
+            maxima.extend([f.saturating_sub(1), f, f + 1]);
+            if code < 126 {
+                let mid = 0.5 * (v + e4m3.decode(code + 1)) * c;
+                for tie_up in [false, true] {
+                    let t = threshold(mid, tie_up);
+                    maxima.extend([t.saturating_sub(1), t, t + 1]);
+                }
+            }
+        }
+        maxima.retain(|&m| f32::from_bits(m) <= amax_t);
+        maxima.sort_unstable();
+        maxima.dedup();
+        // The tensor's largest magnitude first, so that it fixes `s_t`.
+        let blocks: Vec<[f32; 16]> = std::iter::once(amax_t.to_bits())
+            .chain(maxima)
+            .map(|m| block_with_max(f32::from_bits(m)))
+            .collect();
+        let nb = blocks.len();
+        let aligned: Vec<f32> = blocks.iter().flatten().copied().collect();
+        let short: Vec<f32> = blocks
+            .iter()
+            .flat_map(|b| b.iter().chain(&b[..8]).copied())
+            .collect();
+        let across: Vec<f32> = (0..16 * nb).map(|i| blocks[i % nb][i / nb]).collect();
+        for (dims, dim, xs) in [
+            (vec![nb, 16], -1i64, &aligned),
+            (vec![nb, 24], -1, &short),
+            (vec![16, nb], 0, &across),
+        ] {
+            let name = if dim == -1 {
+                "nvfp4".to_string()
+            } else {
+                format!("nvfp4<dim={dim}>")
+            };
+            let format: Format = name.parse().unwrap();
+            for rounding in ROUNDINGS {
+                let want = nvfp4_scalar(&dims, dim, xs, rounding, stream);
+                check_tensor(&format, rounding, &dims, xs, &want, stream);
+            }
         }
     }
 }

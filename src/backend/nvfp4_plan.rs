@@ -16,14 +16,28 @@
 //!   `bits(a) > bits(B) - 1`.
 //!
 //! So each boundary becomes an integer threshold `t` with "passes" meaning `bits(a) > t`.
-//! The block scale is the count of the 126 E4M3 midpoint thresholds below `bits(amax_b)`
-//! (a binary search over a sorted table), and each E4M3 scale has a row of 16 words: the 7
+//! The block scale is the count of the 126 E4M3 midpoint thresholds below `bits(amax_b)`,
+//! found without a search (see "The block scale" below), and each E4M3 scale has a row of 16
+//! words: the 7
 //! E2M1 thresholds, the results `fl32(v · d)` for the E2M1 values `v` (the value the
 //! scalar rule stores, rounded once to f32) as the first and the steps between consecutive
 //! ones, and the mask of the sign bit (0 in the NaN row, whose result is the scalar rule's
 //! NaN). An element's result is the first result plus the steps of the thresholds its
 //! magnitude passes, with its sign: 7 compares, masks and adds per element. A zero scale's
 //! row and the NaN row pass no threshold; the zero row gives ±0.
+//!
+//! # The block scale
+//! The count `n` of thresholds below `bits(amax_b)` is the exact rule's E4M3 code of
+//! `y = amax_b / c` (`c = 6 · s_t`). An estimate `y' = fl64(amax_b · fl64(1/c))` is within a
+//! relative `2^-51` of `y`, and neighbouring E4M3 midpoints are at least a relative `2^-4`
+//! apart (`2^-9` apart in the subnormal range, where `y'`'s absolute error is below
+//! `2^-55`), so at most one midpoint lies between `y` and `y'`. The E4M3 code `c0` nearest
+//! to `y'` (ties up), read from the bits of `y'` (its exponent and top 3 mantissa bits,
+//! rounded; `y' · 2^9` rounded to an integer below `2^-6`) and clamped to 126, is the count of midpoints
+//! below `y'` give or take one, hence `n ∈ {c0 - 1, c0, c0 + 1}`. Since the thresholds are
+//! sorted, `n = c0 + [t_c0 < bits(amax_b)] - [t_(c0-1) >= bits(amax_b)]` (no `t_126`; no
+//! `t_-1`): two compares with exact thresholds, so the code is the exact rule's whatever the
+//! estimate's rounding.
 
 use crate::format::nvfp4::e4m3_saturating;
 use crate::format::rounding::RuleKind;
@@ -56,9 +70,17 @@ pub fn threshold(b: f64, tie_up: bool) -> u32 {
 /// nearest-even).
 #[derive(Debug, Clone)]
 pub struct Nvfp4Scales {
-    /// The E4M3 midpoint thresholds on block maxima, padded with `u32::MAX` to 128.
+    /// `fl64(1 / (6 s_t))`: the estimate's factor.
+    inv_c: f64,
+    /// The E4M3 midpoint thresholds on block maxima, `u32::MAX` at 126 and 127 (no
+    /// midpoint above the largest code).
     thresholds: [u32; 128],
+    /// `thresholds[c - 1] + 1` at `c >= 1`, 0 at 0: a maximum below it is below code `c`.
+    lower: [u32; 128],
 }
+
+/// The E4M3 code of the smallest normal scale, `2^-6`.
+const E4M3_MIN_NORMAL_CODE: i64 = 8;
 
 impl Nvfp4Scales {
     /// The block-scale thresholds for tensor scale `s_t`.
@@ -71,23 +93,46 @@ impl Nvfp4Scales {
             // Ties go to the even code: up from an odd code k.
             thresholds[k as usize] = threshold(mid * c, k % 2 == 1);
         }
-        Nvfp4Scales { thresholds }
+        let mut lower = [0u32; 128];
+        for k in 1..128 {
+            // Every midpoint threshold is at most f32::MAX's bits, so this does not wrap.
+            lower[k] = thresholds[k - 1].wrapping_add(1);
+        }
+        Nvfp4Scales {
+            inv_c: 1.0 / c,
+            thresholds,
+            lower,
+        }
+    }
+
+    /// The E4M3 code nearest to `y >= 0` (ties up), clamped to 126: within one of the count
+    /// of E4M3 midpoints below `y`.
+    #[inline(always)]
+    fn code_estimate(y: f64) -> usize {
+        // Exponent and top 3 mantissa bits of y, rounded at the 4th, rebased so that 2^-6
+        // (biased exponent 1017) is code 8.
+        let normal = ((y.to_bits() + (1 << 48)) >> 49) as i64 - (1017 * 8 - E4M3_MIN_NORMAL_CODE);
+        // Subnormal scales: y · 2^9 rounded to an integer by adding 2^52 (whose ulp is 1),
+        // read from the bits (no conversion; for y >= 2^-6 the value is not used).
+        const MAGIC: f64 = (1u64 << 52) as f64;
+        let subnormal = ((y * 512.0 + MAGIC).to_bits() - MAGIC.to_bits()) as i64;
+        let code = if y >= 1.0 / 64.0 { normal } else { subnormal };
+        code.min(126) as usize
     }
 
     /// The row of a block whose maximum has the magnitude bits `amax` (NaN and ±Inf as
-    /// +Inf's bits): the E4M3 code of its scale, or [`NAN_ROW`]. A branch-free binary
-    /// search for the number of thresholds below `amax`.
+    /// +Inf's bits): the E4M3 code of its scale, or [`NAN_ROW`]. The code of the estimate
+    /// `amax / (6 s_t)`, corrected by one exact threshold compare on each side (see the
+    /// module docs).
     #[inline(always)]
     pub fn row_of(&self, amax: u32) -> usize {
         if amax >= 0x7f80_0000 {
             return NAN_ROW;
         }
-        let t = &self.thresholds;
-        let mut i = 0;
-        for step in [64, 32, 16, 8, 4, 2, 1] {
-            i += step * (t[i + step - 1] < amax) as usize;
-        }
-        i
+        let c0 = Self::code_estimate(f32::from_bits(amax) as f64 * self.inv_c);
+        let up = (self.thresholds[c0] < amax) as usize;
+        let down = (amax < self.lower[c0]) as usize;
+        c0 + up - down
     }
 
     /// The block scale of a row, as

@@ -32,9 +32,10 @@
 //!
 //! # Blocks
 //! A block of scale 0 has `1/d`, `d_h` and `d_l` 0: every element is ±0, as the rule gives.
-//! A NaN block's elements are the rule's NaN (its ±Inf and NaN elements are flagged). Blocks whose divisor is outside
-//! `[2^-100, 2^120]` (only in tensors whose largest magnitude is below about `2^-90`, where
-//! `1/d` or `d_l` would leave f32's normal range) flag every element.
+//! A NaN block's elements are the rule's NaN (its ±Inf and NaN elements are flagged). Blocks
+//! whose divisor is outside `[2^-100, 2^120]` (only in tensors whose largest magnitude is
+//! below about `2^-90`, where `1/d` or `d_l` would leave f32's normal range) have a NaN
+//! `1/d`, which flags every element.
 
 use crate::backend::mx_plan::NAN_BITS;
 use crate::backend::nvfp4_plan::{Nvfp4Scales, NAN_ROW};
@@ -44,7 +45,7 @@ const SIGN: u32 = 0x8000_0000;
 /// The per-block constants of the stochastic lane step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SrRow {
-    /// `fl32(1 / d)` (0 for a zero scale or a NaN block, +Inf where the block is left to
+    /// `fl32(1 / d)` (0 for a zero scale or a NaN block, NaN where the block is left to
     /// the scalar rule).
     pub inv: f32,
     /// `fl32(d)`.
@@ -105,11 +106,7 @@ impl Nvfp4SrPlan {
             }
             let d_hi = d as f32;
             *row = SrRow {
-                inv: if in_range {
-                    (1.0 / d) as f32
-                } else {
-                    f32::INFINITY
-                },
+                inv: if in_range { (1.0 / d) as f32 } else { f32::NAN },
                 d_hi,
                 d_lo: (d - d_hi as f64) as f32,
                 nan: 0,
@@ -138,9 +135,10 @@ impl Nvfp4SrPlan {
         let q = a * row.inv;
         // The binade of q, clamped to 0 ..= 3 (E2M1's subnormal step 1/2 covers q < 1; from
         // binade 3 on every result saturates).
-        let e = (((q.to_bits() >> 23) as i32) - 127).clamp(0, 3) as u32;
-        let inv_u = f32::from_bits((128 - e) << 23); // 2^(1 - e)
-        let u = f32::from_bits((126 + e) << 23); // 2^(e - 1)
+        // The exponent field of 2^e (NaN's sign bit masked off).
+        let e_field = (q.to_bits() & 0x7f80_0000).clamp(127 << 23, 130 << 23);
+        let inv_u = f32::from_bits((255 << 23) - e_field); // 2^(1 - e)
+        let u = f32::from_bits(e_field - (1 << 23)); // 2^(e - 1)
         let t = q * inv_u;
         let floor = t.floor();
         let z = (t - floor) * sr.scale;
@@ -149,10 +147,14 @@ impl Nvfp4SrPlan {
         let v = ((floor + if up { 1.0 } else { 0.0 }) * u).min(6.0);
         let mag = v.mul_add(row.d_hi, v * row.d_lo).to_bits();
         // Near r + 1, or near 0 when r + 1 = 2^k: `z < band + (r + 1 - 2^k)` holds only then
-        // (otherwise `r + 1 - 2^k <= -1`).
-        let near = ((z - r1).abs() < sr.band) | (z < sr.band + (r1 - sr.scale));
-        // Inf and NaN inputs (only in NaN blocks, whose q is then NaN) go to the scalar rule.
-        let flag = (near & (q != 0.0)) | !q.is_finite();
+        // (otherwise `r + 1 - 2^k <= -1`). A NaN `z` is near: the negated compare holds for
+        // it. `z` is NaN exactly when `q` is not finite: Inf and NaN inputs (only in NaN
+        // blocks, whose `1/d` is 0) and every element of a block whose `1/d` is NaN; all go
+        // to the scalar rule (a NaN `q` is not 0).
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let close = !((z - r1).abs() >= sr.band);
+        let near = close | (z < sr.band + (r1 - sr.scale));
+        let flag = near & (q != 0.0);
         let out = ((mag | sign) & !row.nan) | (NAN_BITS & row.nan);
         (out, flag)
     }

@@ -5,14 +5,15 @@
 //! f32 data takes the integer fast paths of [`mx_plan`](crate::backend::mx_plan) and
 //! [`nvfp4_plan`](crate::backend::nvfp4_plan), which give the scalar rules' bits without
 //! dividing: a block's parameters follow from the bits of its maximum (a table lookup for
-//! MX, a search of 126 thresholds for NVFP4's E4M3 scale), and elements are rounded many
-//! lanes at a time, compiled for AVX-512 or AVX2 where the CPU has them (integer operations
-//! only, so every instruction set gives the same bits).
+//! MX, an estimate corrected by two exact threshold compares for NVFP4's E4M3 scale), and
+//! elements are rounded many lanes at a time, compiled for AVX-512 or AVX2 where the CPU has
+//! them (integer operations only, so every instruction set gives the same bits).
 //!
 //! - Blocks of aligned consecutive elements (along the last axis, whose length is a
-//!   multiple of the block size): one pass does both steps block by block, on each run of
-//!   [`RUN`] elements while it is in cache; the parameters of a block are the same in all
-//!   its lanes.
+//!   multiple of the block size): one pass does both steps on each run of [`RUN`] elements
+//!   while it is in cache (MX block by block; NVFP4 the rows of all the run's blocks first,
+//!   so that their scale computations overlap, then the elements); the parameters of a
+//!   block are the same in all its lanes.
 //! - Other blocks (along another axis, or with a shorter last block): the maxima come from
 //!   a first pass (an integer max over magnitude bits, vectorised across the inner
 //!   dimension), and each run is walked block segment by segment, the parameters of each
@@ -606,6 +607,9 @@ struct Nvfp4AlignedRun<'a> {
 impl SimdPass for Nvfp4AlignedRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
+        let mut rows = [0u8; RUN / NVFP4_BLOCK];
+        let rows = &mut rows[..self.out.len() / NVFP4_BLOCK];
+        nvfp4_block_rows(self.inp.unwrap_or(self.out), &self.plan.scales, rows);
         for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
             let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
             let x: [f32; NVFP4_BLOCK] = match self.inp {
@@ -614,13 +618,24 @@ impl SimdPass for Nvfp4AlignedRun<'_> {
                     .expect("a whole block"),
                 None => *o,
             };
-            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-            let row = self.plan.row(self.plan.scales.row_of(m));
+            let row = self.plan.row(rows[b] as usize);
             for j in 0..NVFP4_BLOCK {
                 o[j] = f32::from_bits(Nvfp4F32Plan::round_lane(x[j].to_bits(), row));
             }
         }
         false
+    }
+}
+
+/// The rows (E4M3 codes of the scales, or the NaN row) of the aligned blocks of `xs`, all
+/// before any element is rounded: each block's maximum and row depend only on its own
+/// elements, so the blocks' scale computations overlap instead of each waiting for the
+/// previous block's elements.
+#[inline(always)]
+fn nvfp4_block_rows(xs: &[f32], scales: &Nvfp4Scales, rows: &mut [u8]) {
+    for (x, row) in xs.chunks_exact(NVFP4_BLOCK).zip(rows.iter_mut()) {
+        let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
+        *row = scales.row_of(m) as u8;
     }
 }
 
@@ -661,7 +676,8 @@ fn nvfp4_walked(src: Option<&[f32]>, dst: &mut [f32], grid: MxGrid, plan: &Nvfp4
 }
 
 /// Rounds a group of stochastic NVFP4 elements `x` into `o`, each with its block's row,
-/// writing the flagged elements unchanged; the flags as a bit mask.
+/// writing the flagged elements unchanged; each lane's flag (1 for the scalar rule) into
+/// `flags`, and OR-ed into `any` (lane by lane, so no reduction across lanes per group).
 #[inline(always)]
 fn nvfp4_sr_group<const N: usize>(
     x: &[f32; N],
@@ -669,33 +685,35 @@ fn nvfp4_sr_group<const N: usize>(
     row: impl Fn(usize) -> SrRow,
     sr: SrBits,
     o: &mut [f32; N],
-) -> u64 {
-    let mut flags = 0u64;
+    flags: &mut [u8; N],
+    any: &mut [u8; N],
+) {
     for j in 0..N {
         let bits = x[j].to_bits();
         let (v, flag) = Nvfp4SrPlan::round_lane(bits, r[j], row(j), sr);
         o[j] = f32::from_bits(if flag { bits } else { v });
-        flags |= (flag as u64) << j;
+        flags[j] = flag as u8;
+        any[j] |= flag as u8;
     }
-    flags
 }
 
-/// One run of aligned stochastic NVFP4 blocks: each block's maximum, its row, then its
-/// elements; the flags of block `b` in `flags[b]`.
+/// One run of aligned stochastic NVFP4 blocks: the rows of its blocks, then each block's
+/// elements; the flag of element `j` in `flags[j]`.
 struct Nvfp4SrAlignedRun<'a> {
     plan: &'a Nvfp4SrPlan,
     inp: Option<&'a [f32]>,
     out: &'a mut [f32],
     words: &'a [u32],
     rows: &'a mut [u8],
-    flags: &'a mut [u64],
+    flags: &'a mut [u8],
     sr: SrBits,
 }
 
 impl SimdPass for Nvfp4SrAlignedRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
-        let mut any = 0u64;
+        let mut any = [0u8; NVFP4_BLOCK];
+        nvfp4_block_rows(self.inp.unwrap_or(self.out), &self.plan.scales, self.rows);
         for (b, o) in self.out.chunks_exact_mut(NVFP4_BLOCK).enumerate() {
             let o: &mut [f32; NVFP4_BLOCK] = o.try_into().expect("a whole block");
             let at = b * NVFP4_BLOCK;
@@ -706,15 +724,13 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
             let r: &[u32; NVFP4_BLOCK] = self.words[at..at + NVFP4_BLOCK]
                 .try_into()
                 .expect("a whole block");
-            let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-            let code = self.plan.scales.row_of(m);
-            self.rows[b] = code as u8;
-            let row = self.plan.row(code);
-            let flags = nvfp4_sr_group(&x, r, |_| row, self.sr, o);
-            self.flags[b] = flags;
-            any |= flags;
+            let flags: &mut [u8; NVFP4_BLOCK] = (&mut self.flags[at..at + NVFP4_BLOCK])
+                .try_into()
+                .expect("a whole block");
+            let row = self.plan.row(self.rows[b] as usize);
+            nvfp4_sr_group(&x, r, |_| row, self.sr, o, flags, &mut any);
         }
-        any != 0
+        any.iter().any(|&f| f != 0)
     }
 }
 
@@ -728,21 +744,22 @@ struct Nvfp4SrLanesRun<'a> {
     d_hi: &'a [f32],
     d_lo: &'a [f32],
     nan: &'a [u32],
-    /// The flags of the elements of group `g` (of [`GROUP`]) in `flags[g]`.
-    flags: &'a mut [u64],
+    /// The flag of element `j` in `flags[j]`.
+    flags: &'a mut [u8],
     sr: SrBits,
 }
 
 impl SimdPass for Nvfp4SrLanesRun<'_> {
     #[inline(always)]
     fn run(self) -> bool {
-        let mut any = 0u64;
+        let mut any = [0u8; GROUP];
         for (g, o) in self.out.chunks_mut(GROUP).enumerate() {
             let at = g * GROUP;
             let n = o.len();
             let mut x = [0f32; GROUP];
             let mut r = [0u32; GROUP];
             let mut staged = [0f32; GROUP];
+            let mut flags = [0u8; GROUP];
             x[..n].copy_from_slice(self.inp.map_or(&*o, |inp| &inp[at..at + n]));
             r[..n].copy_from_slice(&self.words[at..at + n]);
             let (inv, d_hi, d_lo, nan) = (
@@ -760,12 +777,24 @@ impl SimdPass for Nvfp4SrLanesRun<'_> {
                     nan: nan[j],
                 }
             };
-            let flags = nvfp4_sr_group(&x, &r, row, self.sr, &mut staged) & ((1u64 << n) - 1);
+            // Lanes past `n` repeat the last element: their flags are dropped.
+            let mut group_any = [0u8; GROUP];
+            nvfp4_sr_group(
+                &x,
+                &r,
+                row,
+                self.sr,
+                &mut staged,
+                &mut flags,
+                &mut group_any,
+            );
             o.copy_from_slice(&staged[..n]);
-            self.flags[g] = flags;
-            any |= flags;
+            self.flags[at..at + n].copy_from_slice(&flags[..n]);
+            for j in 0..n {
+                any[j] |= flags[j];
+            }
         }
-        any != 0
+        any.iter().any(|&f| f != 0)
     }
 }
 
@@ -797,7 +826,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
         let base = chunk * CHUNK;
         let mut walker = Walker::at(grid, base);
         let mut words = [0u32; RUN];
-        let mut flags = [0u64; RUN / NVFP4_BLOCK];
+        let mut flags = [0u8; RUN];
         let mut run_rows = [0u8; RUN / NVFP4_BLOCK];
         let mut start = 0;
         while start < out.len() {
@@ -808,7 +837,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
             }
             let inp = src.map(|s| &s[first..first + len]);
             let o = &mut out[start..start + len];
-            // Flags in groups of 16 elements: blocks (aligned) or lane groups.
+            // A flag per element: blocks (aligned) or lane groups.
             let any = if aligned {
                 run_simd(Nvfp4SrAlignedRun {
                     plan: &plan,
@@ -816,7 +845,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     out: o,
                     words: &words[..len],
                     rows: &mut run_rows[..len / NVFP4_BLOCK],
-                    flags: &mut flags[..len / NVFP4_BLOCK],
+                    flags: &mut flags[..len],
                     sr,
                 })
             } else {
@@ -841,12 +870,12 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     d_hi: &d_hi[..len],
                     d_lo: &d_lo[..len],
                     nan: &nan[..len],
-                    flags: &mut flags[..len.div_ceil(GROUP)],
+                    flags: &mut flags[..len],
                     sr,
                 })
             };
             if any {
-                for j in (0..len).filter(|&j| flags[j / 16] >> (j % 16) & 1 == 1) {
+                for j in (0..len).filter(|&j| flags[j] != 0) {
                     let row = if aligned {
                         run_rows[j / NVFP4_BLOCK]
                     } else {
