@@ -32,7 +32,7 @@
 //! exactly (xlns rounds an f64 evaluation), and the tables stop where the entries become 0
 //! (xlns evaluates its "ideal" function everywhere).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 
@@ -40,6 +40,7 @@ use crate::format::lns::Lns;
 
 use super::error::LnsError;
 use super::exact::{self, Direction, Gauss};
+use super::gauss_f64::GaussF64;
 
 /// How an LNS adder evaluates the Gaussian logarithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -305,6 +306,77 @@ impl GaussEval {
             }
             GaussEval::Exact { dir, tables: None } => {
                 exact::gauss_log(Gauss::Difference, z, f, *dir)
+            }
+        }
+    }
+}
+
+/// sb and db at `z = -u` (`u >= 0`; `u >= 1` for db), exactly as an arithmetic evaluates
+/// them: the interface of the fast matrix product ([`super::lanes`]).
+pub(crate) trait Sums: Sync {
+    /// `sb(-u)`.
+    fn sb(&self, u: i64) -> i64;
+    /// `db(-u)`, `u >= 1`.
+    fn db(&self, u: i64) -> i64;
+}
+
+impl Sums for ExactTables {
+    #[inline(always)]
+    fn sb(&self, u: i64) -> i64 {
+        self.sb.get(u as usize).copied().unwrap_or(self.sb_far)
+    }
+
+    #[inline(always)]
+    fn db(&self, u: i64) -> i64 {
+        self.db.get(u as usize).copied().unwrap_or(self.db_far)
+    }
+}
+
+impl Sums for Tables {
+    #[inline(always)]
+    fn sb(&self, u: i64) -> i64 {
+        Tables::sb(self, -u)
+    }
+
+    #[inline(always)]
+    fn db(&self, u: i64) -> i64 {
+        Tables::db(self, -u)
+    }
+}
+
+impl Sums for GaussF64 {
+    #[inline(always)]
+    fn sb(&self, u: i64) -> i64 {
+        GaussF64::sb(self, u)
+    }
+
+    #[inline(always)]
+    fn db(&self, u: i64) -> i64 {
+        GaussF64::db(self, u)
+    }
+}
+
+/// The evaluation behind an arithmetic's sums, for the fast matrix product.
+pub(crate) enum SumsRef<'a> {
+    /// Exact tables of every `z` (ideal and truncated, `f <= 10`).
+    Exact(&'a ExactTables),
+    /// The f64 evaluation with exact fallback (ideal and truncated, `f >= 11`).
+    F64(&'a GaussF64),
+    /// The table implementation.
+    Table(&'a Tables),
+}
+
+impl GaussEval {
+    /// The evaluation the fast matrix product uses: the same values as [`GaussEval::sb`] and
+    /// [`GaussEval::db`]; `f64` is built on first use for `f >= 11`.
+    pub(crate) fn sums<'a>(&'a self, f: u32, f64: &'a OnceLock<GaussF64>) -> SumsRef<'a> {
+        match self {
+            GaussEval::Table(t) => SumsRef::Table(t),
+            GaussEval::Exact {
+                tables: Some(t), ..
+            } => SumsRef::Exact(t),
+            GaussEval::Exact { dir, tables: None } => {
+                SumsRef::F64(f64.get_or_init(|| GaussF64::new(f, *dir)))
             }
         }
     }

@@ -119,11 +119,14 @@ mod arith;
 mod error;
 mod exact;
 mod gauss;
+mod gauss_f64;
+mod lanes;
 mod matmul;
 mod value;
 
 pub use arith::LnsArith;
 pub use error::LnsError;
 pub use gauss::GaussLog;
+pub use lanes::{lns_gemm_lanes, LnsBias, LANES};
 pub use matmul::{lns_matmul, lns_matmul_f64};
 pub use value::LnsValue;
