@@ -126,20 +126,21 @@ impl GaussF64 {
         let m = (bits & ((1 << 52) - 1)) | (1 << 52);
         let v = log2_significand(m) * self.scale;
         let bound = 2.0 * self.scale * (LOG2_ERROR + f64::EPSILON * (1.0 + 3.0 * t / w));
-        let fl = v.floor();
-        let fr = v - fl;
+        // v >= 0: truncation is the floor.
+        let fl = v as i64;
+        let fr = v - fl as f64;
         let n = match self.dir {
             Direction::Nearest => {
                 if (fr - 0.5).abs() <= bound {
                     return None;
                 }
-                fl as i64 + i64::from(fr > 0.5)
+                fl + i64::from(fr > 0.5)
             }
             Direction::Floor => {
                 if fr <= bound || fr >= 1.0 - bound {
                     return None;
                 }
-                fl as i64
+                fl
             }
         };
         Some((e << self.f) + n)
@@ -173,12 +174,14 @@ impl GaussF64 {
             .unwrap_or_else(|| gauss_log(Gauss::Difference, -u, self.f, self.dir))
     }
 
+    #[cfg(test)]
     /// `sb(-u)` by the f64 path alone, `None` where it would decide exactly: for tests of
     /// the bound.
     pub(crate) fn sb_estimate(&self, u: i64) -> Option<i64> {
         (u > 0 && u < self.far).then(|| self.round_log(1.0 + self.pow(u), self.pow(u)))?
     }
 
+    #[cfg(test)]
     /// `db(-u)` by the f64 path alone (no near table), `None` where it would decide
     /// exactly: for tests of the bound.
     pub(crate) fn db_estimate(&self, u: i64) -> Option<i64> {
@@ -281,7 +284,11 @@ mod tests {
                         None => undecided += 1,
                     }
                 }
-                assert!(undecided > 0, "f = {f} {dir:?}: nothing left undecided");
+                // At f = 30 the error reaches many units for small u.
+                assert!(
+                    f < MAX_F || undecided > 100,
+                    "f = {f} {dir:?}: only {undecided} left undecided"
+                );
             }
         }
     }

@@ -12,6 +12,7 @@
 use rayon::prelude::*;
 
 use super::gemm_cpu::{Bias, Dims};
+use super::quire_i16::Operand;
 use crate::lns::{lns_gemm_lanes, LnsArith, LnsBias, LnsValue};
 
 /// `out = A · B [+ bias]` in `arith`'s LNS arithmetic (see the module docs).
@@ -35,8 +36,60 @@ pub fn lns_gemm(
             .map(|&x| LnsValue::nearest(lns, x))
             .collect()
     };
-    let ac = codes(&a[..m * k]);
-    let bc = codes(&b[..k * n]);
+    let c = product(
+        arith,
+        &codes(&a[..m * k]),
+        &codes(&b[..k * n]),
+        (m, k, n),
+        bias,
+        parallel,
+    );
+    out[..m * n]
+        .par_iter_mut()
+        .with_min_len(1024)
+        .zip(c.par_iter().with_min_len(1024))
+        .for_each(|(o, v)| *o = v.to_f64(lns));
+}
+
+/// [`lns_gemm`] straight from f32 operands not yet rounded (each in either layout), as the
+/// f32 outputs: each operand's code is the one nearest to its f32 (the same code as rounding
+/// it to the format first), the outputs the f32 of each code's f64 value.
+pub fn lns_gemm_f32(
+    arith: &LnsArith,
+    a: Operand,
+    b: Operand,
+    (m, k, n): Dims,
+    bias: Bias,
+    parallel: bool,
+) -> Vec<f32> {
+    let lns = arith.lns();
+    let codes = |v: &[f32]| -> Vec<LnsValue> {
+        v.par_iter()
+            .with_min_len(1024)
+            .map(|&x| LnsValue::nearest(lns, f64::from(x)))
+            .collect()
+    };
+    let ac = codes(&a.row_major(m, k)[..m * k]);
+    let bc = codes(&b.row_major(k, n)[..k * n]);
+    let c = product(arith, &ac, &bc, (m, k, n), bias, parallel);
+    c.par_iter()
+        .with_min_len(1024)
+        .map(|v| v.to_f64(lns) as f32)
+        .collect()
+}
+
+/// The product of codes with the bias (f64 values) rounded in.
+fn product(
+    arith: &LnsArith,
+    ac: &[LnsValue],
+    bc: &[LnsValue],
+    (m, k, n): Dims,
+    bias: Bias,
+    parallel: bool,
+) -> Vec<LnsValue> {
+    let lns = arith.lns();
+    let codes =
+        |v: &[f64]| -> Vec<LnsValue> { v.iter().map(|&x| LnsValue::nearest(lns, x)).collect() };
     let bias_codes = match bias {
         Bias::None => Vec::new(),
         Bias::PerRow(v) => codes(&v[..m]),
@@ -48,11 +101,7 @@ pub fn lns_gemm(
         Bias::PerCol(_) => LnsBias::PerCol(&bias_codes),
     };
     let mut c = vec![LnsValue::Zero; m * n];
-    lns_gemm_lanes(arith, &ac, &bc, (m, k, n), lns_bias, &mut c, parallel)
-        .expect("the shapes were checked above");
-    out[..m * n]
-        .par_iter_mut()
-        .with_min_len(1024)
-        .zip(c.par_iter().with_min_len(1024))
-        .for_each(|(o, v)| *o = v.to_f64(lns));
+    lns_gemm_lanes(arith, ac, bc, (m, k, n), lns_bias, &mut c, parallel)
+        .expect("the shapes were checked by the callers");
+    c
 }
