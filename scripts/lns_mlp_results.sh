@@ -13,10 +13,14 @@ runs="${1:-10}"
 mnist="${2:-../shared/data/mnist}"
 out=results/lns-mlp
 mkdir -p "$out"
-cargo build --release --example lns_mlp
-bin=target/release/examples/lns_mlp
-for arith in f32 lns; do
-    for ((seed = 0; seed < runs; seed++)); do
+# QCANDLE_LNS_MLP_BIN: a binary built earlier (else the example is built now).
+bin="${QCANDLE_LNS_MLP_BIN:-}"
+if [ -z "$bin" ]; then
+    cargo build --release --example lns_mlp
+    bin=target/release/examples/lns_mlp
+fi
+for ((seed = 0; seed < runs; seed++)); do
+    for arith in f32 lns; do
         file="$out/$arith-seed$seed.csv"
         [ -s "$file" ] && continue
         "$bin" --data-dir "$mnist" --arith "$arith" --seed "$seed" > "$file.tmp"
