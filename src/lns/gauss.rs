@@ -215,6 +215,8 @@ pub(crate) struct ExactTables {
     /// sb and db below the tables (0, and -1 for a truncated db).
     sb_far: i64,
     db_far: i64,
+    /// `sb`, `sb_far`, `db`, `db_far` in one vector (the fast matrix product's look-up).
+    both: Vec<i64>,
 }
 
 impl ExactTables {
@@ -223,22 +225,26 @@ impl ExactTables {
 
     fn new(f: u32, dir: Direction) -> Self {
         let len = (f as i64 + 2) << f;
-        let sb = (0..len)
+        let sb: Vec<i64> = (0..len)
             .into_par_iter()
             .map(|u| exact::gauss_log(Gauss::Sum, -u, f, dir))
             .collect();
-        let db = (0..len)
+        let db: Vec<i64> = (0..len)
             .into_par_iter()
             .map(|u| match u {
                 0 => 0,
                 u => exact::gauss_log(Gauss::Difference, -u, f, dir),
             })
             .collect();
+        let sb_far = exact::gauss_log(Gauss::Sum, -len, f, dir);
+        let db_far = exact::gauss_log(Gauss::Difference, -len, f, dir);
+        let both = [&sb[..], &[sb_far], &db[..], &[db_far]].concat();
         ExactTables {
             sb,
             db,
-            sb_far: exact::gauss_log(Gauss::Sum, -len, f, dir),
-            db_far: exact::gauss_log(Gauss::Difference, -len, f, dir),
+            sb_far,
+            db_far,
+            both,
         }
     }
 }
@@ -311,48 +317,41 @@ impl GaussEval {
     }
 }
 
-/// sb and db at `z = -u` (`u >= 0`; `u >= 1` for db), exactly as an arithmetic evaluates
-/// them: the interface of the fast matrix product ([`super::lanes`]).
+/// sb and db at `z = -u` (`u >= 0`), exactly as an arithmetic evaluates them: the interface
+/// of the fast matrix product ([`super::lanes`]).
 pub(crate) trait Sums: Sync {
-    /// `sb(-u)`.
-    fn sb(&self, u: i64) -> i64;
-    /// `db(-u)`, `u >= 1`.
-    fn db(&self, u: i64) -> i64;
+    /// `sb(-u)` when `same` (operands of the same sign), else `db(-u)`; any value for
+    /// `db` at `u = 0` (exact cancellation, which the caller handles).
+    fn sum(&self, u: i64, same: bool) -> i64;
 }
 
 impl Sums for ExactTables {
+    /// One look-up in `[sb..., sb_far, db..., db_far]`, without a branch on the signs.
     #[inline(always)]
-    fn sb(&self, u: i64) -> i64 {
-        self.sb.get(u as usize).copied().unwrap_or(self.sb_far)
-    }
-
-    #[inline(always)]
-    fn db(&self, u: i64) -> i64 {
-        self.db.get(u as usize).copied().unwrap_or(self.db_far)
+    fn sum(&self, u: i64, same: bool) -> i64 {
+        let len = self.sb.len();
+        let i = (u as u64).min(len as u64) as usize + usize::from(!same) * (len + 1);
+        self.both[i]
     }
 }
 
 impl Sums for Tables {
     #[inline(always)]
-    fn sb(&self, u: i64) -> i64 {
-        Tables::sb(self, -u)
-    }
-
-    #[inline(always)]
-    fn db(&self, u: i64) -> i64 {
-        Tables::db(self, -u)
+    fn sum(&self, u: i64, same: bool) -> i64 {
+        if same {
+            Tables::sb(self, -u)
+        } else if u == 0 {
+            0
+        } else {
+            Tables::db(self, -u)
+        }
     }
 }
 
 impl Sums for GaussF64 {
     #[inline(always)]
-    fn sb(&self, u: i64) -> i64 {
-        GaussF64::sb(self, u)
-    }
-
-    #[inline(always)]
-    fn db(&self, u: i64) -> i64 {
-        GaussF64::db(self, u)
+    fn sum(&self, u: i64, same: bool) -> i64 {
+        GaussF64::sum(self, u, same)
     }
 }
 

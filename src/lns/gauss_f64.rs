@@ -146,32 +146,37 @@ impl GaussF64 {
         Some((e << self.f) + n)
     }
 
-    /// `sb(-u)` for `u >= 0`.
+    /// `sb(-u)` when `same`, else `db(-u)` (0 at `u = 0`): `w = 1 ± t` chosen without a
+    /// branch.
     #[inline(always)]
-    pub(crate) fn sb(&self, u: i64) -> i64 {
+    pub(crate) fn sum(&self, u: i64, same: bool) -> i64 {
         if u >= self.far {
-            return self.sb_far;
+            return if same { self.sb_far } else { self.db_far };
+        }
+        if !same && (u as usize) < NEAR {
+            return self.near[u as usize];
         }
         if u == 0 {
             return 1 << self.f;
         }
         let t = self.pow(u);
-        self.round_log(1.0 + t, t)
-            .unwrap_or_else(|| gauss_log(Gauss::Sum, -u, self.f, self.dir))
+        let w = 1.0 + if same { t } else { -t };
+        self.round_log(w, t).unwrap_or_else(|| {
+            let op = if same { Gauss::Sum } else { Gauss::Difference };
+            gauss_log(op, -u, self.f, self.dir)
+        })
+    }
+
+    /// `sb(-u)` for `u >= 0`.
+    #[cfg(test)]
+    pub(crate) fn sb(&self, u: i64) -> i64 {
+        self.sum(u, true)
     }
 
     /// `db(-u)` for `u >= 1`.
-    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn db(&self, u: i64) -> i64 {
-        if u >= self.far {
-            return self.db_far;
-        }
-        if let Some(&d) = self.near.get(u as usize) {
-            return d;
-        }
-        let t = self.pow(u);
-        self.round_log(1.0 - t, t)
-            .unwrap_or_else(|| gauss_log(Gauss::Difference, -u, self.f, self.dir))
+        self.sum(u, false)
     }
 
     #[cfg(test)]

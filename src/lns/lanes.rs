@@ -77,7 +77,8 @@ impl Range {
         self.bring_in((a >> 1) + (b >> 1), (a ^ b) & 1)
     }
 
-    /// The sum by the Gaussian logarithms of `s`.
+    /// The sum by the Gaussian logarithms of `s`: zeros by branches (they come in runs),
+    /// the order of the operands, the signs and the cancellation by selects.
     #[inline(always)]
     fn add<S: Sums>(self, s: &S, a: i64, b: i64) -> i64 {
         if a == ZERO {
@@ -87,19 +88,17 @@ impl Range {
             return a;
         }
         let (ka, kb) = (a >> 1, b >> 1);
-        let (big, neg, u) = if ka >= kb {
-            (ka, a & 1, ka - kb)
+        let ge = ka >= kb;
+        let big = if ge { ka } else { kb };
+        let neg = if ge { a & 1 } else { b & 1 };
+        let u = (ka - kb).abs();
+        let same = (a ^ b) & 1 == 0;
+        let r = self.bring_in(big + s.sum(u, same), neg);
+        if !same && u == 0 {
+            ZERO
         } else {
-            (kb, b & 1, kb - ka)
-        };
-        let k = if (a ^ b) & 1 == 0 {
-            big + s.sb(u)
-        } else if u == 0 {
-            return ZERO;
-        } else {
-            big + s.db(u)
-        };
-        self.bring_in(k, neg)
+            r
+        }
     }
 }
 
