@@ -109,6 +109,9 @@ const SETTINGS: &[(&str, &str, bool)] = &[
     ("e4m3", "naive:fp16", false),
     ("e4m3", "fma:fp32", false),
     ("lns<16,8>", "lns:ideal", false),
+    ("lns<16,8>", "lns:truncated", false),
+    ("lns<16,8>", "lns:table", false),
+    ("lns<32,23>", "lns:ideal", false),
 ];
 
 fn bench_accumulate(c: &mut Criterion) {

@@ -1003,3 +1003,64 @@ fn sb_and_db_take_any_z() {
         assert_eq!(a.db(i64::MAX), Some(i64::MAX - floor as i64));
     }
 }
+
+/// `LnsValue::nearest` (a shortcut where an estimate of the logarithm decides) against the
+/// format's own exact rounding and the reference, on the inputs the shortcut must get right:
+/// codes' own f64 values and their f32s (near an integer logarithm), and the f64s nearest to
+/// the midpoints `2^((k + 1/2)/2^f)` between two codes (the shortcut must leave those to
+/// the exact rounding), across the range and at its ends.
+#[test]
+fn nearest_of_codes_and_of_midpoints_is_the_formats_rounding() {
+    use qcandle::format::rounding::NearestEven;
+    let mut rng = SplitMix(123);
+    for (w, f) in [
+        (8, 3),
+        (16, 8),
+        (16, 10),
+        (24, 16),
+        (31, 23),
+        (32, 23),
+        (32, 30),
+    ] {
+        let l = lns(w, f);
+        // Values of lns<32,f+1> (value() takes any k): odd k' are the midpoints of lns<w,f>.
+        let finer = lns(32, (f + 1).min(30));
+        for i in 0..2000 {
+            let k = match i % 4 {
+                0 => l.k_max() - rng.below(3) as i64,
+                1 => l.k_min() + rng.below(3) as i64,
+                _ => l.k_min() + rng.below((l.k_max() - l.k_min()) as u64) as i64,
+            };
+            let code = LnsValue::finite(l, rng.coin(), k).unwrap();
+            let v = code.to_f64(l);
+            let mid = if f < 30 {
+                finer.value(2 * k + 1).min(f64::MAX)
+            } else {
+                v * (1.0 + 2.0 * f64::EPSILON)
+            };
+            for x in [
+                v,
+                f64::from(v as f32),
+                mid,
+                -mid,
+                mid * (1.0 + f64::EPSILON),
+            ] {
+                if !x.is_finite() || x == 0.0 {
+                    continue;
+                }
+                let want: LnsValue = l.round_code(x, NearestEven, 0).into();
+                assert_eq!(LnsValue::nearest(l, x), want, "{l:?} k = {k}: {x:e}");
+                if x == v {
+                    assert_eq!(want, code, "{l:?}: a code's value rounds to the code");
+                }
+            }
+            if i % 50 == 0 {
+                assert_eq!(
+                    LnsValue::nearest(l, mid),
+                    reference_nearest(l, mid),
+                    "{l:?} {mid:e}"
+                );
+            }
+        }
+    }
+}

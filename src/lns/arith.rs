@@ -3,7 +3,10 @@
 use crate::format::lns::Lns;
 
 use super::error::LnsError;
-use super::gauss::{GaussEval, GaussLog};
+use std::sync::{Arc, OnceLock};
+
+use super::gauss::{GaussEval, GaussLog, SumsRef};
+use super::gauss_f64::GaussF64;
 use super::value::LnsValue;
 
 /// The arithmetic of one lns<w,f> format with one Gaussian-log implementation.
@@ -15,6 +18,9 @@ pub struct LnsArith {
     lns: Lns,
     gauss: GaussLog,
     eval: GaussEval,
+    /// The f64 evaluation of the fast matrix product (`f >= 11`, ideal and truncated),
+    /// built on first use.
+    fast: Arc<OnceLock<GaussF64>>,
 }
 
 impl LnsArith {
@@ -25,6 +31,7 @@ impl LnsArith {
             lns,
             gauss,
             eval: GaussEval::new(lns, gauss)?,
+            fast: Arc::default(),
         })
     }
 
@@ -48,6 +55,11 @@ impl LnsArith {
     /// `z = 0`, where `1 - B^0` is exactly zero.
     pub fn db(&self, z: i64) -> Option<i64> {
         (z != 0).then(|| self.eval.db(z, self.lns.f()))
+    }
+
+    /// The sums' evaluation for the fast matrix product ([`super::lanes`]).
+    pub(crate) fn sums(&self) -> SumsRef<'_> {
+        self.eval.sums(self.lns.f(), &self.fast)
     }
 
     /// `a * b`: signs XOR, exponents added exactly. `0 * x = 0` for every finite `x`; NaN

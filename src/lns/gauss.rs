@@ -32,7 +32,7 @@
 //! exactly (xlns rounds an f64 evaluation), and the tables stop where the entries become 0
 //! (xlns evaluates its "ideal" function everywhere).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 
@@ -40,6 +40,7 @@ use crate::format::lns::Lns;
 
 use super::error::LnsError;
 use super::exact::{self, Direction, Gauss};
+use super::gauss_f64::GaussF64;
 
 /// How an LNS adder evaluates the Gaussian logarithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -214,6 +215,8 @@ pub(crate) struct ExactTables {
     /// sb and db below the tables (0, and -1 for a truncated db).
     sb_far: i64,
     db_far: i64,
+    /// `sb`, `sb_far`, `db`, `db_far` in one vector (the fast matrix product's look-up).
+    both: Vec<i64>,
 }
 
 impl ExactTables {
@@ -222,22 +225,26 @@ impl ExactTables {
 
     fn new(f: u32, dir: Direction) -> Self {
         let len = (f as i64 + 2) << f;
-        let sb = (0..len)
+        let sb: Vec<i64> = (0..len)
             .into_par_iter()
             .map(|u| exact::gauss_log(Gauss::Sum, -u, f, dir))
             .collect();
-        let db = (0..len)
+        let db: Vec<i64> = (0..len)
             .into_par_iter()
             .map(|u| match u {
                 0 => 0,
                 u => exact::gauss_log(Gauss::Difference, -u, f, dir),
             })
             .collect();
+        let sb_far = exact::gauss_log(Gauss::Sum, -len, f, dir);
+        let db_far = exact::gauss_log(Gauss::Difference, -len, f, dir);
+        let both = [&sb[..], &[sb_far], &db[..], &[db_far]].concat();
         ExactTables {
             sb,
             db,
-            sb_far: exact::gauss_log(Gauss::Sum, -len, f, dir),
-            db_far: exact::gauss_log(Gauss::Difference, -len, f, dir),
+            sb_far,
+            db_far,
+            both,
         }
     }
 }
@@ -305,6 +312,70 @@ impl GaussEval {
             }
             GaussEval::Exact { dir, tables: None } => {
                 exact::gauss_log(Gauss::Difference, z, f, *dir)
+            }
+        }
+    }
+}
+
+/// sb and db at `z = -u` (`u >= 0`), exactly as an arithmetic evaluates them: the interface
+/// of the fast matrix product ([`super::lanes`]).
+pub(crate) trait Sums: Sync {
+    /// `sb(-u)` when `same` (operands of the same sign), else `db(-u)`; any value for
+    /// `db` at `u = 0` (exact cancellation, which the caller handles).
+    fn sum(&self, u: i64, same: bool) -> i64;
+}
+
+impl Sums for ExactTables {
+    /// One look-up in `[sb..., sb_far, db..., db_far]`, without a branch on the signs.
+    #[inline(always)]
+    fn sum(&self, u: i64, same: bool) -> i64 {
+        let len = self.sb.len();
+        let i = (u as u64).min(len as u64) as usize + usize::from(!same) * (len + 1);
+        self.both[i]
+    }
+}
+
+impl Sums for Tables {
+    #[inline(always)]
+    fn sum(&self, u: i64, same: bool) -> i64 {
+        if same {
+            Tables::sb(self, -u)
+        } else if u == 0 {
+            0
+        } else {
+            Tables::db(self, -u)
+        }
+    }
+}
+
+impl Sums for GaussF64 {
+    #[inline(always)]
+    fn sum(&self, u: i64, same: bool) -> i64 {
+        GaussF64::sum(self, u, same)
+    }
+}
+
+/// The evaluation behind an arithmetic's sums, for the fast matrix product.
+pub(crate) enum SumsRef<'a> {
+    /// Exact tables of every `z` (ideal and truncated, `f <= 10`).
+    Exact(&'a ExactTables),
+    /// The f64 evaluation with exact fallback (ideal and truncated, `f >= 11`).
+    F64(&'a GaussF64),
+    /// The table implementation.
+    Table(&'a Tables),
+}
+
+impl GaussEval {
+    /// The evaluation the fast matrix product uses: the same values as [`GaussEval::sb`] and
+    /// [`GaussEval::db`]; `f64` is built on first use for `f >= 11`.
+    pub(crate) fn sums<'a>(&'a self, f: u32, f64: &'a OnceLock<GaussF64>) -> SumsRef<'a> {
+        match self {
+            GaussEval::Table(t) => SumsRef::Table(t),
+            GaussEval::Exact {
+                tables: Some(t), ..
+            } => SumsRef::Exact(t),
+            GaussEval::Exact { dir, tables: None } => {
+                SumsRef::F64(f64.get_or_init(|| GaussF64::new(f, *dir)))
             }
         }
     }

@@ -91,7 +91,12 @@
 //!
 //! [`lns_matmul`] is the naive product of row-major code matrices: products exact, each dot
 //! product accumulated from zero through [`LnsArith::add`] in the order of the inner index.
-//! [`lns_matmul_f64`] rounds f64 matrices in and the result out.
+//! [`lns_matmul_f64`] rounds f64 matrices in and the result out. [`lns_gemm_lanes`] computes
+//! the same bits (with an optional bias added last) fast: codes packed in integers, many
+//! outputs' sums in flight at once, and for `f >= 11` the exactly rounded sb and db from an
+//! f64 evaluation with a proven error bound that defers to the exact decision near a
+//! rounding boundary (the module `gauss_f64`); it is the kernel of
+//! `accumulate = "lns:<impl>"`.
 //!
 //! Drift from the f64 product, `|c - c_f64| / sum_p |a_ip b_pj|` over the 256 outputs of a
 //! 16x64x16 product of uniform [-1, 1] entries in lns<20,12> (`tests/lns_arith.rs`, seeded;
@@ -119,11 +124,14 @@ mod arith;
 mod error;
 mod exact;
 mod gauss;
+mod gauss_f64;
+mod lanes;
 mod matmul;
 mod value;
 
 pub use arith::LnsArith;
 pub use error::LnsError;
 pub use gauss::GaussLog;
+pub use lanes::{lns_gemm_lanes, LnsBias, LANES};
 pub use matmul::{lns_matmul, lns_matmul_f64};
 pub use value::LnsValue;

@@ -5,7 +5,9 @@
 //! `w-1` bits as two's complement, the exponent `-2^(w-2)` reserved for zero (sign 0) and NaN
 //! (sign 1).
 
+use crate::format::grid::{parts, pow2};
 use crate::format::lns::{Lns, LnsCode};
+use crate::format::lns_approx::{log2_significand, LOG2_ERROR};
 use crate::format::rounding::NearestEven;
 
 use super::error::LnsError;
@@ -87,7 +89,32 @@ impl LnsValue {
     /// (never a tie for an f64), above `k_max` (and `±inf`) it saturates to `k_max`, and below
     /// the smallest magnitude `min` the choice between `±min` and zero is made in the value
     /// (`|x| > min / 2` gives `±min`). `±0` is zero and NaN is NaN.
+    ///
+    /// Most inputs take a shortcut: `t` estimated within `2^(f-44)` units (the format's
+    /// `log2` estimate), and when that estimate is farther than twice its bound from
+    /// a half-integer and its rounding lies inside `[k_min, k_max]`, `k` is that rounding
+    /// (nearest rounding needs no exact floor, unlike the format's general path, which
+    /// decides `floor(t)` exactly and so works hard on inputs near a code's own value). The
+    /// others go to [`Lns::round_code`].
     pub fn nearest(lns: Lns, x: f64) -> Self {
+        if x.is_finite() && x != 0.0 {
+            let p = parts(x);
+            let f = lns.f();
+            let scale = pow2(f as i32);
+            let t = log2_significand(p.m) * scale;
+            // t >= 0: truncation is the floor.
+            let j = t as i64;
+            let frac = t - j as f64;
+            if (frac - 0.5).abs() > 2.0 * LOG2_ERROR * scale {
+                let k = ((p.e as i64) << f) + j + i64::from(frac > 0.5);
+                if (lns.k_min()..=lns.k_max()).contains(&k) {
+                    return LnsValue::Finite {
+                        negative: x < 0.0,
+                        k: k as i32,
+                    };
+                }
+            }
+        }
         lns.round_code(x, NearestEven, 0).into()
     }
 

@@ -21,11 +21,11 @@ use super::accumulate::Accumulate;
 use super::accumulator::quire_support;
 use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
 use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims};
-use super::gemm_lns::lns_gemm;
+use super::gemm_lns::{lns_gemm, lns_gemm_f32};
 use super::quire_i16::{self, Operand};
 use crate::format::rounding::NearestEven;
 use crate::format::{Format, Posit};
-use crate::lns::{GaussLog, LnsArith};
+use crate::lns::{GaussLog, LnsArith, LnsValue};
 
 /// The arithmetic of one GEMM (see the module docs and [`super::accumulate`]).
 #[derive(Debug, Clone)]
@@ -136,6 +136,15 @@ impl GemmRule {
     /// in f32 is rounding the value), else one element at a time in f64.
     pub fn operands(&self, xs: &[f32]) -> Vec<f64> {
         let format = self.format();
+        if let Format::Lns(l) = format {
+            // The code nearest to each f32 (LnsValue::nearest is the format's nearest-even
+            // rounding), as its value.
+            return xs
+                .par_iter()
+                .with_min_len(4096)
+                .map(|&x| LnsValue::nearest(l, f64::from(x)).to_f64(l))
+                .collect();
+        }
         if values_are_f32(&format) {
             let mut rounded = vec![0f32; xs.len()];
             let dims = [xs.len()];
@@ -171,7 +180,8 @@ impl GemmRule {
     /// rounded to `F`, each in either layout, as the f32 outputs; the bias (if any) already
     /// rounded. `None` where the rule has no such path (then round with
     /// [`GemmRule::operands`] and call [`GemmRule::gemm`]): today the i16 quire of
-    /// posit<8,0> ([`super::quire_i16`]), the same bits as the f64 path.
+    /// posit<8,0> ([`super::quire_i16`]) and the LNS rules ([`super::gemm_lns`]), the same
+    /// bits as the f64 path.
     pub fn gemm_f32(
         &self,
         a: Operand,
@@ -186,6 +196,7 @@ impl GemmRule {
             {
                 quire_i16::gemm_f32(*p, a, b, dims, bias, parallel)
             }
+            GemmRule::Lns(arith) => Some(lns_gemm_f32(arith, a, b, dims, bias, parallel)),
             _ => None,
         }
     }

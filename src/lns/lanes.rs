@@ -1,0 +1,303 @@
+//! The fast LNS matrix product: [`lns_matmul`](super::lns_matmul)'s arithmetic, bit for bit,
+//! on packed integer codes with many outputs' running sums in flight at once.
+//!
+//! # Definition
+//!
+//! `c[i][j] = 0`, then `c = c ⊕ (a[i][p] ⊗ b[p][j])` for `p` ascending, then `c = c ⊕ bias`
+//! (when there is one), with `⊗` and `⊕` the multiplication and addition of
+//! [`LnsArith`]: exact products brought into the range (saturated to `k_max`, flushed to
+//! zero below `k_min`), sums `k_big + sb(z)` or `k_big + db(z)` by the Gaussian logarithms
+//! of the arithmetic's implementation, saturated or flushed, opposite values cancelling to
+//! zero exactly.
+//!
+//! # How it is fast
+//!
+//! * A value is one i64: `k << 1 | sign`, and zero a sentinel far below every `k_min`, so a
+//!   product is an integer add and a clamp (a zero operand gives a sum below `k_min`, which
+//!   flushes to zero as the definition does), and an addition reads `z` and the signs from
+//!   two integers.
+//! * sb and db come from exact tables for `f <= 10` and the table implementation's own
+//!   integer evaluation, as in [`LnsArith`]; for `f >= 11` (ideal and truncated) from an
+//!   f64 evaluation with a proven error bound that falls back on the exact decision near a
+//!   rounding boundary ([`super::gauss_f64`]). Both give the exactly rounded values, so the
+//!   results equal [`LnsArith`]'s.
+//! * Each row of `A` runs against [`LANES`] output columns at a time, `p` ascending in every
+//!   lane: the lanes' sums are independent, so their dependent chains overlap in the
+//!   processor, while every output keeps its own order of operations. A zero `a[i][p]` skips
+//!   step `p` for the whole tile (every product is zero, and `c ⊕ 0 = c` for every `c` in
+//!   the range). Rows run in parallel.
+//! * A NaN anywhere in the operands sends the whole product to the scalar definition (NaN
+//!   absorbs, and is rare).
+
+use rayon::prelude::*;
+
+use super::arith::LnsArith;
+use super::error::LnsError;
+use super::gauss::{Sums, SumsRef};
+use super::value::LnsValue;
+
+/// Output columns summed together in one pass over a row of `A`.
+pub const LANES: usize = 32;
+
+/// The packed zero: far below every `k_min` (`>= -2^30`) even after adding any `k`.
+const ZERO: i64 = -(1 << 62);
+
+/// How a bias is laid out for [`lns_gemm_lanes`].
+#[derive(Debug, Clone, Copy)]
+pub enum LnsBias<'a> {
+    /// No bias.
+    None,
+    /// One value per output row (`m` values).
+    PerRow(&'a [LnsValue]),
+    /// One value per output column (`n` values).
+    PerCol(&'a [LnsValue]),
+}
+
+/// The range of one format.
+#[derive(Clone, Copy)]
+struct Range {
+    k_min: i64,
+    k_max: i64,
+}
+
+impl Range {
+    /// `±B^k` brought into the range, packed.
+    #[inline(always)]
+    fn bring_in(self, k: i64, neg: i64) -> i64 {
+        if k < self.k_min {
+            ZERO
+        } else {
+            (k.min(self.k_max) << 1) | neg
+        }
+    }
+
+    /// The exact product, brought into the range.
+    #[inline(always)]
+    fn mul(self, a: i64, b: i64) -> i64 {
+        self.bring_in((a >> 1) + (b >> 1), (a ^ b) & 1)
+    }
+
+    /// The sum by the Gaussian logarithms of `s`: zeros by branches (they come in runs),
+    /// the order of the operands, the signs and the cancellation by selects.
+    #[inline(always)]
+    fn add<S: Sums>(self, s: &S, a: i64, b: i64) -> i64 {
+        if a == ZERO {
+            return b;
+        }
+        if b == ZERO {
+            return a;
+        }
+        let (ka, kb) = (a >> 1, b >> 1);
+        let ge = ka >= kb;
+        let big = if ge { ka } else { kb };
+        let neg = if ge { a & 1 } else { b & 1 };
+        let u = (ka - kb).abs();
+        let same = (a ^ b) & 1 == 0;
+        let r = self.bring_in(big + s.sum(u, same), neg);
+        if !same && u == 0 {
+            ZERO
+        } else {
+            r
+        }
+    }
+}
+
+/// A finite or zero value packed (NaN is handled before packing).
+#[inline]
+fn pack(v: LnsValue) -> i64 {
+    match v {
+        LnsValue::Finite { negative, k } => ((k as i64) << 1) | i64::from(negative),
+        LnsValue::Zero | LnsValue::NaN => ZERO,
+    }
+}
+
+/// The value of a packed code.
+#[inline]
+fn unpack(c: i64) -> LnsValue {
+    if c == ZERO {
+        LnsValue::Zero
+    } else {
+        LnsValue::Finite {
+            negative: c & 1 == 1,
+            k: (c >> 1) as i32,
+        }
+    }
+}
+
+/// `out = A · B [+ bias]` (row-major, `a` m x k, `b` k x n, `out` m x n) in `arith`'s
+/// arithmetic, bit for bit [`lns_matmul`](super::lns_matmul) with the bias added last (see
+/// the module docs). Operands outside the format's range are read as their exact values
+/// like [`LnsArith`] does. `parallel` spreads rows over the rayon pool. Refuses slices
+/// shorter than the shapes need.
+pub fn lns_gemm_lanes(
+    arith: &LnsArith,
+    a: &[LnsValue],
+    b: &[LnsValue],
+    (m, k, n): (usize, usize, usize),
+    bias: LnsBias,
+    out: &mut [LnsValue],
+    parallel: bool,
+) -> Result<(), LnsError> {
+    let need = |name: &str, len: usize, rows: usize, cols: usize| match rows.checked_mul(cols) {
+        Some(x) if len >= x => Ok(()),
+        _ => Err(LnsError::Shape {
+            reason: format!("{name} has {len} elements, fewer than {rows}x{cols}"),
+        }),
+    };
+    need("a", a.len(), m, k)?;
+    need("b", b.len(), k, n)?;
+    need("out", out.len(), m, n)?;
+    match bias {
+        LnsBias::PerRow(v) => need("the bias", v.len(), m, 1)?,
+        LnsBias::PerCol(v) => need("the bias", v.len(), 1, n)?,
+        LnsBias::None => {}
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (a, b, out) = (&a[..m * k], &b[..k * n], &mut out[..m * n]);
+    let bias_slice = match bias {
+        LnsBias::PerRow(v) => &v[..m],
+        LnsBias::PerCol(v) => &v[..n],
+        LnsBias::None => &[],
+    };
+    let nan = |v: &[LnsValue]| v.par_iter().any(|x| x.is_nan());
+    if nan(a) || nan(b) || nan(bias_slice) {
+        scalar(arith, a, b, (m, k, n), bias, out, parallel);
+        return Ok(());
+    }
+    let dims = (m, k, n);
+    match arith.sums() {
+        SumsRef::Exact(s) => tiles(s, arith, a, b, dims, bias, bias_slice, out, parallel),
+        SumsRef::F64(s) => tiles(s, arith, a, b, dims, bias, bias_slice, out, parallel),
+        SumsRef::Table(s) => tiles(s, arith, a, b, dims, bias, bias_slice, out, parallel),
+    }
+    Ok(())
+}
+
+/// The product of packed codes with the sums of `sums` (no NaN in the operands).
+#[allow(clippy::too_many_arguments)]
+fn tiles<S: Sums>(
+    sums: &S,
+    arith: &LnsArith,
+    a: &[LnsValue],
+    b: &[LnsValue],
+    (_m, k, n): (usize, usize, usize),
+    bias: LnsBias,
+    bias_slice: &[LnsValue],
+    out: &mut [LnsValue],
+    parallel: bool,
+) {
+    let lns = arith.lns();
+    let range = Range {
+        k_min: lns.k_min(),
+        k_max: lns.k_max(),
+    };
+    // Operands outside the range keep their exact k, as `LnsArith` reads them: packing
+    // holds any i32 k, and sums of two stay far from i64's limits.
+    let ap: Vec<i64> = a.par_iter().map(|&v| pack(v)).collect();
+    let bp: Vec<i64> = b.par_iter().map(|&v| pack(v)).collect();
+    let biasp: Vec<i64> = bias_slice.iter().map(|&v| pack(v)).collect();
+    let row = |i: usize, dst: &mut [LnsValue]| {
+        row_tiles(
+            sums,
+            range,
+            &ap[i * k..(i + 1) * k],
+            &bp,
+            n,
+            dst,
+            |j| match bias {
+                LnsBias::None => None,
+                LnsBias::PerRow(_) => Some(biasp[i]),
+                LnsBias::PerCol(_) => Some(biasp[j]),
+            },
+        )
+    };
+    if parallel {
+        out.par_chunks_mut(n)
+            .enumerate()
+            .for_each(|(i, r)| row(i, r));
+    } else {
+        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
+    }
+}
+
+/// One output row: tiles of [`LANES`] columns, `p` ascending, then the bias.
+#[inline(always)]
+fn row_tiles<S: Sums>(
+    sums: &S,
+    range: Range,
+    a_row: &[i64],
+    b: &[i64],
+    n: usize,
+    dst: &mut [LnsValue],
+    bias_at: impl Fn(usize) -> Option<i64>,
+) {
+    let mut j0 = 0;
+    while j0 < n {
+        let width = LANES.min(n - j0);
+        let mut acc = [ZERO; LANES];
+        let acc = &mut acc[..width];
+        for (p, &x) in a_row.iter().enumerate() {
+            if x == ZERO {
+                continue;
+            }
+            let b_row = &b[p * n + j0..p * n + j0 + width];
+            for (c, &y) in acc.iter_mut().zip(b_row) {
+                *c = range.add(sums, *c, range.mul(x, y));
+            }
+        }
+        for (jj, (d, &c)) in dst[j0..j0 + width].iter_mut().zip(acc.iter()).enumerate() {
+            let c = match bias_at(j0 + jj) {
+                // `0 + x` brings an operand into the range; otherwise its exact k is used.
+                Some(bv) if c == ZERO => bring_operand(range, bv),
+                Some(bv) => range.add(sums, c, bv),
+                None => c,
+            };
+            *d = unpack(c);
+        }
+        j0 += width;
+    }
+}
+
+/// An operand (possibly outside the range) brought into the range, as `0 + x` does.
+#[inline(always)]
+fn bring_operand(range: Range, v: i64) -> i64 {
+    if v == ZERO {
+        ZERO
+    } else {
+        range.bring_in(v >> 1, v & 1)
+    }
+}
+
+/// The scalar definition, for operands with a NaN.
+fn scalar(
+    arith: &LnsArith,
+    a: &[LnsValue],
+    b: &[LnsValue],
+    (_m, k, n): (usize, usize, usize),
+    bias: LnsBias,
+    out: &mut [LnsValue],
+    parallel: bool,
+) {
+    let row = |i: usize, dst: &mut [LnsValue]| {
+        for (j, o) in dst.iter_mut().enumerate() {
+            let mut c = LnsValue::Zero;
+            for p in 0..k {
+                c = arith.add(c, arith.mul(a[i * k + p], b[p * n + j]));
+            }
+            *o = match bias {
+                LnsBias::None => c,
+                LnsBias::PerRow(v) => arith.add(c, v[i]),
+                LnsBias::PerCol(v) => arith.add(c, v[j]),
+            };
+        }
+    };
+    if parallel {
+        out.par_chunks_mut(n)
+            .enumerate()
+            .for_each(|(i, r)| row(i, r));
+    } else {
+        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
+    }
+}

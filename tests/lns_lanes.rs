@@ -1,0 +1,279 @@
+//! The fast LNS matrix product (`qcandle::lns::lns_gemm_lanes`) against the scalar definition
+//! (`LnsArith::mul` and `LnsArith::add`, `k` ascending from zero, bias last), bit for bit:
+//! every implementation, `f` from 3 to 30 (exact tables, the f64 evaluation with its exact
+//! fallback, the table implementation), odd shapes and partial tiles, biases per row and per
+//! column, zeros, exact cancellation, saturation, flush to zero, operands outside the range,
+//! NaN, and differences next to the singularity of db where the f64 path leaves the
+//! decision to the exact evaluation.
+
+mod common;
+
+use common::SplitMix;
+use qcandle::format::lns::Lns;
+use qcandle::lns::{lns_gemm_lanes, GaussLog, LnsArith, LnsBias, LnsError, LnsValue, LANES};
+
+/// The definition: `c = 0; c = c + a b` for `p` ascending; `c = c + bias`.
+fn scalar(
+    ar: &LnsArith,
+    a: &[LnsValue],
+    b: &[LnsValue],
+    (m, k, n): (usize, usize, usize),
+    bias: LnsBias,
+) -> Vec<LnsValue> {
+    let mut out = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let mut c = LnsValue::Zero;
+            for p in 0..k {
+                c = ar.add(c, ar.mul(a[i * k + p], b[p * n + j]));
+            }
+            out.push(match bias {
+                LnsBias::None => c,
+                LnsBias::PerRow(v) => ar.add(c, v[i]),
+                LnsBias::PerCol(v) => ar.add(c, v[j]),
+            });
+        }
+    }
+    out
+}
+
+fn fast(
+    ar: &LnsArith,
+    a: &[LnsValue],
+    b: &[LnsValue],
+    dims: (usize, usize, usize),
+    bias: LnsBias,
+    parallel: bool,
+) -> Vec<LnsValue> {
+    let mut out = vec![LnsValue::NaN; dims.0 * dims.2];
+    lns_gemm_lanes(ar, a, b, dims, bias, &mut out, parallel).unwrap();
+    out
+}
+
+/// Both products (parallel and not) equal the definition.
+fn check(ar: &LnsArith, a: &[LnsValue], b: &[LnsValue], dims: (usize, usize, usize), what: &str) {
+    let (m, _, n) = dims;
+    let mut rng = SplitMix(m as u64 * 31 + n as u64);
+    let l = ar.lns();
+    let row_bias = codes(l, m, 2, 5, &mut rng);
+    let col_bias = codes(l, n, 2, 5, &mut rng);
+    for bias in [
+        LnsBias::None,
+        LnsBias::PerRow(&row_bias),
+        LnsBias::PerCol(&col_bias),
+    ] {
+        let want = scalar(ar, a, b, dims, bias);
+        for parallel in [true, false] {
+            let got = fast(ar, a, b, dims, bias, parallel);
+            if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+                panic!(
+                    "lns<{},{}> {:?} {what} {dims:?} {bias:?} parallel {parallel}: output {i} is {:?}, the definition {:?}",
+                    l.w(),
+                    l.f(),
+                    ar.gauss(),
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+/// `len` random codes within `2^±spread` of 1, one in `zeros` zero.
+fn codes(l: Lns, len: usize, spread: i64, zeros: u64, rng: &mut SplitMix) -> Vec<LnsValue> {
+    (0..len)
+        .map(|_| {
+            if rng.below(zeros) == 0 {
+                LnsValue::Zero
+            } else {
+                let span = (2 * spread) << l.f();
+                let k = (rng.below(span as u64 + 1) as i64 - (spread << l.f()))
+                    .clamp(l.k_min(), l.k_max());
+                LnsValue::finite(l, rng.coin(), k).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// Ideal, truncated and (where the format allows) xlns's default table.
+fn impls(l: Lns) -> Vec<LnsArith> {
+    let table = GaussLog::Table {
+        grid_bits: l.f().saturating_sub(5) / 2,
+        guard_bits: 0,
+    };
+    [GaussLog::Ideal, GaussLog::Truncated, table]
+        .into_iter()
+        .filter_map(|g| LnsArith::new(l, g).ok())
+        .collect()
+}
+
+const FORMATS: [(u32, u32); 9] = [
+    (8, 3),
+    (12, 6),
+    (16, 8),
+    (16, 10),
+    (20, 12),
+    (24, 16),
+    (26, 23),
+    (32, 23),
+    (32, 30),
+];
+
+#[test]
+fn random_products_equal_the_definition() {
+    for (w, f) in FORMATS {
+        let l = Lns::new(w, f).unwrap();
+        let mut rng = SplitMix(u64::from(w * 100 + f));
+        for ar in impls(l) {
+            for dims @ (m, k, n) in [
+                (1, 1, 1),
+                (3, 5, 2),
+                (2, 37, LANES + 13),
+                (4, 0, 3),
+                (1, 64, 2 * LANES + 1),
+            ] {
+                let a = codes(l, m * k, 3, 5, &mut rng);
+                let b = codes(l, k * n, 3, 5, &mut rng);
+                check(&ar, &a, &b, dims, "random");
+            }
+        }
+    }
+}
+
+/// `±B^k`, `k` clamped into the range.
+fn finite(l: Lns, negative: bool, k: i64) -> LnsValue {
+    LnsValue::finite(l, negative, k.clamp(l.k_min(), l.k_max())).unwrap()
+}
+
+/// Columns that cancel exactly (`x - x`), come back from zero, and differ by a few units
+/// next to the singularity of db (`u` from 1 to past the f64 path's near table, where its
+/// bound sends doubtful cases to the exact decision).
+#[test]
+fn cancellation_and_near_differences_equal_the_definition() {
+    for (w, f) in FORMATS {
+        let l = Lns::new(w, f).unwrap();
+        for ar in impls(l) {
+            let k = 9;
+            let n = 2 * LANES + 5;
+            let a = vec![LnsValue::ONE; k];
+            let mut b = vec![LnsValue::Zero; k * n];
+            for j in 0..n {
+                let base = (j as i64 * 7919) % (1 << f).max(1);
+                let u = [1, 2, 3, 1000, 1023, 1024, 1025, 1500, 3001, 1 << 12][j % 10];
+                let col = [
+                    finite(l, false, base),
+                    finite(l, true, base), // exact cancellation to zero
+                    finite(l, true, base), // zero + x
+                    finite(l, false, (base + u).min(l.k_max())), // a difference next to 1 - B^-u
+                    finite(l, j % 3 == 0, base - 2 * u),
+                    LnsValue::Zero,
+                    finite(l, true, (base + u).min(l.k_max())),
+                    finite(l, false, base + 1),
+                    finite(l, j % 2 == 0, base),
+                ];
+                for (p, v) in col.into_iter().enumerate() {
+                    b[p * n + j] = v;
+                }
+            }
+            check(&ar, &a, &b, (1, k, n), "cancellation");
+            // Each difference at f >= 11 alone, scaled over the range.
+            let a2: Vec<LnsValue> = (0..3)
+                .map(|i| finite(l, false, i * (l.k_max() / 4)))
+                .collect();
+            check(&ar, &a2, &b[..3 * n], (1, 3, n), "scaled");
+        }
+    }
+}
+
+/// Products and sums beyond the largest value saturate, below the smallest flush to zero,
+/// and operands outside the range are read exactly.
+#[test]
+fn saturation_and_flush_equal_the_definition() {
+    for (w, f) in FORMATS {
+        let l = Lns::new(w, f).unwrap();
+        let mut rng = SplitMix(u64::from(f) + 7);
+        for ar in impls(l) {
+            let (m, k, n) = (3, 11, LANES + 3);
+            let edge = |rng: &mut SplitMix| {
+                let (lo, hi) = (l.k_min(), l.k_max());
+                let k = match rng.below(6) {
+                    0 => hi - rng.below(3) as i64,
+                    1 => lo + rng.below(3) as i64,
+                    2 => hi / 2 + 1 - rng.below(3) as i64,
+                    3 => lo / 2 - 1 + rng.below(3) as i64,
+                    4 => 0,
+                    _ => return LnsValue::Zero,
+                };
+                finite(l, rng.coin(), k)
+            };
+            let a: Vec<LnsValue> = (0..m * k).map(|_| edge(&mut rng)).collect();
+            let b: Vec<LnsValue> = (0..k * n).map(|_| edge(&mut rng)).collect();
+            check(&ar, &a, &b, (m, k, n), "edges");
+            // Operands a few units outside the range (the arithmetic reads them exactly).
+            let outside = |v: LnsValue, d: i32| match v {
+                LnsValue::Finite { negative, k } if k != 0 => LnsValue::Finite {
+                    negative,
+                    k: k + d * k.signum(),
+                },
+                other => other,
+            };
+            let a: Vec<LnsValue> = a.iter().map(|&v| outside(v, 3)).collect();
+            let want_bias: Vec<LnsValue> = (0..n)
+                .map(|j| outside(finite(l, j % 2 == 0, l.k_max() - (j % 3) as i64), 2))
+                .collect();
+            let dims = (m, k, n);
+            let bias = LnsBias::PerCol(&want_bias);
+            assert_eq!(
+                fast(&ar, &a, &b, dims, bias, true),
+                scalar(&ar, &a, &b, dims, bias),
+                "lns<{w},{f}> {:?} outside the range",
+                ar.gauss()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_nan_operand_is_the_definitions_nan() {
+    let l = Lns::new(16, 8).unwrap();
+    let mut rng = SplitMix(3);
+    for ar in impls(l) {
+        let (m, k, n) = (4, 6, 5);
+        let mut a = codes(l, m * k, 2, 4, &mut rng);
+        let b = codes(l, k * n, 2, 4, &mut rng);
+        a[7] = LnsValue::NaN;
+        check(&ar, &a, &b, (m, k, n), "nan");
+        let got = fast(&ar, &a, &b, (m, k, n), LnsBias::None, true);
+        assert!(got[n..2 * n].iter().all(|v| v.is_nan()), "row 1 is NaN");
+        assert!(!got[0].is_nan());
+    }
+}
+
+#[test]
+fn short_slices_are_refused() {
+    let l = Lns::new(16, 8).unwrap();
+    let ar = LnsArith::new(l, GaussLog::Ideal).unwrap();
+    let x = [LnsValue::ONE; 6];
+    let mut out = [LnsValue::Zero; 4];
+    for (a, b, bias, o) in [
+        (&x[..5], &x[..], LnsBias::None, 4),
+        (&x[..], &x[..5], LnsBias::None, 4),
+        (&x[..], &x[..], LnsBias::None, 3),
+        (&x[..], &x[..], LnsBias::PerRow(&x[..1]), 4),
+        (&x[..], &x[..], LnsBias::PerCol(&x[..1]), 4),
+    ] {
+        let e = lns_gemm_lanes(&ar, a, b, (2, 3, 2), bias, &mut out[..o], true).unwrap_err();
+        assert!(matches!(e, LnsError::Shape { .. }), "{e}");
+    }
+    let e = lns_gemm_lanes(
+        &ar,
+        &x,
+        &x,
+        (usize::MAX, 2, 1),
+        LnsBias::None,
+        &mut out,
+        true,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("fewer"), "{e}");
+}
