@@ -11,7 +11,7 @@ bin=${QCANDLE_BIN:-target/release/qcandle}
 spec=examples/sweeps/transformer.toml
 out=results/sweeps/transformer
 epochs=$(sed -n 's/^epochs = //p' "$spec")
-configs=(float32 bf16 fp8 posit_16_1 mxfp8)
+configs=(float32 bf16 fp8 posit_16_1 posit_8_0 mxfp8 mxfp6 mxfp4)
 "$bin" sweep run "$spec" --workers 1 || echo "some points failed: the report lists them" >&2
 "$bin" sweep report "$spec" > /dev/null
 mkdir -p "$out"
