@@ -4,7 +4,9 @@
 //! Reproducibility: the initial weights come from a Philox stream keyed by the run seed
 //! and each variable's name (PyTorch's default initialisation: weights and biases uniform
 //! in ±1/√fan_in); the batch order of epoch `e` is a Philox shuffle keyed by (seed, e);
-//! every stochastic quantizer restarts epoch `e` at call index `e·2^32`. An epoch's result
+//! every stochastic quantizer restarts epoch `e` at call index `e·2^32`; the learning rate of
+//! each step is the schedule's ([`crate::optim::schedule`]) at the step's index in the run. An
+//! epoch's result
 //! therefore depends only on the state at its start, which the checkpoint holds, and a
 //! resumed run equals an uninterrupted one.
 //!
@@ -18,7 +20,7 @@
 //!
 //! Run identity: a directory holds one run, named by everything that changes its results:
 //! the model, the config's contents (not the spelling of its path), the optimizer, learning
-//! rate, batch size, seed, training-image limit, the device's kind (`cpu` or `cuda`: their
+//! rate and its schedule, the weight decay and `β₂` when given, batch size, seed, training-image limit, the device's kind (`cpu` or `cuda`: their
 //! convolutions and matrix products sum in different orders; `cuda:0` and `cuda:1` are the
 //! same run), and the data's SHA-256 (the same images read from another directory, or
 //! uncompressed, are the same data). Only the epoch count may grow: a run asked for more
@@ -57,7 +59,7 @@ use crate::io::{le_bytes, read_tensors, write_atomically, write_tensors};
 use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
 use crate::optim::{
-    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, ParamQuant, SgdParams,
+    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, LrSchedule, ParamQuant, SgdParams,
 };
 use crate::philox::Stream;
 use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
@@ -107,37 +109,62 @@ pub enum OptimizerKind {
 
 impl OptimizerKind {
     /// This optimizer over `params` at learning rate `lr`, with the other hyper-parameters
-    /// at PyTorch's defaults (SGD: momentum 0.9).
+    /// at PyTorch's defaults (SGD: momentum 0.9) except those `settings` gives.
     pub fn build(
         self,
         params: Vec<(Var, ParamQuant)>,
         lr: f64,
+        settings: OptimizerSettings,
     ) -> candle_core::Result<Box<dyn LpOptimizer>> {
+        let beta2 = |default: f64| settings.beta2.unwrap_or(default);
+        let decay = |default: f64| settings.weight_decay.unwrap_or(default);
         Ok(match self {
-            OptimizerKind::Adam => Box::new(LpAdam::new(
-                params,
-                AdamParams {
-                    lr,
-                    ..Default::default()
-                },
-            )?),
-            OptimizerKind::AdamW => Box::new(LpAdamW::new(
-                params,
-                AdamWParams {
-                    lr,
-                    ..Default::default()
-                },
-            )?),
+            OptimizerKind::Adam => {
+                let d = AdamParams::default();
+                Box::new(LpAdam::new(
+                    params,
+                    AdamParams {
+                        lr,
+                        beta2: beta2(d.beta2),
+                        weight_decay: decay(d.weight_decay),
+                        ..d
+                    },
+                )?)
+            }
+            OptimizerKind::AdamW => {
+                let d = AdamWParams::default();
+                Box::new(LpAdamW::new(
+                    params,
+                    AdamWParams {
+                        lr,
+                        beta2: beta2(d.beta2),
+                        weight_decay: decay(d.weight_decay),
+                        ..d
+                    },
+                )?)
+            }
             OptimizerKind::Sgd => Box::new(LpSgd::new(
                 params,
                 SgdParams {
                     lr,
                     momentum: 0.9,
+                    weight_decay: decay(0.0),
                     ..Default::default()
                 },
             )?),
         })
     }
+}
+
+/// Optimizer hyper-parameters that replace the optimizer's defaults when given (`None`: the
+/// default, see [`OptimizerKind::build`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OptimizerSettings {
+    /// Weight decay `λ` (Adam and SGD: L2 added to the gradient, default 0; AdamW:
+    /// decoupled, default 1e-2).
+    pub weight_decay: Option<f64>,
+    /// The decay `β₂` of Adam's and AdamW's second moment (default 0.999); SGD has none.
+    pub beta2: Option<f64>,
 }
 
 impl FromStr for OptimizerKind {
@@ -189,12 +216,26 @@ pub struct TrainOptions {
     /// recorded ran on the CPU). Its kind is part of the run's identity.
     #[serde(default)]
     pub device: DeviceSpec,
+    /// The learning-rate schedule (see [`crate::optim::schedule`]). Absent from `run.json`
+    /// when constant, so runs without a schedule are recorded as before schedules existed.
+    #[serde(default, skip_serializing_if = "LrSchedule::is_constant")]
+    pub schedule: LrSchedule,
+    /// Weight decay replacing the optimizer's default when given (see
+    /// [`OptimizerSettings::weight_decay`]); absent from `run.json` when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// Adam's and AdamW's `β₂` replacing the default 0.999 when given; absent from
+    /// `run.json` when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta2: Option<f64>,
 }
 
 impl TrainOptions {
     /// Checks every option before anything is created: at least one epoch, a batch and a
-    /// training-image limit of at least 1, a positive finite learning rate, a known model.
-    /// Names each option that is wrong.
+    /// training-image limit of at least 1, a positive finite learning rate, a decay that
+    /// ends after at least one epoch, a weight decay >= 0, a `β₂` in [0, 1) for Adam or
+    /// AdamW, a known model. Names each option that is wrong. (That a decay ends after the
+    /// warmup is checked once the steps per epoch are known, by [`train`].)
     pub fn validate(&self) -> Result<()> {
         let mut problems = Vec::new();
         if self.epochs == 0 {
@@ -211,6 +252,26 @@ impl TrainOptions {
         }
         if self.train_limit == Some(0) {
             problems.push("train-limit must be at least 1, got 0".to_string());
+        }
+        if let Some(d) = self.schedule.decay {
+            if d.epochs == 0 {
+                problems.push("decay-epochs must be at least 1, got 0".to_string());
+            }
+        }
+        if let Some(wd) = self.weight_decay {
+            if !(wd.is_finite() && wd >= 0.0) {
+                problems.push(format!(
+                    "weight-decay must be a finite number >= 0, got {wd}"
+                ));
+            }
+        }
+        if let Some(b) = self.beta2 {
+            if !(0.0..1.0).contains(&b) {
+                problems.push(format!("beta2 must lie in [0, 1), got {b}"));
+            }
+            if self.optimizer == OptimizerKind::Sgd {
+                problems.push("beta2 is a setting of adam and adamw; sgd has none".to_string());
+            }
         }
         if let Err(e) = self.model.parse::<ModelKind>() {
             problems.push(e.to_string());
@@ -360,7 +421,11 @@ impl Trainer {
                     .cloned(),
             );
         }
-        let optimizer = options.optimizer.build(params, options.lr)?;
+        let settings = OptimizerSettings {
+            weight_decay: options.weight_decay,
+            beta2: options.beta2,
+        };
+        let optimizer = options.optimizer.build(params, options.lr, settings)?;
         Ok(Trainer {
             options,
             config,
@@ -430,7 +495,9 @@ impl Trainer {
     }
 
     /// Trains one epoch (1-based `epoch`), calling `progress` after each batch with the
-    /// batch index, the batch count and the running mean loss. Returns the mean loss.
+    /// batch index, the batch count and the running mean loss. Each step runs at the rate
+    /// the options' schedule gives its index in the run (epochs before `epoch` counted as
+    /// full epochs of this one's batch count). Returns the mean loss.
     pub fn train_epoch(
         &mut self,
         data: &Dataset,
@@ -446,10 +513,16 @@ impl Trainer {
         if let Some(stats) = &mut self.stats {
             stats.discard();
         }
+        let first_step = (epoch - 1) * count;
         for (i, batch) in batches.enumerate() {
             if STOP.load(Ordering::SeqCst) {
                 return Err(Stopped { epoch }.into());
             }
+            let lr = self
+                .options
+                .schedule
+                .lr(self.options.lr, first_step + i, count);
+            self.optimizer.set_learning_rate(lr);
             let (images, labels) = batch?;
             let loss = f64::from(self.train_step(&images, &labels, epoch, i + 1, count)?);
             if !loss.is_finite() {
@@ -628,6 +701,10 @@ pub fn train_with_stats(
         }
         None => data,
     };
+    let steps_per_epoch = train_data.train_len().div_ceil(options.batch);
+    if let Err(e) = options.schedule.validate(steps_per_epoch) {
+        bail!("invalid training options: {e}");
+    }
     let mut trainer = Trainer::new(options.clone(), config.clone())?;
     if let Some(every) = stats {
         trainer.enable_stats(every)?;
@@ -850,6 +927,19 @@ pub fn identity_differences(previous: &RunRecord, current: &RunRecord) -> Vec<St
     );
     // Bits, not values: `{:?}` of an f64 is its shortest round-trip spelling.
     differ("lr", format!("{:?}", p.lr), format!("{:?}", c.lr));
+    differ(
+        "lr schedule",
+        p.schedule.to_string(),
+        c.schedule.to_string(),
+    );
+    let default =
+        |x: Option<f64>| x.map_or("the optimizer's default".to_string(), |x| format!("{x:?}"));
+    differ(
+        "weight-decay",
+        default(p.weight_decay),
+        default(c.weight_decay),
+    );
+    differ("beta2", default(p.beta2), default(c.beta2));
     differ("batch", p.batch.to_string(), c.batch.to_string());
     differ("seed", p.seed.to_string(), c.seed.to_string());
     let limit = |l: Option<usize>| l.map_or("none (all images)".to_string(), |n| n.to_string());

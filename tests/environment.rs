@@ -34,6 +34,9 @@ fn build_a_trainer() -> anyhow::Result<()> {
         seed: 0,
         train_limit: None,
         device: qcandle::device::DeviceSpec::Cpu,
+        schedule: Default::default(),
+        weight_decay: None,
+        beta2: None,
     };
     Trainer::new(options, QConfig::preset("posit16")?)?;
     Ok(())

@@ -42,6 +42,9 @@ fn trained() -> &'static (PathBuf, tempfile::TempDir) {
             seed: 5,
             train_limit: None,
             device: qcandle::device::DeviceSpec::Cpu,
+            schedule: Default::default(),
+            weight_decay: None,
+            beta2: None,
         };
         let config = QConfig::preset("float32").expect("a preset");
         train(&subset(6000, 1000), &options, &config, Some(&out), true).expect("training");

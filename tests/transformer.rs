@@ -21,6 +21,9 @@ fn options(model: &str, epochs: usize, lr: f64, batch: usize) -> TrainOptions {
         seed: 1,
         train_limit: None,
         device: qcandle::device::DeviceSpec::Cpu,
+        schedule: Default::default(),
+        weight_decay: None,
+        beta2: None,
     }
 }
 

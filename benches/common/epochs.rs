@@ -68,6 +68,9 @@ pub fn trainer_with(
         seed: 0,
         train_limit: None,
         device: qcandle::device::DeviceSpec::Cpu,
+        schedule: Default::default(),
+        weight_decay: None,
+        beta2: None,
     };
     Trainer::new(options, QConfig::load(config)?)
 }

@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 use qcandle::data::Dataset;
 use qcandle::device::DeviceSpec;
 use qcandle::nn::{ModelKind, QConfig};
+use qcandle::optim::{Decay, DecayShape, LrSchedule};
 use qcandle::run_stats::StatsEvery;
 use qcandle::train::{train, train_with_stats, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
@@ -200,6 +201,23 @@ struct TrainArgs {
     /// Optimizer: adam, adamw, sgd (momentum 0.9).
     #[arg(long, default_value = "adam")]
     optimizer: OptimizerKind,
+    /// Steps of linear learning-rate warmup: step s (from 0) of the run at lr·(s+1)/N.
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// Learning-rate decay after the warmup, to 0 at the end of --decay-epochs: cosine or
+    /// linear (default: none, the rate stays at --lr).
+    #[arg(long)]
+    decay: Option<DecayShape>,
+    /// The epoch at whose end the decay reaches 0 (default: --epochs). Fixed, a run asked
+    /// for more epochs later resumes with the same rates.
+    #[arg(long, requires = "decay")]
+    decay_epochs: Option<usize>,
+    /// Weight decay (default: the optimizer's: adamw 1e-2, adam and sgd 0).
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Adam's and AdamW's beta2 (default 0.999).
+    #[arg(long)]
+    beta2: Option<f64>,
     /// Seed of the initial weights, the batch order and stochastic rounding (default: the
     /// config file's `seed`, else 0). Given, it replaces the config's seed.
     #[arg(long)]
@@ -325,6 +343,15 @@ fn run_train(args: TrainArgs) -> Result<()> {
         seed: args.seed.unwrap_or(config.seed),
         train_limit: args.train_limit,
         device: args.device,
+        schedule: LrSchedule {
+            warmup: args.warmup,
+            decay: args.decay.map(|shape| Decay {
+                shape,
+                epochs: args.decay_epochs.unwrap_or(args.epochs),
+            }),
+        },
+        weight_decay: args.weight_decay,
+        beta2: args.beta2,
     };
     // Everything is checked before the data is read and before --out is created.
     options.validate()?;
@@ -658,6 +685,9 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
             seed,
             train_limit: None,
             device: DeviceSpec::Cpu,
+            schedule: Default::default(),
+            weight_decay: None,
+            beta2: None,
         };
         let label = qcandle::train::config_label(config_name);
         let out = runs.join(format!("lenet5-{label}-e{epochs}-s{seed}"));

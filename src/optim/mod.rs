@@ -46,11 +46,13 @@
 mod adam;
 mod lp;
 mod lp_optimizer;
+pub mod schedule;
 mod sgd;
 
 pub use adam::{AdamParams, AdamWParams, LpAdam, LpAdamW};
 pub use lp::OptimLp;
 pub use lp_optimizer::LpOptimizer;
+pub use schedule::{Decay, DecayShape, LrSchedule};
 pub use sgd::{LpSgd, SgdParams};
 
 use candle_core::backprop::GradStore;

@@ -24,6 +24,7 @@ use super::spec::{config_path, file_safe, Key, Spec, Value, MAX_POINTS};
 use crate::data::DataSource;
 use crate::format::Format;
 use crate::nn::{Category, QConfig, QuantSpec};
+use crate::optim::{Decay, LrSchedule};
 use crate::run_stats::StatsEvery;
 use crate::train::{OptimizerKind, TrainOptions};
 
@@ -54,7 +55,7 @@ impl Settings {
     pub fn identity(&self) -> String {
         let o = &self.options;
         let ptq: Vec<String> = self.ptq.iter().map(Format::to_string).collect();
-        serde_json::json!({
+        let mut identity = serde_json::json!({
             "model": o.model,
             "epochs": o.epochs,
             "batch": o.batch,
@@ -67,8 +68,20 @@ impl Settings {
             "data_dir": self.data_dir,
             "device": o.device.to_string(),
             "ptq": ptq,
-        })
-        .to_string()
+        });
+        // Added only when set, so that the points of specs written before these settings
+        // existed keep their identity, digest and name.
+        let extra = identity.as_object_mut().expect("an object");
+        if !o.schedule.is_constant() {
+            extra.insert("schedule".into(), serde_json::json!(o.schedule.to_string()));
+        }
+        if let Some(wd) = o.weight_decay {
+            extra.insert("weight_decay".into(), serde_json::json!(format!("{wd:?}")));
+        }
+        if let Some(b) = o.beta2 {
+            extra.insert("beta2".into(), serde_json::json!(format!("{b:?}")));
+        }
+        identity.to_string()
     }
 
     /// The first 16 hex digits of the SHA-256 of [`Settings::identity`].
@@ -339,6 +352,10 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
         Some(Value::Count(n)) => Some(*n),
         _ => None,
     };
+    let real = |key: Key| match get(key) {
+        Some(Value::Real(x)) => Some(*x),
+        _ => None,
+    };
     let usize_of =
         |key: Key, n: u64| usize::try_from(n).map_err(|_| anyhow!("{key}: {n} is too large"));
     let config_name = text(Key::Config, "float32");
@@ -380,7 +397,7 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
     if data == DataSource::Embedded && data_dir.is_some() {
         bail!("data-dir is given but data is `embedded`, which reads no directory");
     }
-    let options = TrainOptions {
+    let mut options = TrainOptions {
         model: text(Key::Model, "lenet5"),
         config_name: std::iter::once(config_name)
             .chain(overrides)
@@ -399,6 +416,29 @@ fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Re
             .map(|n| usize_of(Key::TrainLimit, n))
             .transpose()?,
         device: text(Key::Device, "cpu").parse()?,
+        schedule: LrSchedule::default(),
+        weight_decay: real(Key::WeightDecay),
+        beta2: real(Key::Beta2),
+    };
+    options.schedule = LrSchedule {
+        warmup: usize_of(Key::Warmup, count(Key::Warmup).unwrap_or(0))?,
+        decay: match text(Key::Decay, "none").as_str() {
+            "none" => {
+                if get(Key::DecayEpochs).is_some() {
+                    bail!(
+                        "decay-epochs is given but decay is `none`; set decay to cosine or linear"
+                    );
+                }
+                None
+            }
+            shape => Some(Decay {
+                shape: shape.parse().map_err(|e: String| anyhow!("decay: {e}"))?,
+                epochs: match count(Key::DecayEpochs) {
+                    Some(n) => usize_of(Key::DecayEpochs, n)?,
+                    None => options.epochs,
+                },
+            }),
+        },
     };
     options.validate()?;
     let stats = match get(Key::Stats) {

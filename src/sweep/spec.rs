@@ -30,7 +30,9 @@
 //! a single `[grid]` table.
 //!
 //! Settings ([`Key`]): the options of `qcandle train` (`model`, `data`, `data-dir`,
-//! `epochs`, `batch`, `lr`, `optimizer`, `config`, `seed`, `device`, `train-limit`); a number
+//! `epochs`, `batch`, `lr`, `optimizer`, `config`, `seed`, `device`, `train-limit`, and the
+//! learning-rate schedule and optimizer settings `warmup`, `decay`, `decay-epochs`,
+//! `weight-decay`, `beta2`; see [`crate::optim::schedule`]); a number
 //! category (`weight`, `activation`, `gradient`, `error`, `momentum`, `accumulator`) whose
 //! format replaces the config's for that category in every layer (`"float32"` or `"none"`:
 //! not rounded; a table `{ format = "...", rounding = "stochastic" }` sets the rounding);
@@ -59,6 +61,7 @@ use crate::device::DeviceSpec;
 use crate::format::Format;
 use crate::nn::config::parse_quant_spec;
 use crate::nn::{Category, ModelKind, QConfig, QuantSpec};
+use crate::optim::DecayShape;
 use crate::run_stats::StatsEvery;
 use crate::train::OptimizerKind;
 
@@ -87,6 +90,16 @@ pub enum Key {
     Device,
     /// Train on only the first N training images.
     TrainLimit,
+    /// Steps of learning-rate warmup.
+    Warmup,
+    /// The learning-rate decay after the warmup: `cosine`, `linear` or `none`.
+    Decay,
+    /// The epoch at whose end the decay reaches 0 (default: `epochs`).
+    DecayEpochs,
+    /// The optimizer's weight decay (default: the optimizer's).
+    WeightDecay,
+    /// Adam's and AdamW's `β₂` (default 0.999).
+    Beta2,
     /// One number category's format, replacing the config's in every layer.
     Quant(Category),
     /// The category (or `all`) that `format` sets.
@@ -114,6 +127,11 @@ impl Key {
             Key::Seed,
             Key::Device,
             Key::TrainLimit,
+            Key::Warmup,
+            Key::Decay,
+            Key::DecayEpochs,
+            Key::WeightDecay,
+            Key::Beta2,
         ];
         keys.extend(Category::ALL.map(Key::Quant));
         keys.extend([Key::Category, Key::Format, Key::Accumulate, Key::Stats]);
@@ -134,6 +152,11 @@ impl Key {
             Key::Seed => "seed",
             Key::Device => "device",
             Key::TrainLimit => "train-limit",
+            Key::Warmup => "warmup",
+            Key::Decay => "decay",
+            Key::DecayEpochs => "decay-epochs",
+            Key::WeightDecay => "weight-decay",
+            Key::Beta2 => "beta2",
             Key::Quant(c) => c.key(),
             Key::Category => "category",
             Key::Format => "format",
@@ -177,13 +200,13 @@ impl fmt::Display for Key {
 /// A checked value of a [`Key`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
-    /// A name: model, data source, optimizer, device, config (as written).
+    /// A name: model, data source, optimizer, device, config (as written), decay.
     Text(String),
     /// A path (`data-dir`), as written, and resolved against the spec's directory.
     Path(String, PathBuf),
-    /// A count: epochs, batch, seed, train-limit.
+    /// A count: epochs, batch, seed, train-limit, warmup, decay-epochs.
     Count(u64),
-    /// The learning rate.
+    /// A real number: the learning rate, the weight decay, `β₂`.
     Real(f64),
     /// A category's setting (`None`: not rounded).
     Quant(Option<QuantSpec>),
@@ -252,6 +275,10 @@ impl Value {
             (Key::Lr, v) => format!("lr{v}"),
             (Key::Seed, v) => format!("s{v}"),
             (Key::TrainLimit, v) => format!("n{v}"),
+            (Key::Warmup, v) => format!("warmup{v}"),
+            (Key::DecayEpochs, v) => format!("decay-e{v}"),
+            (Key::WeightDecay, v) => format!("wd{v}"),
+            (Key::Beta2, v) => format!("beta2-{v}"),
             (Key::Quant(c), v) => format!("{}-{v}", c.key()),
             (Key::Accumulate, v) => format!("acc-{v}"),
             (_, v) => v.to_string(),
@@ -641,15 +668,34 @@ impl Reader<'_> {
                     _ => Value::Text(s),
                 }
             }
-            Key::Epochs | Key::Batch | Key::TrainLimit => Value::Count(count(1)?),
-            Key::Seed => Value::Count(count(0)?),
-            Key::Lr => {
+            Key::Epochs | Key::Batch | Key::TrainLimit | Key::DecayEpochs => {
+                Value::Count(count(1)?)
+            }
+            Key::Seed | Key::Warmup => Value::Count(count(0)?),
+            Key::Decay => {
+                let s = text()?;
+                if s != "none" {
+                    s.parse::<DecayShape>()
+                        .map_err(|e| anyhow!("{field}: {e}, none"))?;
+                }
+                Value::Text(s)
+            }
+            Key::Lr | Key::WeightDecay | Key::Beta2 => {
                 let x = v
                     .as_float()
                     .or_else(|| v.as_integer().map(|n| n as f64))
                     .ok_or_else(|| anyhow!("{field}: expected a number, got {v}"))?;
-                if !(x.is_finite() && x > 0.0) {
-                    bail!("{field}: the learning rate must be positive and finite, got {x}");
+                match key {
+                    Key::Lr if !(x.is_finite() && x > 0.0) => {
+                        bail!("{field}: the learning rate must be positive and finite, got {x}")
+                    }
+                    Key::WeightDecay if !(x.is_finite() && x >= 0.0) => {
+                        bail!("{field}: the weight decay must be finite and >= 0, got {x}")
+                    }
+                    Key::Beta2 if !(0.0..1.0).contains(&x) => {
+                        bail!("{field}: beta2 must lie in [0, 1), got {x}")
+                    }
+                    _ => {}
                 }
                 Value::Real(x)
             }

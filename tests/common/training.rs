@@ -38,6 +38,9 @@ pub fn lenet5_options(config: &str, epochs: usize, seed: u64) -> TrainOptions {
         seed,
         train_limit: None,
         device: qcandle::device::DeviceSpec::Cpu,
+        schedule: Default::default(),
+        weight_decay: None,
+        beta2: None,
     }
 }
 
