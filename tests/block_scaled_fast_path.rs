@@ -14,6 +14,9 @@
 
 mod common;
 use common::{Mismatches, SplitMix};
+#[path = "common/strided_mx.rs"]
+mod strided_mx;
+use strided_mx::{strided_tensor, STRIDED_SHAPES};
 
 use qcandle::backend::cpu::quantize_slice;
 use qcandle::backend::mx_plan::{mag_bits, MxF32Plan};
@@ -395,6 +398,24 @@ fn mx_special_values_and_shapes_equal_the_scalar_rule() {
         }
     }
     bad.assert_none_of("MX special values and shapes", checked);
+}
+
+/// Blocks along a non-last axis (the strided tile path for the deterministic rules): every
+/// MX element format, dims 0 and 1 of 3-D tensors, rows not a multiple of 32, columns not a
+/// multiple of the lane count, NaN, Inf and zero blocks, subnormal inputs, block maxima on
+/// and around powers of two, from a source and in place.
+#[test]
+fn mx_blocks_along_other_axes_equal_the_scalar_rule() {
+    let mut bad = Mismatches::default();
+    let mut checked = 0;
+    for name in MX_NAMES {
+        for (s, (dims, dim)) in STRIDED_SHAPES.iter().enumerate() {
+            let xs = strided_tensor(dims, *dim, 0x57_0000 + s as u64);
+            let format = format!("{name}<dim={dim}>");
+            checked += check_tensor(&format, dims, &xs, &mut bad);
+        }
+    }
+    bad.assert_none_of("MX blocks along other axes", checked);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -238,6 +238,8 @@ pub(crate) fn quantize_mx<T: Element, R: RoundingRule>(
         let plan = MxF32Plan::new(mx);
         if grid.inner() == 1 && grid.len().is_multiple_of(MX_BLOCK) {
             mx_aligned(src, out, mx, &plan, rule, stream);
+        } else if grid.inner() >= GROUP && R::KIND != RuleKind::Stochastic {
+            mx_strided(src, out, grid, mx, &plan, rule);
         } else {
             mx_walked(src, out, grid, mx, &plan, rule, stream);
         }
@@ -533,6 +535,170 @@ fn mx_walked<R: RoundingRule>(
         }
     };
     for_each_chunk(dst, work);
+}
+
+/// One slab of MX blocks along a non-last axis: the `rows` (at most [`MX_BLOCK`]) rows of
+/// one block index, each of `inner` contiguous elements, so that column `c` of the slab is
+/// block `c` of the slab's row of blocks.
+struct MxSlab<'a, R> {
+    plan: &'a MxF32Plan,
+    mx: &'a Mx,
+    inp: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    inner: usize,
+    rule: R,
+}
+
+impl<R: RoundingRule> MxSlab<'_, R> {
+    /// The input element at slab index `at` (the output itself in place).
+    #[inline(always)]
+    fn input(&self, at: usize) -> f32 {
+        self.inp.map_or(self.out[at], |inp| inp[at])
+    }
+
+    /// Redoes the elements of the tile of columns `c0..c0 + n` that the lane step left to the
+    /// scalar rule (subnormal inputs, written unchanged), with the columns' maxima `amax`.
+    fn fix_tile(&mut self, c0: usize, n: usize, amax: &[u32]) {
+        let rows = self.out.len() / self.inner;
+        for r in 0..rows {
+            for j in 0..n {
+                let at = r * self.inner + c0 + j;
+                let x = self.input(at);
+                if is_subnormal(x) {
+                    let scale = MxF32Plan::scale_exponent(self.mx, amax[j]);
+                    self.out[at] = self.mx.round(x as f64, scale, self.rule, 0) as f32;
+                }
+            }
+        }
+    }
+}
+
+impl<R: RoundingRule> SimdPass for MxSlab<'_, R> {
+    /// Tiles of [`GROUP`] columns by the slab's rows: the columns' maxima with a lane-wise
+    /// max over the rows, each lane's block parameters from the plan's table (the scalar
+    /// rule's scale, see [`MxF32Plan::block`]), then every row of the tile rounded with
+    /// them; the last columns (fewer than [`GROUP`]) lane by lane.
+    #[inline(always)]
+    fn run(mut self) -> bool {
+        let inner = self.inner;
+        let rows = self.out.len() / inner;
+        let full = inner - inner % GROUP;
+        for c0 in (0..full).step_by(GROUP) {
+            let mut amax = [0u32; GROUP];
+            for r in 0..rows {
+                let at = r * inner + c0;
+                let x: &[f32; GROUP] = match self.inp {
+                    Some(inp) => inp[at..at + GROUP].try_into().expect("a full group"),
+                    None => self.out[at..at + GROUP].try_into().expect("a full group"),
+                };
+                for j in 0..GROUP {
+                    amax[j] = amax[j].max(mag_bits(x[j].to_bits()));
+                }
+            }
+            let mut k = [0u32; GROUP];
+            let mut limit = [0u32; GROUP];
+            let mut tiny = [0u32; GROUP];
+            for j in 0..GROUP {
+                let block = self.plan.block(amax[j]);
+                k[j] = block.k as u32;
+                limit[j] = block.limit;
+                tiny[j] = block.tiny;
+            }
+            let r = [0u32; GROUP];
+            let mut any_slow = 0u32;
+            for row in 0..rows {
+                let at = row * inner + c0;
+                let o: &mut [f32; GROUP] = (&mut self.out[at..at + GROUP])
+                    .try_into()
+                    .expect("a full group");
+                let x: [f32; GROUP] = match self.inp {
+                    Some(inp) => inp[at..at + GROUP].try_into().expect("a full group"),
+                    None => *o,
+                };
+                let params = [&k, &limit, &tiny];
+                any_slow |= mx_round_lanes(self.plan, &x, &r, params, o, self.rule);
+            }
+            if any_slow != 0 {
+                self.fix_tile(c0, GROUP, &amax);
+            }
+        }
+        let n = inner - full;
+        if n > 0 {
+            let mut amax = [0u32; GROUP];
+            for r in 0..rows {
+                for (j, m) in amax[..n].iter_mut().enumerate() {
+                    *m = (*m).max(mag_bits(self.input(r * inner + full + j).to_bits()));
+                }
+            }
+            let mut any_slow = false;
+            for r in 0..rows {
+                for (j, &m) in amax[..n].iter().enumerate() {
+                    let at = r * inner + full + j;
+                    let x = self.input(at);
+                    let block = self.plan.block(m);
+                    let (v, slow) =
+                        self.plan
+                            .round_lane::<R, true>(x.to_bits(), 0, block, self.rule);
+                    self.out[at] = f32::from_bits(v);
+                    any_slow |= slow;
+                }
+            }
+            if any_slow {
+                self.fix_tile(full, n, &amax);
+            }
+        }
+        false
+    }
+}
+
+/// Deterministic MX on f32 with blocks along a non-last axis (inner stride at least
+/// [`GROUP`]): each block index's rows form one contiguous slab, rounded tile by tile in one
+/// pass ([`MxSlab`]) while the tile is in cache; slabs run in parallel.
+fn mx_strided<R: RoundingRule>(
+    src: Option<&[f32]>,
+    dst: &mut [f32],
+    grid: MxGrid,
+    mx: &Mx,
+    plan: &MxF32Plan,
+    rule: R,
+) {
+    let inner = grid.inner();
+    let per_outer = grid.len() * inner;
+    let per_slab = MX_BLOCK * inner;
+    let slab = |o: usize, b: usize, out: &mut [f32]| {
+        let first = o * per_outer + b * per_slab;
+        let inp = src.map(|s| &s[first..first + out.len()]);
+        run_simd(MxSlab {
+            plan,
+            mx,
+            inp,
+            out,
+            inner,
+            rule,
+        });
+    };
+    if in_parallel(dst.len()) {
+        let slabs: Vec<(usize, usize, &mut [f32])> = dst
+            .chunks_mut(per_outer)
+            .enumerate()
+            .flat_map(|(o, outer)| {
+                outer
+                    .chunks_mut(per_slab)
+                    .enumerate()
+                    .map(move |(b, out)| (o, b, out))
+            })
+            .collect();
+        slabs
+            .into_par_iter()
+            .with_min_len(CHUNK.div_ceil(per_slab))
+            .for_each(|(o, b, out)| slab(o, b, out));
+    } else {
+        for (o, outer) in dst.chunks_mut(per_outer).enumerate() {
+            for (b, out) in outer.chunks_mut(per_slab).enumerate() {
+                slab(o, b, out);
+            }
+        }
+    }
 }
 
 /// Rounds to NVFP4: the tensor scale, the block scales, then the elements.
