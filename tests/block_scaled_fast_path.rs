@@ -9,7 +9,8 @@
 //! whole tensors through the kernel (compiled for AVX-512 or AVX2 where the CPU has them):
 //! every element code and midpoint with its f32 neighbours under many scales, subnormal
 //! inputs, NaN, ±Inf and zero blocks, rows whose last block is short, blocks along other
-//! axes, tensors of several chunks, from a separate input and in place, and f64 tensors
+//! axes (MX: tiles of zero, NaN, Inf and subnormal blocks and maxima on and around powers of
+//! two, with short last blocks and leftover columns), tensors of several chunks, from a separate input and in place, and f64 tensors
 //! (which keep the general path) against the same rule.
 
 mod common;

@@ -7,7 +7,8 @@
 //! values near every clamp, values already on the lns grid, and lengths that end in partial
 //! groups, runs and chunks; and NVFP4 in every mode, blocks along the last and other axes,
 //! with stochastic inputs on and near the decision boundaries of their own stream words,
-//! and block maxima on and around every E4M3 block-scale boundary.
+//! and block maxima on and around every E4M3 block-scale boundary; and MX with blocks along
+//! a non-last axis (the strided tile path) in every mode and element format.
 //!
 //! The cap is process-wide, so the tests of this file take a lock while they hold one.
 
