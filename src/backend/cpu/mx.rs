@@ -574,98 +574,66 @@ impl<R: RoundingRule> MxSlab<'_, R> {
     }
 }
 
-/// Columns per tile of the strided MX pass: the tile's rows (a block of 32 rows by up to
-/// this many columns, 32 KiB of f32) stay in cache between its two sweeps.
-const TILE: usize = 256;
-
-impl<R: RoundingRule> MxSlab<'_, R> {
-    /// The input row segment of [`GROUP`] lanes at slab index `at`.
-    #[inline(always)]
-    fn group(&self, at: usize) -> [f32; GROUP] {
-        match self.inp {
-            Some(inp) => inp[at..at + GROUP].try_into().expect("a full group"),
-            None => self.out[at..at + GROUP].try_into().expect("a full group"),
-        }
-    }
-
-    /// One tile of `groups` lane groups from column `c0`: the columns' maxima and smallest
-    /// nonzero magnitudes with lane-wise min/max over the rows (row by row, so the reads are
-    /// sequential), each lane's block parameters from the plan's table (the scalar rule's
-    /// scale, see [`MxF32Plan::block`]), then every row rounded with them; lane groups
-    /// without an element whose step exceeds its value skip that case.
-    #[inline(always)]
-    fn tile(&mut self, c0: usize, groups: usize) {
-        let inner = self.inner;
-        let rows = self.out.len() / inner;
-        let cols = groups * GROUP;
-        let mut amax = [0u32; TILE];
-        let mut low = [u32::MAX; TILE];
-        for r in 0..rows {
-            for g in 0..groups {
-                let x = self.group(r * inner + c0 + g * GROUP);
-                let m: &mut [u32; GROUP] = (&mut amax[g * GROUP..][..GROUP])
-                    .try_into()
-                    .expect("a full group");
-                let l: &mut [u32; GROUP] = (&mut low[g * GROUP..][..GROUP])
-                    .try_into()
-                    .expect("a full group");
-                for j in 0..GROUP {
-                    let bits = x[j].to_bits();
-                    m[j] = m[j].max(mag_bits(bits));
-                    // The smallest nonzero magnitude less one (zeros wrap to the top).
-                    l[j] = l[j].min((bits & 0x7fff_ffff).wrapping_sub(1));
-                }
-            }
-        }
-        let mut k = [0u32; TILE];
-        let mut limit = [0u32; TILE];
-        let mut tiny = [0u32; TILE];
-        let mut has_tiny = [false; TILE / GROUP];
-        for j in 0..cols {
-            let block = self.plan.block(amax[j]);
-            k[j] = block.k as u32;
-            limit[j] = block.limit;
-            tiny[j] = block.tiny;
-            has_tiny[j / GROUP] |= low[j] < MxF32Plan::tiny_below(block);
-        }
-        let r = [0u32; GROUP];
-        let mut any_slow = 0u32;
-        for row in 0..rows {
-            for g in 0..groups {
-                let at = row * inner + c0 + g * GROUP;
-                let x = self.group(at);
-                let o: &mut [f32; GROUP] = (&mut self.out[at..at + GROUP])
-                    .try_into()
-                    .expect("a full group");
-                let lanes = g * GROUP..(g + 1) * GROUP;
-                let params = [
-                    k[lanes.clone()].try_into().expect("a full group"),
-                    limit[lanes.clone()].try_into().expect("a full group"),
-                    tiny[lanes].try_into().expect("a full group"),
-                ];
-                any_slow |= if has_tiny[g] {
-                    mx_round_lanes::<R, true>(self.plan, &x, &r, params, o, self.rule)
-                } else {
-                    mx_round_lanes::<R, false>(self.plan, &x, &r, params, o, self.rule)
-                };
-            }
-        }
-        if any_slow != 0 {
-            self.fix_tile(c0, cols, &amax[..cols]);
-        }
-    }
-}
-
 impl<R: RoundingRule> SimdPass for MxSlab<'_, R> {
-    /// Tiles of up to [`TILE`] columns (whole lane groups) by the slab's rows
-    /// ([`MxSlab::tile`]), then the last columns (fewer than [`GROUP`]) lane by lane.
+    /// Tiles of [`GROUP`] columns by the slab's rows: the columns' maxima (and smallest
+    /// nonzero magnitudes) with lane-wise max (min) over the rows, each lane's block
+    /// parameters from the plan's table (the scalar rule's scale, see [`MxF32Plan::block`]),
+    /// then every row of the tile rounded with them, leaving out the case of a step above
+    /// the value where no element of the tile has one; the last columns (fewer than
+    /// [`GROUP`]) lane by lane.
     #[inline(always)]
     fn run(mut self) -> bool {
         let inner = self.inner;
         let rows = self.out.len() / inner;
         let full = inner - inner % GROUP;
-        for c0 in (0..full).step_by(TILE) {
-            self.tile(c0, (full - c0).min(TILE) / GROUP);
+        for c0 in (0..full).step_by(GROUP) {
+            let mut amax = [0u32; GROUP];
+            let mut low = [u32::MAX; GROUP];
+            for r in 0..rows {
+                let at = r * inner + c0;
+                let x: &[f32; GROUP] = match self.inp {
+                    Some(inp) => inp[at..at + GROUP].try_into().expect("a full group"),
+                    None => self.out[at..at + GROUP].try_into().expect("a full group"),
+                };
+                for j in 0..GROUP {
+                    let bits = x[j].to_bits();
+                    amax[j] = amax[j].max(mag_bits(bits));
+                    // The smallest nonzero magnitude less one (zeros wrap to the top).
+                    low[j] = low[j].min((bits & 0x7fff_ffff).wrapping_sub(1));
+                }
+            }
+            let mut k = [0u32; GROUP];
+            let mut limit = [0u32; GROUP];
+            let mut tiny = [0u32; GROUP];
+            let mut has_tiny = false;
+            for j in 0..GROUP {
+                let block = self.plan.block(amax[j]);
+                k[j] = block.k as u32;
+                limit[j] = block.limit;
+                tiny[j] = block.tiny;
+                has_tiny |= low[j] < MxF32Plan::tiny_below(block);
+            }
+            let r = [0u32; GROUP];
+            let mut any_slow = 0u32;
+            for row in 0..rows {
+                let at = row * inner + c0;
+                let o: &mut [f32; GROUP] = (&mut self.out[at..at + GROUP])
+                    .try_into()
+                    .expect("a full group");
+                let x: [f32; GROUP] = match self.inp {
+                    Some(inp) => inp[at..at + GROUP].try_into().expect("a full group"),
+                    None => *o,
+                };
+                let params = [&k, &limit, &tiny];
+                any_slow |= if has_tiny {
+                    mx_round_lanes::<R, true>(self.plan, &x, &r, params, o, self.rule)
+                } else {
+                    mx_round_lanes::<R, false>(self.plan, &x, &r, params, o, self.rule)
+                };
+            }
+            if any_slow != 0 {
+                self.fix_tile(c0, GROUP, &amax);
+            }
         }
         let n = inner - full;
         if n > 0 {
