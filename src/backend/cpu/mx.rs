@@ -14,6 +14,16 @@
 //!   while it is in cache (MX block by block; NVFP4 the rows of all the run's blocks first,
 //!   so that their scale computations overlap, then the elements); the parameters of a
 //!   block are the same in all its lanes.
+//! - MX blocks along a non-last axis of inner stride `S >= 16` (the product of the dims
+//!   after the block axis), deterministic rules: the rows of one block index are a
+//!   contiguous slab of at most 32 rows of `S` elements, and column `c` of the slab is one
+//!   block. Each tile of 32 rows by 16 columns is done in one pass while it is in cache: the
+//!   16 columns' maxima by a lane-wise max over the rows, each lane's block parameters from
+//!   the same table as the aligned path (so the same scale as the scalar rule, NaN and Inf
+//!   blocks included), then each row of 16 elements rounded with its lane's parameters by
+//!   the same lane step. A short last block is a slab of fewer rows; the last `S mod 16`
+//!   columns are done lane by lane with the same step. Stochastic rounding keeps the walked
+//!   path below (its random word is the element's word of the stream).
 //! - Other blocks (along another axis, or with a shorter last block): the maxima come from
 //!   a first pass (an integer max over magnitude bits, vectorised across the inner
 //!   dimension), and each run is walked block segment by segment, the parameters of each
@@ -562,11 +572,11 @@ impl<R: RoundingRule> MxSlab<'_, R> {
     fn fix_tile(&mut self, c0: usize, n: usize, amax: &[u32]) {
         let rows = self.out.len() / self.inner;
         for r in 0..rows {
-            for j in 0..n {
+            for (j, &m) in amax[..n].iter().enumerate() {
                 let at = r * self.inner + c0 + j;
                 let x = self.input(at);
                 if is_subnormal(x) {
-                    let scale = MxF32Plan::scale_exponent(self.mx, amax[j]);
+                    let scale = MxF32Plan::scale_exponent(self.mx, m);
                     self.out[at] = self.mx.round(x as f64, scale, self.rule, 0) as f32;
                 }
             }
