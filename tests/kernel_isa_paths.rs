@@ -295,16 +295,7 @@ fn nvfp4_scalar(
         .filter(|x| x.is_finite())
         .fold(0f64, |m, &x| m.max(x.abs() as f64));
     let s_t = Nvfp4::tensor_scale(amax_t);
-    let mut amax = vec![0f64; grid.count()];
-    for (i, &x) in xs.iter().enumerate() {
-        let m = if x.is_finite() {
-            x.abs() as f64
-        } else {
-            f64::INFINITY
-        };
-        let b = grid.block_of(i);
-        amax[b] = amax[b].max(m);
-    }
+    let amax = block_amax(&grid, xs);
     xs.iter()
         .enumerate()
         .map(|(i, &x)| {
@@ -355,9 +346,8 @@ fn check_tensor(
     }
 }
 
-/// MX by the scalar rule of `format::mx` (f32 storage), blocks along `dim` of `dims`.
-fn mx_scalar(mx: &Mx, dims: &[usize], xs: &[f32], rounding: Rounding, stream: Stream) -> Vec<f32> {
-    let grid = MxGrid::new(32, mx.dim(), dims, "mx").unwrap();
+/// Each block's largest magnitude in f64, infinite where the block holds a NaN or an Inf.
+fn block_amax(grid: &MxGrid, xs: &[f32]) -> Vec<f64> {
     let mut amax = vec![0f64; grid.count()];
     for (i, &x) in xs.iter().enumerate() {
         let m = if x.is_finite() {
@@ -368,6 +358,13 @@ fn mx_scalar(mx: &Mx, dims: &[usize], xs: &[f32], rounding: Rounding, stream: St
         let b = grid.block_of(i);
         amax[b] = amax[b].max(m);
     }
+    amax
+}
+
+/// MX by the scalar rule of `format::mx` (f32 storage), blocks along `dim` of `dims`.
+fn mx_scalar(mx: &Mx, dims: &[usize], xs: &[f32], rounding: Rounding, stream: Stream) -> Vec<f32> {
+    let grid = MxGrid::new(32, mx.dim(), dims, "mx").unwrap();
+    let amax = block_amax(&grid, xs);
     xs.iter()
         .enumerate()
         .map(|(i, &x)| {
