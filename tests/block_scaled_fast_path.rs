@@ -17,6 +17,7 @@ mod common;
 use common::{Mismatches, SplitMix};
 #[path = "common/strided_mx.rs"]
 mod strided_mx;
+use strided_mx::MX_NAMES;
 use strided_mx::{strided_tensor, STRIDED_SHAPES};
 
 use qcandle::backend::cpu::quantize_slice;
@@ -159,15 +160,6 @@ fn check_tensor(name: &str, dims: &[usize], xs: &[f32], bad: &mut Mismatches) ->
     }
     checked
 }
-
-const MX_NAMES: [&str; 6] = [
-    "mxfp8_e4m3",
-    "mxfp8_e5m2",
-    "mxfp6_e3m2",
-    "mxfp6_e2m3",
-    "mxfp4_e2m1",
-    "mxint8",
-];
 
 /// The f32 neighbours of `v` (below, `v` rounded to f32, above).
 fn around(v: f64) -> [f32; 3] {

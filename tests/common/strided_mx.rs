@@ -5,6 +5,16 @@
 
 use qcandle::format::mx::MxGrid;
 
+/// The six OCP MX element formats by name, in the order of `MxElement::ALL`.
+pub const MX_NAMES: [&str; 6] = [
+    "mxfp8_e4m3",
+    "mxfp8_e5m2",
+    "mxfp6_e3m2",
+    "mxfp6_e2m3",
+    "mxfp4_e2m1",
+    "mxint8",
+];
+
 /// The shapes and block axes the strided tests use: 2-D and 3-D tensors along dims 0 and 1,
 /// row counts that are not multiples of 32, column counts that are not multiples of 16 or
 /// 8, and one tensor large enough to be split over threads.
