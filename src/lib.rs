@@ -55,6 +55,7 @@ pub mod plot;
 pub mod ptq;
 pub mod quire;
 pub mod report;
+mod rows;
 #[cfg(feature = "cli")]
 pub mod run_dir;
 #[cfg(feature = "cli")]

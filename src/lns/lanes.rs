@@ -35,6 +35,7 @@ use super::arith::LnsArith;
 use super::error::LnsError;
 use super::gauss::{Sums, SumsRef};
 use super::value::LnsValue;
+use crate::rows::for_rows;
 
 /// Output columns summed together in one pass over a row of `A`.
 pub const LANES: usize = 32;
@@ -182,7 +183,7 @@ fn tiles<S: Sums>(
     arith: &LnsArith,
     a: &[LnsValue],
     b: &[LnsValue],
-    (_m, k, n): (usize, usize, usize),
+    (m, k, n): (usize, usize, usize),
     bias: LnsBias,
     bias_slice: &[LnsValue],
     out: &mut [LnsValue],
@@ -213,13 +214,7 @@ fn tiles<S: Sums>(
             },
         )
     };
-    if parallel {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each(|(i, r)| row(i, r));
-    } else {
-        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
-    }
+    for_rows(out, m, n, parallel, row);
 }
 
 /// One output row: tiles of [`LANES`] columns, `p` ascending, then the bias.
@@ -275,7 +270,7 @@ fn scalar(
     arith: &LnsArith,
     a: &[LnsValue],
     b: &[LnsValue],
-    (_m, k, n): (usize, usize, usize),
+    (m, k, n): (usize, usize, usize),
     bias: LnsBias,
     out: &mut [LnsValue],
     parallel: bool,
@@ -293,11 +288,5 @@ fn scalar(
             };
         }
     };
-    if parallel {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each(|(i, r)| row(i, r));
-    } else {
-        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
-    }
+    for_rows(out, m, n, parallel, row);
 }

@@ -280,23 +280,7 @@ fn not_finite(v: &[f64]) -> bool {
     v.iter().any(|x| !x.is_finite())
 }
 
-/// Runs `row(i, out_row)` for every row, on the rayon pool when `parallel`.
-pub(crate) fn for_rows<F>(out: &mut [f64], m: usize, n: usize, parallel: bool, row: F)
-where
-    F: Fn(usize, &mut [f64]) + Sync,
-{
-    if n == 0 {
-        return;
-    }
-    let out = &mut out[..m * n];
-    if parallel {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each(|(i, r)| row(i, r));
-    } else {
-        out.chunks_mut(n).enumerate().for_each(|(i, r)| row(i, r));
-    }
-}
+pub(crate) use crate::rows::for_rows;
 
 /// `out += A · B` in f64, all row-major and contiguous.
 fn dgemm((m, k, n): Dims, a: &[f64], b: &[f64], out: &mut [f64], par: Parallelism) {
