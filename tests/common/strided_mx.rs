@@ -17,8 +17,10 @@ pub const MX_NAMES: [&str; 6] = [
 
 /// The shapes and block axes the strided tests use: 2-D and 3-D tensors along dims 0 and 1,
 /// row counts that are not multiples of 32, column counts that are not multiples of 16 or
-/// 8, and one tensor large enough to be split over threads.
-pub const STRIDED_SHAPES: [(&[usize], i64); 8] = [
+/// 8, column counts below, at and above the prefetch distance of 64 (so that tiles read
+/// ahead within their slab, into the next slab, and past the data), and one tensor large
+/// enough to be split over threads.
+pub const STRIDED_SHAPES: [(&[usize], i64); 10] = [
     (&[70, 3, 21], 0),
     (&[2, 45, 17], 1),
     (&[33, 2, 16], 0),
@@ -27,6 +29,8 @@ pub const STRIDED_SHAPES: [(&[usize], i64); 8] = [
     (&[40, 24], 0),
     (&[32, 9, 7], 0),
     (&[150, 2, 300], 0),
+    (&[100, 64], 0),
+    (&[45, 2, 40], 0),
 ];
 
 /// A SplitMix64 step.
