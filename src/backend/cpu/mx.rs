@@ -118,6 +118,76 @@ fn block_amax_bits(data: &[f32], grid: &MxGrid) -> Vec<u32> {
     block_maxima(data, grid, 0u32, |x: f32| mag_bits(x.to_bits()), u32::max)
 }
 
+/// The next run of a chunk, whose cache lines a run asks for while it is rounded: its output
+/// and, from a source, its input (empty after a chunk's last run). A hint only: it changes
+/// no result. A run is 4 KiB, about a page, and the hardware prefetchers stop at page
+/// boundaries, so without it each run's first pass waits for memory.
+#[derive(Clone, Copy)]
+struct NextRun<'a> {
+    out: &'a [f32],
+    inp: Option<&'a [f32]>,
+}
+
+impl NextRun<'_> {
+    /// Asks for the lines of block `j` (`j < RUN / 16`) of the next run; block 0 also asks
+    /// for the run's last element (a run may start anywhere in a line, so it touches one
+    /// line more than it has blocks).
+    #[inline(always)]
+    fn prefetch(&self, j: usize) {
+        prefetch_at(self.out, j);
+        if let Some(inp) = self.inp {
+            prefetch_at(inp, j);
+        }
+    }
+}
+
+/// Asks for the line of `xs[16 j]` (and for `j` 0 that of `xs`'s last element).
+#[inline(always)]
+fn prefetch_at(xs: &[f32], j: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: SSE is part of x86_64; a prefetch reads nothing and cannot fault (and
+        // the addresses are elements of `xs`).
+        let prefetch = |x: &f32| unsafe { _mm_prefetch::<_MM_HINT_T0>((x as *const f32).cast()) };
+        if let Some(x) = xs.get(j * NVFP4_BLOCK) {
+            prefetch(x);
+        }
+        if j == 0 {
+            if let Some(x) = xs.last() {
+                prefetch(x);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (xs, j);
+}
+
+/// Calls `f(start, run, next)` for each run of [`RUN`] elements of the chunk `out` that
+/// starts at element `base` of the tensor, with the next run of the chunk (from `src` when
+/// given).
+fn for_each_run(
+    src: Option<&[f32]>,
+    base: usize,
+    out: &mut [f32],
+    mut f: impl FnMut(usize, &mut [f32], NextRun<'_>),
+) {
+    let mut start = 0;
+    let mut rest = out;
+    while !rest.is_empty() {
+        let len = RUN.min(rest.len());
+        let (o, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        let next_len = RUN.min(tail.len());
+        let next = NextRun {
+            out: &tail[..next_len],
+            inp: src.map(|s| &s[base + start + len..][..next_len]),
+        };
+        f(start, o, next);
+        rest = tail;
+        start += len;
+    }
+}
+
 /// A pass over one run that [`run_simd`] compiles for AVX-512 or AVX2 (its `run` is inlined
 /// into a function with those target features).
 trait SimdPass {
@@ -791,6 +861,7 @@ struct Nvfp4AlignedRun<'a> {
     plan: &'a Nvfp4F32Plan,
     inp: Option<&'a [f32]>,
     out: &'a mut [f32],
+    next: NextRun<'a>,
 }
 
 impl SimdPass for Nvfp4AlignedRun<'_> {
@@ -807,6 +878,7 @@ impl SimdPass for Nvfp4AlignedRun<'_> {
                     .expect("a whole block"),
                 None => *o,
             };
+            self.next.prefetch(b);
             let row = self.plan.row(rows[b] as usize);
             for j in 0..NVFP4_BLOCK {
                 o[j] = f32::from_bits(Nvfp4F32Plan::round_lane(x[j].to_bits(), row));
@@ -833,11 +905,15 @@ fn nvfp4_block_rows(xs: &[f32], scales: &Nvfp4Scales, rows: &mut [u8]) {
 fn nvfp4_aligned(src: Option<&[f32]>, dst: &mut [f32], plan: &Nvfp4F32Plan) {
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
-        for (r, o) in out.chunks_mut(RUN).enumerate() {
-            let first = base + r * RUN;
-            let inp = src.map(|s| &s[first..first + o.len()]);
-            run_simd(Nvfp4AlignedRun { plan, inp, out: o });
-        }
+        for_each_run(src, base, out, |start, o, next| {
+            let inp = src.map(|s| &s[base + start..][..o.len()]);
+            run_simd(Nvfp4AlignedRun {
+                plan,
+                inp,
+                out: o,
+                next,
+            });
+        });
     };
     for_each_chunk(dst, work);
 }
@@ -896,6 +972,7 @@ struct Nvfp4SrAlignedRun<'a> {
     rows: &'a mut [u8],
     flags: &'a mut [u8],
     sr: SrBits,
+    next: NextRun<'a>,
 }
 
 impl SimdPass for Nvfp4SrAlignedRun<'_> {
@@ -916,6 +993,7 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
             let flags: &mut [u8; NVFP4_BLOCK] = (&mut self.flags[at..at + NVFP4_BLOCK])
                 .try_into()
                 .expect("a whole block");
+            self.next.prefetch(b);
             let row = self.plan.row(self.rows[b] as usize);
             nvfp4_sr_group(&x, r, |_| row, self.sr, o, flags, &mut any);
         }
@@ -1017,15 +1095,13 @@ fn nvfp4_stochastic<R: RoundingRule>(
         let mut words = [0u32; RUN];
         let mut flags = [0u8; RUN];
         let mut run_rows = [0u8; RUN / NVFP4_BLOCK];
-        let mut start = 0;
-        while start < out.len() {
-            let len = RUN.min(out.len() - start);
+        for_each_run(src, base, out, |start, o, next| {
+            let len = o.len();
             let first = base + start;
             if let Some(stream) = stream {
                 fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
             }
             let inp = src.map(|s| &s[first..first + len]);
-            let o = &mut out[start..start + len];
             // A flag per element: blocks (aligned) or lane groups.
             let any = if aligned {
                 run_simd(Nvfp4SrAlignedRun {
@@ -1036,6 +1112,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     rows: &mut run_rows[..len / NVFP4_BLOCK],
                     flags: &mut flags[..len],
                     sr,
+                    next,
                 })
             } else {
                 let mut inv = [0f32; RUN];
@@ -1075,8 +1152,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     o[j] = Nvfp4::round(x, s_b, s_t, rule, words[j]) as f32;
                 }
             }
-            start += len;
-        }
+        });
     };
     for_each_chunk(dst, work);
 }
