@@ -891,13 +891,16 @@ impl SimdPass for Nvfp4AlignedRun<'_> {
 /// The rows (E4M3 codes of the scales, or the NaN row) of the aligned blocks of `xs`, all
 /// before any element is rounded: each block's maximum and row depend only on its own
 /// elements, so the blocks' scale computations overlap instead of each waiting for the
-/// previous block's elements.
+/// previous block's elements. 16 blocks per step in AVX-512 lanes where the kernels may use
+/// it ([`nvfp4_rows`](super::nvfp4_rows)), else block by block; both give the same rows.
 #[inline(always)]
 fn nvfp4_block_rows(xs: &[f32], scales: &Nvfp4Scales, rows: &mut [u8]) {
-    for (x, row) in xs.chunks_exact(NVFP4_BLOCK).zip(rows.iter_mut()) {
-        let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-        *row = scales.row_of(m) as u8;
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx512() {
+        // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+        return unsafe { super::nvfp4_rows::block_rows_avx512(xs, scales, rows) };
     }
+    super::nvfp4_rows::block_rows_scalar(xs, scales, rows)
 }
 
 /// Deterministic NVFP4 on f32 with blocks of 16 aligned consecutive elements: maxima,
