@@ -13,7 +13,11 @@
 //!   multiple of the block size): one pass does both steps on each run of [`RUN`] elements
 //!   while it is in cache (MX block by block; NVFP4 the rows of all the run's blocks first,
 //!   so that their scale computations overlap, then the elements); the parameters of a
-//!   block are the same in all its lanes.
+//!   block are the same in all its lanes. NVFP4's rows are computed 16 blocks at a time in
+//!   AVX-512 lanes where the CPU has it ([`nvfp4_rows`](super::nvfp4_rows), the same rows as
+//!   block by block), and each NVFP4 run asks the cache for the next run's lines while it is
+//!   rounded: a run is 4 KiB, and the hardware prefetchers stop at page boundaries, so the
+//!   first pass over each run waited for memory.
 //! - MX blocks along a non-last axis of inner stride `S >= 16` (the product of the dims
 //!   after the block axis), deterministic rules: the rows of one block index are a
 //!   contiguous slab of at most 32 rows of `S` elements, and column `c` of the slab is one
@@ -1190,4 +1194,54 @@ fn nvfp4_fast<R: RoundingRule>(x: f64, d: f64, _rule: R) -> Option<f64> {
     }
     let v = VALUES[below] * d;
     Some(if x < 0.0 { -v } else { v })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `for_each_run` visits the chunk in runs of `RUN` elements in order, and each run's
+    /// `next` is exactly the run after it in the chunk (empty after the last), read from the
+    /// source at the same positions when there is one.
+    #[test]
+    fn each_run_sees_the_following_run_as_next() {
+        for len in [0usize, 1, 15, RUN - 1, RUN, RUN + 1, 3 * RUN + 17] {
+            for base in [0usize, 5 * RUN] {
+                let src: Vec<f32> = (0..base + len + RUN).map(|i| i as f32).collect();
+                for from_src in [false, true] {
+                    let mut out: Vec<f32> = (0..len).map(|i| -(i as f32)).collect();
+                    let out_ptr = out.as_ptr();
+                    let mut seen = Vec::new();
+                    let src = from_src.then_some(&src[..]);
+                    for_each_run(src, base, &mut out, |start, o, next| {
+                        assert_eq!(o.as_ptr(), out_ptr.wrapping_add(start), "len {len}");
+                        let rest = len - start - o.len();
+                        assert_eq!(next.out.len(), rest.min(RUN), "len {len} start {start}");
+                        assert_eq!(
+                            next.out.as_ptr(),
+                            out_ptr.wrapping_add(start + o.len()),
+                            "len {len} start {start}"
+                        );
+                        let first_next = base + start + o.len();
+                        match (src, next.inp) {
+                            (Some(_), Some(inp)) => {
+                                let want: Vec<f32> = (first_next..first_next + rest.min(RUN))
+                                    .map(|i| i as f32)
+                                    .collect();
+                                assert_eq!(inp, &want[..], "len {len} start {start}");
+                            }
+                            (None, None) => {}
+                            _ => panic!("next.inp present without a source or missing with one"),
+                        }
+                        seen.push((start, o.len()));
+                    });
+                    let want: Vec<(usize, usize)> = (0..len)
+                        .step_by(RUN)
+                        .map(|s| (s, RUN.min(len - s)))
+                        .collect();
+                    assert_eq!(seen, want, "len {len} base {base}");
+                }
+            }
+        }
+    }
 }
