@@ -41,7 +41,8 @@ use crate::backend::nvfp4_plan::Nvfp4Scales;
 use crate::format::nvfp4::NVFP4_BLOCK;
 
 /// Blocks whose rows one vector step computes.
-pub(super) const GROUP_BLOCKS: usize = 16;
+#[cfg(target_arch = "x86_64")]
+const GROUP_BLOCKS: usize = 16;
 
 /// The rows of the aligned blocks of `xs` (one per element of `rows`), block by block.
 #[inline(always)]
