@@ -15,6 +15,7 @@
 //! own block's plan.
 
 mod mx;
+mod nvfp4_rows;
 
 use candle_core::Layout;
 use half::{bf16, f16};

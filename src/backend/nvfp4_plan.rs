@@ -105,19 +105,34 @@ impl Nvfp4Scales {
         }
     }
 
+    /// What the estimate subtracts from the rounded exponent and top 3 mantissa bits of an
+    /// f64 (`bits >> 49`) to rebase them so that `2^-6` (biased exponent 1017) is code 8.
+    pub const NORMAL_CODE_OFFSET: i64 = 1017 * 8 - E4M3_MIN_NORMAL_CODE;
+
+    /// `2^52`, whose ulp is 1: adding it to `y · 2^9` rounds that to an integer in the low
+    /// bits (the estimate of a subnormal scale's code).
+    pub const SUBNORMAL_MAGIC: f64 = (1u64 << 52) as f64;
+
     /// The E4M3 code nearest to `y >= 0` (ties up), clamped to 126: within one of the count
     /// of E4M3 midpoints below `y`.
     #[inline(always)]
     fn code_estimate(y: f64) -> usize {
         // Exponent and top 3 mantissa bits of y, rounded at the 4th, rebased so that 2^-6
         // (biased exponent 1017) is code 8.
-        let normal = ((y.to_bits() + (1 << 48)) >> 49) as i64 - (1017 * 8 - E4M3_MIN_NORMAL_CODE);
+        let normal = ((y.to_bits() + (1 << 48)) >> 49) as i64 - Self::NORMAL_CODE_OFFSET;
         // Subnormal scales: y · 2^9 rounded to an integer by adding 2^52 (whose ulp is 1),
         // read from the bits (no conversion; for y >= 2^-6 the value is not used).
-        const MAGIC: f64 = (1u64 << 52) as f64;
+        const MAGIC: f64 = Nvfp4Scales::SUBNORMAL_MAGIC;
         let subnormal = ((y * 512.0 + MAGIC).to_bits() - MAGIC.to_bits()) as i64;
         let code = if y >= 1.0 / 64.0 { normal } else { subnormal };
         code.min(126) as usize
+    }
+
+    /// What [`row_of`](Self::row_of) reads, for its vector form: the estimate's factor
+    /// `fl64(1/(6 s_t))`, the midpoint threshold above each code (`u32::MAX` from 126 on)
+    /// and the lowest maximum of each code (0 for code 0).
+    pub fn tables(&self) -> (f64, &[u32; 128], &[u32; 128]) {
+        (self.inv_c, &self.thresholds, &self.lower)
     }
 
     /// The row of a block whose maximum has the magnitude bits `amax` (NaN and ±Inf as

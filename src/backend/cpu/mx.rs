@@ -13,7 +13,11 @@
 //!   multiple of the block size): one pass does both steps on each run of [`RUN`] elements
 //!   while it is in cache (MX block by block; NVFP4 the rows of all the run's blocks first,
 //!   so that their scale computations overlap, then the elements); the parameters of a
-//!   block are the same in all its lanes.
+//!   block are the same in all its lanes. NVFP4's rows are computed 16 blocks at a time in
+//!   AVX-512 lanes where the CPU has it ([`nvfp4_rows`](super::nvfp4_rows), the same rows as
+//!   block by block), and each NVFP4 run asks the cache for the next run's lines while it is
+//!   rounded: a run is 4 KiB, and the hardware prefetchers stop at page boundaries, so the
+//!   first pass over each run waited for memory.
 //! - MX blocks along a non-last axis of inner stride `S >= 16` (the product of the dims
 //!   after the block axis), deterministic rules: the rows of one block index are a
 //!   contiguous slab of at most 32 rows of `S` elements, and column `c` of the slab is one
@@ -120,6 +124,76 @@ fn block_amax<T: Element>(data: &[T], grid: &MxGrid) -> Vec<f64> {
 /// +Inf's bits; the order of the bits is the order of the magnitudes).
 fn block_amax_bits(data: &[f32], grid: &MxGrid) -> Vec<u32> {
     block_maxima(data, grid, 0u32, |x: f32| mag_bits(x.to_bits()), u32::max)
+}
+
+/// The next run of a chunk, whose cache lines a run asks for while it is rounded: its output
+/// and, from a source, its input (empty after a chunk's last run). A hint only: it changes
+/// no result. A run is 4 KiB, about a page, and the hardware prefetchers stop at page
+/// boundaries, so without it each run's first pass waits for memory.
+#[derive(Clone, Copy)]
+struct NextRun<'a> {
+    out: &'a [f32],
+    inp: Option<&'a [f32]>,
+}
+
+impl NextRun<'_> {
+    /// Asks for the lines of block `j` (`j < RUN / 16`) of the next run; block 0 also asks
+    /// for the run's last element (a run may start anywhere in a line, so it touches one
+    /// line more than it has blocks).
+    #[inline(always)]
+    fn prefetch(&self, j: usize) {
+        prefetch_at(self.out, j);
+        if let Some(inp) = self.inp {
+            prefetch_at(inp, j);
+        }
+    }
+}
+
+/// Asks for the line of `xs[16 j]` (and for `j` 0 that of `xs`'s last element).
+#[inline(always)]
+fn prefetch_at(xs: &[f32], j: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: SSE is part of x86_64; a prefetch reads nothing and cannot fault (and
+        // the addresses are elements of `xs`).
+        let prefetch = |x: &f32| unsafe { _mm_prefetch::<_MM_HINT_T0>((x as *const f32).cast()) };
+        if let Some(x) = xs.get(j * NVFP4_BLOCK) {
+            prefetch(x);
+        }
+        if j == 0 {
+            if let Some(x) = xs.last() {
+                prefetch(x);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (xs, j);
+}
+
+/// Calls `f(start, run, next)` for each run of [`RUN`] elements of the chunk `out` that
+/// starts at element `base` of the tensor, with the next run of the chunk (from `src` when
+/// given).
+fn for_each_run(
+    src: Option<&[f32]>,
+    base: usize,
+    out: &mut [f32],
+    mut f: impl FnMut(usize, &mut [f32], NextRun<'_>),
+) {
+    let mut start = 0;
+    let mut rest = out;
+    while !rest.is_empty() {
+        let len = RUN.min(rest.len());
+        let (o, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        let next_len = RUN.min(tail.len());
+        let next = NextRun {
+            out: &tail[..next_len],
+            inp: src.map(|s| &s[base + start + len..][..next_len]),
+        };
+        f(start, o, next);
+        rest = tail;
+        start += len;
+    }
 }
 
 /// A pass over one run that [`run_simd`] compiles for AVX-512 or AVX2 (its `run` is inlined
@@ -829,6 +903,7 @@ struct Nvfp4AlignedRun<'a> {
     plan: &'a Nvfp4F32Plan,
     inp: Option<&'a [f32]>,
     out: &'a mut [f32],
+    next: NextRun<'a>,
 }
 
 impl SimdPass for Nvfp4AlignedRun<'_> {
@@ -845,6 +920,7 @@ impl SimdPass for Nvfp4AlignedRun<'_> {
                     .expect("a whole block"),
                 None => *o,
             };
+            self.next.prefetch(b);
             let row = self.plan.row(rows[b] as usize);
             for j in 0..NVFP4_BLOCK {
                 o[j] = f32::from_bits(Nvfp4F32Plan::round_lane(x[j].to_bits(), row));
@@ -857,13 +933,16 @@ impl SimdPass for Nvfp4AlignedRun<'_> {
 /// The rows (E4M3 codes of the scales, or the NaN row) of the aligned blocks of `xs`, all
 /// before any element is rounded: each block's maximum and row depend only on its own
 /// elements, so the blocks' scale computations overlap instead of each waiting for the
-/// previous block's elements.
+/// previous block's elements. 16 blocks per step in AVX-512 lanes where the kernels may use
+/// it ([`nvfp4_rows`](super::nvfp4_rows)), else block by block; both give the same rows.
 #[inline(always)]
 fn nvfp4_block_rows(xs: &[f32], scales: &Nvfp4Scales, rows: &mut [u8]) {
-    for (x, row) in xs.chunks_exact(NVFP4_BLOCK).zip(rows.iter_mut()) {
-        let m = x.iter().fold(0, |m, x| m.max(mag_bits(x.to_bits())));
-        *row = scales.row_of(m) as u8;
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx512() {
+        // SAFETY: the CPU supports AVX-512 F/BW/DQ/VL, checked just above.
+        return unsafe { super::nvfp4_rows::block_rows_avx512(xs, scales, rows) };
     }
+    super::nvfp4_rows::block_rows_scalar(xs, scales, rows)
 }
 
 /// Deterministic NVFP4 on f32 with blocks of 16 aligned consecutive elements: maxima,
@@ -871,11 +950,15 @@ fn nvfp4_block_rows(xs: &[f32], scales: &Nvfp4Scales, rows: &mut [u8]) {
 fn nvfp4_aligned(src: Option<&[f32]>, dst: &mut [f32], plan: &Nvfp4F32Plan) {
     let work = |chunk: usize, out: &mut [f32]| {
         let base = chunk * CHUNK;
-        for (r, o) in out.chunks_mut(RUN).enumerate() {
-            let first = base + r * RUN;
-            let inp = src.map(|s| &s[first..first + o.len()]);
-            run_simd(Nvfp4AlignedRun { plan, inp, out: o });
-        }
+        for_each_run(src, base, out, |start, o, next| {
+            let inp = src.map(|s| &s[base + start..][..o.len()]);
+            run_simd(Nvfp4AlignedRun {
+                plan,
+                inp,
+                out: o,
+                next,
+            });
+        });
     };
     for_each_chunk(dst, work);
 }
@@ -934,6 +1017,7 @@ struct Nvfp4SrAlignedRun<'a> {
     rows: &'a mut [u8],
     flags: &'a mut [u8],
     sr: SrBits,
+    next: NextRun<'a>,
 }
 
 impl SimdPass for Nvfp4SrAlignedRun<'_> {
@@ -954,6 +1038,7 @@ impl SimdPass for Nvfp4SrAlignedRun<'_> {
             let flags: &mut [u8; NVFP4_BLOCK] = (&mut self.flags[at..at + NVFP4_BLOCK])
                 .try_into()
                 .expect("a whole block");
+            self.next.prefetch(b);
             let row = self.plan.row(self.rows[b] as usize);
             nvfp4_sr_group(&x, r, |_| row, self.sr, o, flags, &mut any);
         }
@@ -1055,15 +1140,13 @@ fn nvfp4_stochastic<R: RoundingRule>(
         let mut words = [0u32; RUN];
         let mut flags = [0u8; RUN];
         let mut run_rows = [0u8; RUN / NVFP4_BLOCK];
-        let mut start = 0;
-        while start < out.len() {
-            let len = RUN.min(out.len() - start);
+        for_each_run(src, base, out, |start, o, next| {
+            let len = o.len();
             let first = base + start;
             if let Some(stream) = stream {
                 fill_dispatch(&stream, (first / 4) as u64, &mut words[..len]);
             }
             let inp = src.map(|s| &s[first..first + len]);
-            let o = &mut out[start..start + len];
             // A flag per element: blocks (aligned) or lane groups.
             let any = if aligned {
                 run_simd(Nvfp4SrAlignedRun {
@@ -1074,6 +1157,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     rows: &mut run_rows[..len / NVFP4_BLOCK],
                     flags: &mut flags[..len],
                     sr,
+                    next,
                 })
             } else {
                 let mut inv = [0f32; RUN];
@@ -1113,8 +1197,7 @@ fn nvfp4_stochastic<R: RoundingRule>(
                     o[j] = Nvfp4::round(x, s_b, s_t, rule, words[j]) as f32;
                 }
             }
-            start += len;
-        }
+        });
     };
     for_each_chunk(dst, work);
 }
@@ -1149,4 +1232,54 @@ fn nvfp4_fast<R: RoundingRule>(x: f64, d: f64, _rule: R) -> Option<f64> {
     }
     let v = VALUES[below] * d;
     Some(if x < 0.0 { -v } else { v })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `for_each_run` visits the chunk in runs of `RUN` elements in order, and each run's
+    /// `next` is exactly the run after it in the chunk (empty after the last), read from the
+    /// source at the same positions when there is one.
+    #[test]
+    fn each_run_sees_the_following_run_as_next() {
+        for len in [0usize, 1, 15, RUN - 1, RUN, RUN + 1, 3 * RUN + 17] {
+            for base in [0usize, 5 * RUN] {
+                let src: Vec<f32> = (0..base + len + RUN).map(|i| i as f32).collect();
+                for from_src in [false, true] {
+                    let mut out: Vec<f32> = (0..len).map(|i| -(i as f32)).collect();
+                    let out_ptr = out.as_ptr();
+                    let mut seen = Vec::new();
+                    let src = from_src.then_some(&src[..]);
+                    for_each_run(src, base, &mut out, |start, o, next| {
+                        assert_eq!(o.as_ptr(), out_ptr.wrapping_add(start), "len {len}");
+                        let rest = len - start - o.len();
+                        assert_eq!(next.out.len(), rest.min(RUN), "len {len} start {start}");
+                        assert_eq!(
+                            next.out.as_ptr(),
+                            out_ptr.wrapping_add(start + o.len()),
+                            "len {len} start {start}"
+                        );
+                        let first_next = base + start + o.len();
+                        match (src, next.inp) {
+                            (Some(_), Some(inp)) => {
+                                let want: Vec<f32> = (first_next..first_next + rest.min(RUN))
+                                    .map(|i| i as f32)
+                                    .collect();
+                                assert_eq!(inp, &want[..], "len {len} start {start}");
+                            }
+                            (None, None) => {}
+                            _ => panic!("next.inp present without a source or missing with one"),
+                        }
+                        seen.push((start, o.len()));
+                    });
+                    let want: Vec<(usize, usize)> = (0..len)
+                        .step_by(RUN)
+                        .map(|s| (s, RUN.min(len - s)))
+                        .collect();
+                    assert_eq!(seen, want, "len {len} base {base}");
+                }
+            }
+        }
+    }
 }
