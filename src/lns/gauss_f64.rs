@@ -34,7 +34,7 @@
 //! Past `u >= (f+2) 2^f` the values are known without evaluation (0, or -1 for a truncated
 //! db; see [`super::exact::gauss_log`]).
 
-use crate::format::lns_approx::{exp2_fraction, log2_significand, LOG2_ERROR};
+use crate::format::lns_approx::{exp2_fraction, log2_unit, LOG2_ERROR};
 
 use super::exact::{gauss_log, Direction, Gauss};
 
@@ -109,10 +109,17 @@ impl GaussF64 {
     /// `t = 2^(-u/2^f)` for `0 <= u < far`.
     #[inline(always)]
     fn pow(&self, u: i64) -> f64 {
+        debug_assert!((0..self.far).contains(&u));
         let q = u >> self.f;
         let r = (u & ((1 << self.f) - 1)) as usize;
-        let h = self.high[r >> self.low_bits];
-        let l = self.low[r & ((1 << self.low_bits) - 1)];
+        // SAFETY: `r < 2^f`, so `r >> low_bits < 2^(f - low_bits) = high.len()` and
+        // `r mod 2^low_bits < low.len()` (unchecked so that lanes gather without branches).
+        let (h, l) = unsafe {
+            (
+                *self.high.get_unchecked(r >> self.low_bits),
+                *self.low.get_unchecked(r & ((1 << self.low_bits) - 1)),
+            )
+        };
         // 2^-q exactly (q <= f + 1 <= 31).
         h * l * f64::from_bits(((1023 - q) as u64) << 52)
     }
@@ -121,29 +128,50 @@ impl GaussF64 {
     /// is within its error bound of a boundary; `t` is the term `w` was formed with.
     #[inline(always)]
     fn round_log(&self, w: f64, t: f64) -> Option<i64> {
+        let (n, decided) = self.round_log_lane(w, t);
+        decided.then_some(n)
+    }
+
+    /// [`GaussF64::round_log`] without branches: the rounded integer and whether it is
+    /// decided (false within the error bound of a boundary, where the integer is
+    /// meaningless). `log2(m / 2^52)` is [`log2_unit`] of `w`'s significand as an f64 in
+    /// `[1, 2)`, the same value [`log2_significand`](crate::format::lns_approx::log2_significand)
+    /// computes from the integer `m`.
+    #[inline(always)]
+    fn round_log_lane(&self, w: f64, t: f64) -> (i64, bool) {
+        const FRACTION: u64 = (1 << 52) - 1;
         let bits = w.to_bits();
         let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
-        let m = (bits & ((1 << 52) - 1)) | (1 << 52);
-        let v = log2_significand(m) * self.scale;
+        let unit = f64::from_bits((bits & FRACTION) | 1f64.to_bits());
+        let v = log2_unit(unit) * self.scale;
         let bound = 2.0 * self.scale * (LOG2_ERROR + f64::EPSILON * (1.0 + 3.0 * t / w));
-        // v >= 0: truncation is the floor.
-        let fl = v as i64;
-        let fr = v - fl as f64;
-        let n = match self.dir {
-            Direction::Nearest => {
-                if (fr - 0.5).abs() <= bound {
-                    return None;
-                }
-                fl + i64::from(fr > 0.5)
-            }
-            Direction::Floor => {
-                if fr <= bound || fr >= 1.0 - bound {
-                    return None;
-                }
-                fl
-            }
+        // SAFETY: `w` lies in (0, 2] (`t` in (0, 1]), so `log2_unit` lies in [0, 1] and
+        // 0 <= v <= 2^f <= 2^30: the truncation to i32 is defined, exact, and the floor.
+        let fl: i32 = unsafe { v.to_int_unchecked() };
+        let fr = v - f64::from(fl);
+        let nearest = self.dir == Direction::Nearest;
+        let n = i64::from(fl) + i64::from(nearest & (fr > 0.5));
+        let decided = if nearest {
+            (fr - 0.5).abs() > bound
+        } else {
+            fr > bound && fr < 1.0 - bound
         };
-        Some((e << self.f) + n)
+        ((e << self.f) + n, decided)
+    }
+
+    /// [`GaussF64::sum`]'s f64 evaluation without branches, for many lanes at once:
+    /// the value and whether it is decided. Undecided (the value meaningless): `u = 0`,
+    /// `u >= far`, a difference with `u < NEAR` (the cases `sum` answers without
+    /// evaluation) and estimates within the bound of a boundary (`sum`'s exact fallback).
+    /// Where decided, the value is `sum(u, same)`: the same operations on the same numbers.
+    #[inline(always)]
+    pub(crate) fn sum_lane(&self, u: i64, same: bool) -> (i64, bool) {
+        let inside = u >= 1 && u < self.far && (same || u >= NEAR as i64);
+        // Any u inside keeps the table reads in bounds for the lanes left undecided.
+        let t = self.pow(if inside { u } else { 1 });
+        let w = 1.0 + if same { t } else { -t };
+        let (n, decided) = self.round_log_lane(w, t);
+        (n, inside & decided)
     }
 
     /// `sb(-u)` when `same`, else `db(-u)` (0 at `u = 0`): `w = 1 ± t` chosen without a

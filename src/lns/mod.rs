@@ -126,6 +126,7 @@ mod exact;
 mod gauss;
 mod gauss_f64;
 mod lanes;
+mod lanes_vec;
 mod matmul;
 mod value;
 
