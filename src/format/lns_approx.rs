@@ -117,7 +117,7 @@ pub fn exp2_fraction(r: u64, f: u32) -> u128 {
 }
 
 /// Bound on `2^127 * 2^(r/2^f) - exp2_fraction_tabled(r, f)`, in units of the last bit.
-pub const EXP2_TABLED_ERROR: u128 = 1025;
+pub const EXP2_TABLED_ERROR: u128 = 4 * EXP2_ERROR + 1;
 
 /// The smallest `f` [`exp2_fraction_tabled`] reads from tables (below it, it is
 /// [`exp2_fraction`], whose loop is short).
