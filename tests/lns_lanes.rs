@@ -139,6 +139,7 @@ fn random_products_equal_the_definition() {
                 (3, 5, 2),
                 (2, 9, 8),
                 (3, 17, 10),
+                (2, 9, 20),
                 (2, 40, LANES),
                 (2, 37, LANES + 13),
                 (4, 0, 3),

@@ -159,19 +159,30 @@ impl GaussF64 {
         ((e << self.f) + n, decided)
     }
 
-    /// [`GaussF64::sum`]'s f64 evaluation without branches, for many lanes at once:
-    /// the value and whether it is decided. Undecided (the value meaningless): `u = 0`,
-    /// `u >= far`, a difference with `u < NEAR` (the cases `sum` answers without
-    /// evaluation) and estimates within the bound of a boundary (`sum`'s exact fallback).
-    /// Where decided, the value is `sum(u, same)`: the same operations on the same numbers.
+    /// [`GaussF64::sum`] without branches, for many lanes at once: the value and whether it
+    /// is decided. `u >= far` and a sum at `u = 0` are selected as `sum` returns them;
+    /// undecided (the value meaningless): a difference with `u < NEAR` (`sum`'s near
+    /// table, rare in a product) and estimates within the bound of a boundary (`sum`'s exact
+    /// fallback). Where decided, the value is `sum(u, same)`: the same operations on the
+    /// same numbers.
     #[inline(always)]
     pub(crate) fn sum_lane(&self, u: i64, same: bool) -> (i64, bool) {
-        let inside = u >= 1 && u < self.far && (same || u >= NEAR as i64);
-        // Any u inside keeps the table reads in bounds for the lanes left undecided.
+        let far = u >= self.far;
+        let inside = u >= 1 && !far && (same || u >= NEAR as i64);
+        // Any u inside keeps the table reads in bounds for the other lanes.
         let t = self.pow(if inside { u } else { 1 });
         let w = 1.0 + if same { t } else { -t };
         let (n, decided) = self.round_log_lane(w, t);
-        (n, inside & decided)
+        let far_value = if same { self.sb_far } else { self.db_far };
+        let doubling = same & (u == 0);
+        let value = if far {
+            far_value
+        } else if doubling {
+            1 << self.f
+        } else {
+            n
+        };
+        (value, far | doubling | (inside & decided))
     }
 
     /// `sb(-u)` when `same`, else `db(-u)` (0 at `u = 0`): `w = 1 ± t` chosen without a

@@ -39,7 +39,7 @@ use super::value::LnsValue;
 use crate::rows::for_rows;
 
 /// Output columns summed together in one pass over a row of `A`.
-pub const LANES: usize = 32;
+pub const LANES: usize = 64;
 
 /// The packed zero: far below every `k_min` (`>= -2^30`) even after adding any `k`.
 pub(super) const ZERO: i64 = -(1 << 62);

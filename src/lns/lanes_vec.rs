@@ -8,13 +8,12 @@
 //! Step `p` of a tile updates every lane's running sum `c` with the product `x ⊗ y`
 //! (`x = a[i][p]`, `y = b[p][j]`): the product, the order of the operands, the signs, `z`
 //! and the Gaussian logarithm ([`LaneSums::lane`]) and the sum brought into the range are
-//! computed in every lane with selects. The lanes where that is not the definition's value
-//! are then redone one by one with the scalar addition of [`super::lanes`] (which is
-//! [`LnsArith::add`](super::LnsArith::add)'s): a zero operand (`0 ⊕ x = x`), exact
-//! cancellation, and every lane the evaluation leaves undecided (for the f64 Gaussian
-//! logarithms: `u = 0`, `u` past the far end, differences next to the singularity and
-//! estimates within the error bound of a rounding boundary, which the scalar path decides
-//! exactly). Every other lane's value is the scalar path's: the same integer operations,
+//! computed in every lane with selects, as are the cases of the scalar addition of
+//! [`super::lanes`] (which is [`LnsArith::add`](super::LnsArith::add)'s): a zero operand
+//! (`0 ⊕ x = x`) and exact cancellation. The lanes the evaluation leaves undecided (for
+//! the f64 Gaussian logarithms: differences next to the singularity and estimates within
+//! the error bound of a rounding boundary, which the scalar path decides exactly) are then
+//! redone one by one with the scalar addition, when there are any. Every other lane's value is the scalar path's: the same integer operations,
 //! and the same f64 operations in the same order (IEEE arithmetic gives the same bits in a
 //! vector register; Rust never fuses a multiply and an add), so the results are the
 //! scalar product's bit for bit under every instruction set.
@@ -24,8 +23,9 @@
 //! A row runs in tiles of [`LANES`] columns, then, when `n` is not a multiple, one last
 //! tile of the same width ending at column `n` (it overlaps the previous one, whose
 //! columns it recomputes to the same values). Rows narrower than [`LANES`] use tiles of
-//! [`NARROW`] the same way; rows narrower than that take the scalar tiles of
-//! [`super::lanes`].
+//! [`MID`] or [`NARROW`] columns the same way; rows narrower than that take the scalar
+//! tiles of [`super::lanes`]. Many lanes keep many independent sums in flight, which hides
+//! the latency of each step's table reads.
 
 use super::gauss::LaneSums;
 use super::lanes::{bring_operand, row_tiles, unpack, Range, LANES, ZERO};
@@ -33,7 +33,9 @@ use super::value::LnsValue;
 use crate::backend::isa::{self, Isa};
 
 /// The tile width of rows narrower than [`LANES`].
-pub(crate) const NARROW: usize = 8;
+const MID: usize = 16;
+/// The tile width of rows narrower than [`MID`].
+const NARROW: usize = 8;
 
 /// One step of a `W`-lane tile: `acc[j] = acc[j] ⊕ (x ⊗ b[j])` (see the module docs).
 #[inline(always)]
@@ -57,13 +59,25 @@ fn step<S: LaneSums, const W: usize>(
         let u = (kc - ky).abs();
         let same = (c ^ y) & 1 == 0;
         let (s, decided) = sums.lane(u, same);
+        let cancel = (u == 0) & !same;
         prod[j] = y;
-        res[j] = range.bring_in(big + s, neg);
-        redo[j] = !decided | (c == ZERO) | (y == ZERO) | ((u == 0) & !same);
+        // `Range::add`'s cases, in its order.
+        res[j] = if c == ZERO {
+            y
+        } else if y == ZERO {
+            c
+        } else if cancel {
+            ZERO
+        } else {
+            range.bring_in(big + s, neg)
+        };
+        redo[j] = !decided & (c != ZERO) & (y != ZERO) & !cancel;
     }
-    for j in 0..W {
-        if redo[j] {
-            res[j] = range.add(sums, acc[j], prod[j]);
+    if redo.iter().fold(false, |any, &r| any | r) {
+        for j in 0..W {
+            if redo[j] {
+                res[j] = range.add(sums, acc[j], prod[j]);
+            }
         }
     }
     *acc = res;
@@ -135,6 +149,8 @@ fn row_body<S: LaneSums>(
 ) {
     if n >= LANES {
         tiles_of::<S, LANES>(sums, range, a_row, b, n, dst, bias_at);
+    } else if n >= MID {
+        tiles_of::<S, MID>(sums, range, a_row, b, n, dst, bias_at);
     } else if n >= NARROW {
         tiles_of::<S, NARROW>(sums, range, a_row, b, n, dst, bias_at);
     } else {
