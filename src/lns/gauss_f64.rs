@@ -25,7 +25,9 @@
 //! `2^f` times that. `v = 2^f log2(m / 2^52)` is an exact scaling, and `e 2^f` is an exact
 //! integer, so only `v`'s fraction decides the rounding: nearest needs it away from `1/2`,
 //! truncation away from 0 and 1, each by more than the bound, which the code takes twice as
-//! large to cover the rounding of its own computation. Inside it the exact evaluation
+//! large to cover the rounding of its own computation, with `t / w` replaced by
+//! `2^-e >= 1 / w > t / w` (`e` the exponent of `w`, so `w >= 2^e`, and `t < 1`): a bound at
+//! most twice as wide next to the singularity, without a division. Inside it the exact evaluation
 //! decides. For `f = 23` the bound is about `2^-20` units away from the singularity of db,
 //! so the exact path is rare.
 //!
@@ -125,10 +127,10 @@ impl GaussF64 {
     }
 
     /// The integer of `2^f log2 w` rounded in this direction, or `None` when the estimate
-    /// is within its error bound of a boundary; `t` is the term `w` was formed with.
+    /// is within its error bound of a boundary (`w = 1 ± t`, `0 < t < 1`).
     #[inline(always)]
-    fn round_log(&self, w: f64, t: f64) -> Option<i64> {
-        let (n, decided) = self.round_log_lane(w, t);
+    fn round_log(&self, w: f64) -> Option<i64> {
+        let (n, decided) = self.round_log_lane(w);
         decided.then_some(n)
     }
 
@@ -138,13 +140,15 @@ impl GaussF64 {
     /// `[1, 2)`, the same value [`log2_significand`](crate::format::lns_approx::log2_significand)
     /// computes from the integer `m`.
     #[inline(always)]
-    fn round_log_lane(&self, w: f64, t: f64) -> (i64, bool) {
+    fn round_log_lane(&self, w: f64) -> (i64, bool) {
         const FRACTION: u64 = (1 << 52) - 1;
         let bits = w.to_bits();
         let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
         let unit = f64::from_bits((bits & FRACTION) | 1f64.to_bits());
         let v = log2_unit(unit) * self.scale;
-        let bound = 2.0 * self.scale * (LOG2_ERROR + f64::EPSILON * (1.0 + 3.0 * t / w));
+        // 2^-e >= t / w (see the module docs): -e <= 33 for every w formed here.
+        let inv_w = f64::from_bits(((1023 - e) as u64) << 52);
+        let bound = 2.0 * self.scale * (LOG2_ERROR + f64::EPSILON * (1.0 + 3.0 * inv_w));
         // SAFETY: `w` lies in (0, 2] (`t` in (0, 1]), so `log2_unit` lies in [0, 1] and
         // 0 <= v <= 2^f <= 2^30: the truncation to i32 is defined, exact, and the floor.
         let fl: i32 = unsafe { v.to_int_unchecked() };
@@ -172,7 +176,7 @@ impl GaussF64 {
         // Any u inside keeps the table reads in bounds for the other lanes.
         let t = self.pow(if inside { u } else { 1 });
         let w = 1.0 + if same { t } else { -t };
-        let (n, decided) = self.round_log_lane(w, t);
+        let (n, decided) = self.round_log_lane(w);
         let far_value = if same { self.sb_far } else { self.db_far };
         let doubling = same & (u == 0);
         let value = if far {
@@ -200,7 +204,7 @@ impl GaussF64 {
         }
         let t = self.pow(u);
         let w = 1.0 + if same { t } else { -t };
-        self.round_log(w, t).unwrap_or_else(|| {
+        self.round_log(w).unwrap_or_else(|| {
             let op = if same { Gauss::Sum } else { Gauss::Difference };
             gauss_log(op, -u, self.f, self.dir)
         })
@@ -222,14 +226,14 @@ impl GaussF64 {
     /// `sb(-u)` by the f64 path alone, `None` where it would decide exactly: for tests of
     /// the bound.
     pub(crate) fn sb_estimate(&self, u: i64) -> Option<i64> {
-        (u > 0 && u < self.far).then(|| self.round_log(1.0 + self.pow(u), self.pow(u)))?
+        (u > 0 && u < self.far).then(|| self.round_log(1.0 + self.pow(u)))?
     }
 
     #[cfg(test)]
     /// `db(-u)` by the f64 path alone (no near table), `None` where it would decide
     /// exactly: for tests of the bound.
     pub(crate) fn db_estimate(&self, u: i64) -> Option<i64> {
-        (u > 0 && u < self.far).then(|| self.round_log(1.0 - self.pow(u), self.pow(u)))?
+        (u > 0 && u < self.far).then(|| self.round_log(1.0 - self.pow(u)))?
     }
 }
 

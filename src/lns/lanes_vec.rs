@@ -46,21 +46,30 @@ fn step<S: LaneSums, const W: usize>(
     b: &[i64; W],
     acc: &mut [i64; W],
 ) {
+    // Three passes, each a simple loop over the lanes that the compiler vectorises: the
+    // products and operands of the sums, the Gaussian logarithms, the sums.
     let mut prod = [0i64; W];
+    let mut u = [0i64; W];
+    let mut same = [false; W];
+    for j in 0..W {
+        let (c, y) = (acc[j], range.mul(x, b[j]));
+        prod[j] = y;
+        u[j] = ((c >> 1) - (y >> 1)).abs();
+        same[j] = (c ^ y) & 1 == 0;
+    }
+    let mut s = [0i64; W];
+    let mut decided = [false; W];
+    for j in 0..W {
+        (s[j], decided[j]) = sums.lane(u[j], same[j]);
+    }
     let mut res = [0i64; W];
     let mut redo = [false; W];
     for j in 0..W {
-        let c = acc[j];
-        let y = range.mul(x, b[j]);
-        let (kc, ky) = (c >> 1, y >> 1);
-        let ge = kc >= ky;
-        let big = if ge { kc } else { ky };
+        let (c, y) = (acc[j], prod[j]);
+        let ge = c >> 1 >= y >> 1;
+        let big = if ge { c >> 1 } else { y >> 1 };
         let neg = if ge { c & 1 } else { y & 1 };
-        let u = (kc - ky).abs();
-        let same = (c ^ y) & 1 == 0;
-        let (s, decided) = sums.lane(u, same);
-        let cancel = (u == 0) & !same;
-        prod[j] = y;
+        let cancel = (u[j] == 0) & !same[j];
         // `Range::add`'s cases, in its order.
         res[j] = if c == ZERO {
             y
@@ -69,9 +78,9 @@ fn step<S: LaneSums, const W: usize>(
         } else if cancel {
             ZERO
         } else {
-            range.bring_in(big + s, neg)
+            range.bring_in(big + s[j], neg)
         };
-        redo[j] = !decided & (c != ZERO) & (y != ZERO) & !cancel;
+        redo[j] = !decided[j] & (c != ZERO) & (y != ZERO) & !cancel;
     }
     if redo.iter().fold(false, |any, &r| any | r) {
         for j in 0..W {
