@@ -94,6 +94,7 @@ fn step<S: LaneSums, const W: usize>(
 
 /// The `W` outputs of the tile at columns `j0..j0 + W`: the steps, then the bias.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn tile<S: LaneSums, const W: usize>(
     sums: &S,
     range: Range,
