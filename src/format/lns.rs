@@ -58,7 +58,7 @@
 //! including where it is an f64 subnormal; values beyond f64's range give ±Inf and those
 //! below half its smallest subnormal give zero, as an IEEE conversion would. A 128-bit lower
 //! bound of `2^(r/2^f)` with a proven error (read from two tables of the format's `f`,
-//! [`exp2_fraction_tabled`](super::lns_approx::exp2_fraction_tabled)) decides all but the
+//! `lns_approx::exp2_fraction_tabled`) decides all but the
 //! inputs within `2^-117` of a rounding midpoint, which the exact comparison decides.
 //!
 //! An f32 tensor holds the f32 of that f64, a second rounding: it is the f32 nearest to
