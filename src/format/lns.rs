@@ -59,7 +59,7 @@
 //! below half its smallest subnormal give zero, as an IEEE conversion would. A 128-bit lower
 //! bound of `2^(r/2^f)` with a proven error (read from two tables of the format's `f`,
 //! `lns_approx::exp2_fraction_tabled`) decides all but the
-//! inputs within `2^-117` of a rounding midpoint, which the exact comparison decides.
+//! inputs within about `2^-117` of a rounding midpoint, which the exact comparison decides.
 //!
 //! An f32 tensor holds the f32 of that f64, a second rounding: it is the f32 nearest to
 //! `2^(k/2^f)` except when the f64 falls exactly halfway between two f32s, where ties to
