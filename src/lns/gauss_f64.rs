@@ -35,6 +35,12 @@
 //! [`NEAR`] values of db (`1 <= u < NEAR`) are tabulated exactly at construction instead.
 //! Past `u >= (f+2) 2^f` the values are known without evaluation (0, or -1 for a truncated
 //! db; see [`super::exact::gauss_log`]).
+//!
+//! The fast matrix product evaluates many lanes at once (`GaussF64::sum_lane`): the same
+//! function written without branches (the table reads unchecked, the halving in the
+//! logarithm a select, the cases above selects or "undecided"), so each lane performs the
+//! same IEEE operations in the same order as the scalar evaluation, in a vector register,
+//! and the bound above holds for it unchanged.
 
 use crate::format::lns_approx::{exp2_fraction, log2_unit, LOG2_ERROR};
 

@@ -23,7 +23,12 @@
 //!   results equal [`LnsArith`]'s.
 //! * Each row of `A` runs against [`LANES`] output columns at a time, `p` ascending in every
 //!   lane: the lanes' sums are independent, so their dependent chains overlap in the
-//!   processor, while every output keeps its own order of operations. A zero `a[i][p]` skips
+//!   processor, while every output keeps its own order of operations. For the exact tables
+//!   and the f64 evaluation each step runs for all lanes at once in vector instructions
+//!   (table reads as gathers, the f64 Gaussian logarithms in 8 or 4 lanes, the lanes the
+//!   estimate leaves undecided redone by the scalar addition), compiled for AVX2 and
+//!   AVX-512 and chosen at run time ([`super::lanes_vec`]); the table implementation runs
+//!   lane by lane. A zero `a[i][p]` skips
 //!   step `p` for the whole tile (every product is zero, and `c ⊕ 0 = c` for every `c` in
 //!   the range). Rows run in parallel.
 //! * A NaN anywhere in the operands sends the whole product to the scalar definition (NaN
