@@ -318,6 +318,58 @@ mod tests {
         }
     }
 
+    /// The lanes' evaluation: where it claims a value, the value is the scalar `sum`'s (the
+    /// exact rounding); it decides every sum at `u = 0` and past the far end, and leaves
+    /// undecided at most half of the samples (a third lie next to the singularity). Fails when a select or the bound of the lanes is wrong.
+    #[test]
+    fn the_lanes_evaluation_is_the_sum_where_decided() {
+        for f in [MIN_F, 16, 23, MAX_F] {
+            for dir in DIRS {
+                let g = GaussF64::new(f, dir);
+                let mut rng = Rng(500 + f as u64);
+                let mut us: Vec<i64> = (0..4000)
+                    .map(|i| match i % 3 {
+                        0 => (rng.next() % (g.far as u64 + 100)) as i64,
+                        1 => (rng.next() % (4 * NEAR as u64)) as i64,
+                        _ => g.far + (rng.next() % 1000) as i64 - 500,
+                    })
+                    .collect();
+                us.extend([
+                    0,
+                    1,
+                    NEAR as i64 - 1,
+                    NEAR as i64,
+                    g.far - 1,
+                    g.far,
+                    1 << 40,
+                ]);
+                let mut undecided = 0;
+                for &u in &us {
+                    for same in [true, false] {
+                        let (v, decided) = g.sum_lane(u, same);
+                        if decided {
+                            assert_eq!(v, g.sum(u, same), "f = {f} {dir:?} u = {u} same {same}");
+                        } else {
+                            undecided += 1;
+                            let near = !same && u < NEAR as i64;
+                            assert!(
+                                near || u >= 1,
+                                "f = {f} {dir:?} u = {u} same {same} left undecided"
+                            );
+                        }
+                    }
+                }
+                // A third of the samples lie next to the singularity, where at f = 30 the
+                // bound exceeds a unit for the differences: at most half stay undecided.
+                assert!(
+                    undecided < us.len(),
+                    "f = {f} {dir:?}: {undecided} of {} undecided",
+                    2 * us.len()
+                );
+            }
+        }
+    }
+
     /// Without the near table, the f64 path's error grows like `2^f / u` next to the
     /// singularity of db: at `f = 30` it is many units for small `u`, so every value the
     /// estimate claims must still be exact, and many must be left to the exact decision.
