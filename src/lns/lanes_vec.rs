@@ -13,10 +13,11 @@
 //! (`0 ⊕ x = x`) and exact cancellation. The lanes the evaluation leaves undecided (for
 //! the f64 Gaussian logarithms: differences next to the singularity and estimates within
 //! the error bound of a rounding boundary, which the scalar path decides exactly) are then
-//! redone one by one with the scalar addition, when there are any. Every other lane's value is the scalar path's: the same integer operations,
-//! and the same f64 operations in the same order (IEEE arithmetic gives the same bits in a
-//! vector register; Rust never fuses a multiply and an add), so the results are the
-//! scalar product's bit for bit under every instruction set.
+//! redone one by one with the scalar addition, when there are any. Every other lane's
+//! value is the scalar path's: the same integer operations, and the same f64 operations in
+//! the same order (IEEE arithmetic gives the same bits in a vector register; Rust never
+//! fuses a multiply and an add), so the results are the scalar product's bit for bit under
+//! every instruction set.
 //!
 //! # Tiles
 //!
@@ -25,7 +26,8 @@
 //! columns it recomputes to the same values). Rows narrower than [`LANES`] use tiles of
 //! [`MID`] or [`NARROW`] columns the same way; rows narrower than that take the scalar
 //! tiles of [`super::lanes`]. Many lanes keep many independent sums in flight, which hides
-//! the latency of each step's table reads.
+//! the latency of each step's table reads. (The compiler vectorises the wide tiles; today
+//! it leaves the f64 evaluation of the narrow ones scalar, which gives the same bits.)
 
 use super::gauss::LaneSums;
 use super::lanes::{bring_operand, row_tiles, unpack, Range, LANES, ZERO};
