@@ -7,8 +7,11 @@
 //! decision to the exact evaluation.
 
 mod common;
+#[path = "common/isa_cap.rs"]
+mod isa_cap;
 
 use common::SplitMix;
+use isa_cap::on_every_isa;
 use qcandle::format::lns::Lns;
 use qcandle::lns::{lns_gemm_lanes, GaussLog, LnsArith, LnsBias, LnsError, LnsValue, LANES};
 
@@ -63,19 +66,24 @@ fn check(ar: &LnsArith, a: &[LnsValue], b: &[LnsValue], dims: (usize, usize, usi
         LnsBias::PerCol(&col_bias),
     ] {
         let want = scalar(ar, a, b, dims, bias);
-        for parallel in [true, false] {
-            let got = fast(ar, a, b, dims, bias, parallel);
-            if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-                panic!(
-                    "lns<{},{}> {:?} {what} {dims:?} {bias:?} parallel {parallel}: output {i} is {:?}, the definition {:?}",
-                    l.w(),
-                    l.f(),
-                    ar.gauss(),
-                    got[i],
-                    want[i]
-                );
+        on_every_isa(|isa| {
+            for parallel in [true, false] {
+                let got = fast(ar, a, b, dims, bias, parallel);
+                let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+                if let Some(&i) = bad.first() {
+                    panic!(
+                        "lns<{},{}> {:?} {what} {dims:?} {bias:?} {isa:?} parallel {parallel}: {} of {} outputs differ; output {i} is {:?}, the definition {:?}",
+                        l.w(),
+                        l.f(),
+                        ar.gauss(),
+                        bad.len(),
+                        want.len(),
+                        got[i],
+                        want[i]
+                    );
+                }
             }
-        }
+        });
     }
 }
 
@@ -107,11 +115,12 @@ fn impls(l: Lns) -> Vec<LnsArith> {
         .collect()
 }
 
-const FORMATS: [(u32, u32); 9] = [
+const FORMATS: [(u32, u32); 10] = [
     (8, 3),
     (12, 6),
     (16, 8),
     (16, 10),
+    (16, 11),
     (20, 12),
     (24, 16),
     (26, 23),
@@ -128,6 +137,10 @@ fn random_products_equal_the_definition() {
             for dims @ (m, k, n) in [
                 (1, 1, 1),
                 (3, 5, 2),
+                (2, 9, 8),
+                (3, 17, 10),
+                (2, 9, 20),
+                (2, 40, LANES),
                 (2, 37, LANES + 13),
                 (4, 0, 3),
                 (1, 64, 2 * LANES + 1),
@@ -223,13 +236,57 @@ fn saturation_and_flush_equal_the_definition() {
                 .collect();
             let dims = (m, k, n);
             let bias = LnsBias::PerCol(&want_bias);
-            assert_eq!(
-                fast(&ar, &a, &b, dims, bias, true),
-                scalar(&ar, &a, &b, dims, bias),
-                "lns<{w},{f}> {:?} outside the range",
-                ar.gauss()
-            );
+            let want = scalar(&ar, &a, &b, dims, bias);
+            on_every_isa(|isa| {
+                assert_eq!(
+                    fast(&ar, &a, &b, dims, bias, true),
+                    want,
+                    "lns<{w},{f}> {:?} {isa:?} outside the range",
+                    ar.gauss()
+                );
+            });
         }
+    }
+}
+
+/// Sums `1 + B^-u` and differences `1 - B^-u` whose f64 estimate lies within `10^-4` units
+/// of a rounding boundary (a half for ideal, an integer for truncated): inside the bound of
+/// the f64 path at `f = 30`, so these lanes go to the exact decision, in tiles whose other
+/// lanes do not.
+#[test]
+fn lanes_near_a_rounding_boundary_equal_the_definition() {
+    let (w, f) = (32, 30);
+    let l = Lns::new(w, f).unwrap();
+    let scale = (1u64 << f) as f64;
+    for ar in impls(l).into_iter().take(2) {
+        let target = if ar.gauss() == GaussLog::Ideal {
+            0.5
+        } else {
+            0.0
+        };
+        let mut rng = SplitMix(99);
+        let mut near = Vec::new();
+        while near.len() < 3 * LANES {
+            let u = 2048 + rng.below(30 << f) as i64;
+            let same = near.len() % 2 == 0;
+            let t = (-(u as f64) / scale).exp2();
+            let v = (if same { 1.0 + t } else { 1.0 - t }).log2() * scale;
+            let fr = v - v.floor();
+            if (fr - target).abs().min((fr - target - 1.0).abs()) < 1e-4 {
+                near.push((u, same));
+            }
+        }
+        // Column j: 1, then ±B^-u (a sum or a difference near a boundary), then a far term;
+        // every third column an ordinary sum instead.
+        let (k, n) = (3, near.len());
+        let mut b = vec![LnsValue::Zero; k * n];
+        for (j, &(u, same)) in near.iter().enumerate() {
+            let u = if j % 3 == 2 { 12345 + j as i64 } else { u };
+            b[j] = LnsValue::ONE;
+            b[n + j] = finite(l, !same, -u);
+            b[2 * n + j] = finite(l, j % 2 == 0, -(1 << 20) - j as i64);
+        }
+        check(&ar, &[LnsValue::ONE; 3], &b, (1, k, n), "near a boundary");
     }
 }
 

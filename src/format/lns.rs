@@ -57,8 +57,9 @@
 //! The value of `k` is the f64 nearest to `2^(k/2^f)` ([`Lns::value`]): correctly rounded,
 //! including where it is an f64 subnormal; values beyond f64's range give ±Inf and those
 //! below half its smallest subnormal give zero, as an IEEE conversion would. A 128-bit lower
-//! bound of `2^(r/2^f)` with a proven error decides all but the inputs within `2^-119` of a
-//! rounding midpoint, which the exact comparison decides.
+//! bound of `2^(r/2^f)` with a proven error (read from two tables of the format's `f`,
+//! `lns_approx::exp2_fraction_tabled`) decides all but the
+//! inputs within about `2^-117` of a rounding midpoint, which the exact comparison decides.
 //!
 //! An f32 tensor holds the f32 of that f64, a second rounding: it is the f32 nearest to
 //! `2^(k/2^f)` except when the f64 falls exactly halfway between two f32s, where ties to
@@ -70,7 +71,7 @@
 use std::cmp::Ordering;
 
 use super::grid::{parts, pow2};
-use super::lns_approx::{exp2_fraction, log2_significand, EXP2_ERROR, LOG2_ERROR};
+use super::lns_approx::{exp2_fraction_tabled, log2_significand, EXP2_TABLED_ERROR, LOG2_ERROR};
 use super::lns_exact::pow_cmp;
 use super::rounding::{RoundingRule, RuleKind};
 use crate::error::FormatError;
@@ -435,14 +436,14 @@ fn value_of(k: i64, f: u32) -> f64 {
         return if p == 0 { pow2(-1074) } else { 0.0 };
     }
     let p = p as u32;
-    let y = exp2_fraction(r, f);
+    let y = exp2_fraction_tabled(r, f);
     let s = 128 - p;
     let kept = (y >> s) as u64;
     let rem = y & ((1u128 << s) - 1);
     let half = 1u128 << (s - 1);
     let up = if rem >= half {
         true
-    } else if rem + EXP2_ERROR < half {
+    } else if rem + EXP2_TABLED_ERROR < half {
         false
     } else {
         // Above the midpoint (2 kept + 1) / 2^p exactly when (2 kept + 1)^(2^f) < 2^(r + p 2^f).

@@ -17,6 +17,16 @@
 //! bits. A step turns an error of `a` units (of `2^-127`) into at most `c a + 3` with
 //! `c < 2`, and the product of all the `c_i` is below 2, so the total stays below
 //! [`EXP2_ERROR`] `= 256` units: `Y <= 2^127 * 2^(r/2^f) < Y + 256`.
+//!
+//! [`exp2_fraction_tabled`] reads the same bound from two tables built once per `f` (for
+//! `f >= 12`): with `r = r_h 2^l + r_l` (`l = f / 2`), `H = exp2_fraction(r_h 2^l, f)` and
+//! `L = exp2_fraction(r_l, f)` are lower bounds of `H*` and `L*` within 256 units, and
+//! `Y = floor(H L / 2^127)`. `H* L* / 2^127 = 2^127 2^(r/2^f) < 2^128`, so the product stays
+//! below `2^255`, `Y` is a lower bound, and the error is below
+//! `(H* (L* - L) + L (H* - H)) / 2^127 + 1 < 512 + 512 + 1` units ([`EXP2_TABLED_ERROR`]
+//! `= 1025`, as `H*, L < 2^128`).
+
+use std::sync::OnceLock;
 
 /// Bound assumed on `|log2_significand(m) - log2(m / 2^52)|` (the actual error is below
 /// `2^-49`).
@@ -28,12 +38,17 @@ pub const EXP2_ERROR: u128 = 256;
 /// Estimate of `log2(m / 2^52)` for `2^52 <= m < 2^53` (error below [`LOG2_ERROR`]).
 #[inline(always)]
 pub fn log2_significand(m: u64) -> f64 {
-    let mut v = m as f64 * (1.0 / (1u64 << 52) as f64);
-    let mut offset = 0.0;
-    if v > std::f64::consts::SQRT_2 {
-        v *= 0.5;
-        offset = 1.0;
-    }
+    log2_unit(m as f64 * (1.0 / (1u64 << 52) as f64))
+}
+
+/// [`log2_significand`] of the significand as the f64 `v = m / 2^52` in `[1, 2)`: the same
+/// operations in the same order, written without branches (the halving is a select) so
+/// that many lanes evaluate it at once with the same bits.
+#[inline(always)]
+pub fn log2_unit(v: f64) -> f64 {
+    let halve = v > std::f64::consts::SQRT_2;
+    let v = if halve { v * 0.5 } else { v };
+    let offset = if halve { 1.0 } else { 0.0 };
     let s = (v - 1.0) / (v + 1.0);
     let z = s * s;
     let mut p = 1.0 / 21.0;
@@ -101,6 +116,51 @@ pub fn exp2_fraction(r: u64, f: u32) -> u128 {
     y
 }
 
+/// Bound on `2^127 * 2^(r/2^f) - exp2_fraction_tabled(r, f)`, in units of the last bit.
+pub const EXP2_TABLED_ERROR: u128 = 4 * EXP2_ERROR + 1;
+
+/// The smallest `f` [`exp2_fraction_tabled`] reads from tables (below it, it is
+/// [`exp2_fraction`], whose loop is short).
+const EXP2_TABLED_MIN_F: u32 = 12;
+
+/// [`exp2_fraction`] of the high and the low bits of `r` for one `f`.
+struct Exp2Tables {
+    /// Bits of `r` in the low table.
+    low_bits: u32,
+    /// `exp2_fraction(i << low_bits, f)`.
+    high: Vec<u128>,
+    /// `exp2_fraction(j, f)` for `j < 2^low_bits`.
+    low: Vec<u128>,
+}
+
+/// The tables of each `f`, built on first use.
+static EXP2_TABLES: [OnceLock<Exp2Tables>; MAX_FRACTION_BITS as usize + 1] =
+    [const { OnceLock::new() }; MAX_FRACTION_BITS as usize + 1];
+
+/// A lower bound `Y` of `2^127 * 2^(r / 2^f)` with error below [`EXP2_TABLED_ERROR`] units
+/// (`r < 2^f`, `f <= 30`), from two table entries (see the module docs); the tables of `f`
+/// are built on its first use.
+#[inline]
+pub fn exp2_fraction_tabled(r: u64, f: u32) -> u128 {
+    debug_assert!(f <= MAX_FRACTION_BITS && r < 1 << f);
+    if f < EXP2_TABLED_MIN_F {
+        return exp2_fraction(r, f);
+    }
+    let t = EXP2_TABLES[f as usize].get_or_init(|| {
+        let low_bits = f / 2;
+        Exp2Tables {
+            low_bits,
+            high: (0..1u64 << (f - low_bits))
+                .map(|i| exp2_fraction(i << low_bits, f))
+                .collect(),
+            low: (0..1u64 << low_bits).map(|j| exp2_fraction(j, f)).collect(),
+        }
+    });
+    let h = t.high[(r >> t.low_bits) as usize];
+    let l = t.low[(r & ((1 << t.low_bits) - 1)) as usize];
+    mul_shift127(h, l)
+}
+
 /// `floor(a * b / 2^127)` for `a, b < 2^128` with a product below `2^255`.
 #[inline(always)]
 fn mul_shift127(a: u128, b: u128) -> u128 {
@@ -140,6 +200,50 @@ mod tests {
         for i in 1..c.len() {
             let sq = mul_shift127(c[i], c[i]);
             assert!(sq <= c[i - 1] && c[i - 1] - sq <= 3, "c_{}", i + 1);
+        }
+    }
+
+    /// Both are lower bounds of the same power, within 256 and [`EXP2_TABLED_ERROR`] units:
+    /// the table product lies in `(exact - 1025, exact + 256)`, and equals the loop's
+    /// value below the tabled `f`. Fails when a table entry or the split of `r` is wrong.
+    #[test]
+    fn the_tabled_power_is_within_its_bound_of_the_loop() {
+        for f in [
+            0,
+            5,
+            EXP2_TABLED_MIN_F - 1,
+            EXP2_TABLED_MIN_F,
+            17,
+            23,
+            MAX_FRACTION_BITS,
+        ] {
+            let mut r = 0x9e37_79b9u64 ^ f as u64;
+            let mut rs: Vec<u64> = (0..5000)
+                .map(|_| {
+                    r = r
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (r >> 20) & ((1u64 << f) - 1)
+                })
+                .collect();
+            rs.extend([
+                0,
+                1,
+                (1u64 << f) - 1,
+                (1u64 << f) >> 1,
+                ((1u64 << f) >> 1).saturating_sub(1),
+            ]);
+            for r in rs {
+                let (fast, slow) = (exp2_fraction_tabled(r, f), exp2_fraction(r, f));
+                if f < EXP2_TABLED_MIN_F {
+                    assert_eq!(fast, slow, "f = {f}, r = {r}");
+                } else {
+                    assert!(
+                        fast + EXP2_TABLED_ERROR > slow && fast < slow + EXP2_ERROR,
+                        "f = {f}, r = {r}: {fast:#x} against {slow:#x}"
+                    );
+                }
+            }
         }
     }
 

@@ -331,7 +331,30 @@ impl Sums for ExactTables {
     fn sum(&self, u: i64, same: bool) -> i64 {
         let len = self.sb.len();
         let i = (u as u64).min(len as u64) as usize + usize::from(!same) * (len + 1);
-        self.both[i]
+        // SAFETY: `i <= len + (len + 1) < both.len() = 2 len + 2` (unchecked so that
+        // lanes gather without branches).
+        unsafe { *self.both.get_unchecked(i) }
+    }
+}
+
+/// [`Sums`] for many lanes at once ([`super::lanes_vec`]): the value without branches and
+/// whether it is [`Sums::sum`]'s (where not, the caller asks `sum`).
+pub(crate) trait LaneSums: Sums {
+    /// `(sum(u, same), true)`, or `(anything, false)`.
+    fn lane(&self, u: i64, same: bool) -> (i64, bool);
+}
+
+impl LaneSums for ExactTables {
+    #[inline(always)]
+    fn lane(&self, u: i64, same: bool) -> (i64, bool) {
+        (self.sum(u, same), true)
+    }
+}
+
+impl LaneSums for GaussF64 {
+    #[inline(always)]
+    fn lane(&self, u: i64, same: bool) -> (i64, bool) {
+        self.sum_lane(u, same)
     }
 }
 

@@ -23,7 +23,12 @@
 //!   results equal [`LnsArith`]'s.
 //! * Each row of `A` runs against [`LANES`] output columns at a time, `p` ascending in every
 //!   lane: the lanes' sums are independent, so their dependent chains overlap in the
-//!   processor, while every output keeps its own order of operations. A zero `a[i][p]` skips
+//!   processor, while every output keeps its own order of operations. For the exact tables
+//!   and the f64 evaluation each step runs for all lanes at once in vector instructions
+//!   (table reads as gathers, the f64 Gaussian logarithms in 8 or 4 lanes, the lanes the
+//!   estimate leaves undecided redone by the scalar addition), compiled for AVX2 and
+//!   AVX-512 and chosen at run time ([`super::lanes_vec`]); the table implementation runs
+//!   lane by lane. A zero `a[i][p]` skips
 //!   step `p` for the whole tile (every product is zero, and `c ⊕ 0 = c` for every `c` in
 //!   the range). Rows run in parallel.
 //! * A NaN anywhere in the operands sends the whole product to the scalar definition (NaN
@@ -34,14 +39,15 @@ use rayon::prelude::*;
 use super::arith::LnsArith;
 use super::error::LnsError;
 use super::gauss::{Sums, SumsRef};
+use super::lanes_vec;
 use super::value::LnsValue;
 use crate::rows::for_rows;
 
 /// Output columns summed together in one pass over a row of `A`.
-pub const LANES: usize = 32;
+pub const LANES: usize = 64;
 
 /// The packed zero: far below every `k_min` (`>= -2^30`) even after adding any `k`.
-const ZERO: i64 = -(1 << 62);
+pub(super) const ZERO: i64 = -(1 << 62);
 
 /// How a bias is laid out for [`lns_gemm_lanes`].
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +62,7 @@ pub enum LnsBias<'a> {
 
 /// The range of one format.
 #[derive(Clone, Copy)]
-struct Range {
+pub(super) struct Range {
     k_min: i64,
     k_max: i64,
 }
@@ -64,7 +70,7 @@ struct Range {
 impl Range {
     /// `±B^k` brought into the range, packed.
     #[inline(always)]
-    fn bring_in(self, k: i64, neg: i64) -> i64 {
+    pub(super) fn bring_in(self, k: i64, neg: i64) -> i64 {
         if k < self.k_min {
             ZERO
         } else {
@@ -74,14 +80,14 @@ impl Range {
 
     /// The exact product, brought into the range.
     #[inline(always)]
-    fn mul(self, a: i64, b: i64) -> i64 {
+    pub(super) fn mul(self, a: i64, b: i64) -> i64 {
         self.bring_in((a >> 1) + (b >> 1), (a ^ b) & 1)
     }
 
     /// The sum by the Gaussian logarithms of `s`: zeros by branches (they come in runs),
     /// the order of the operands, the signs and the cancellation by selects.
     #[inline(always)]
-    fn add<S: Sums>(self, s: &S, a: i64, b: i64) -> i64 {
+    pub(super) fn add<S: Sums>(self, s: &S, a: i64, b: i64) -> i64 {
         if a == ZERO {
             return b;
         }
@@ -114,7 +120,7 @@ fn pack(v: LnsValue) -> i64 {
 
 /// The value of a packed code.
 #[inline]
-fn unpack(c: i64) -> LnsValue {
+pub(super) fn unpack(c: i64) -> LnsValue {
     if c == ZERO {
         LnsValue::Zero
     } else {
@@ -169,9 +175,33 @@ pub fn lns_gemm_lanes(
     }
     let dims = (m, k, n);
     match arith.sums() {
-        SumsRef::Exact(s) => tiles(s, arith, a, b, dims, bias, bias_slice, out, parallel),
-        SumsRef::F64(s) => tiles(s, arith, a, b, dims, bias, bias_slice, out, parallel),
-        SumsRef::Table(s) => tiles(s, arith, a, b, dims, bias, bias_slice, out, parallel),
+        SumsRef::Exact(s) => tiles(
+            s,
+            lanes_vec::row,
+            arith,
+            a,
+            b,
+            dims,
+            bias,
+            bias_slice,
+            out,
+            parallel,
+        ),
+        SumsRef::F64(s) => tiles(
+            s,
+            lanes_vec::row,
+            arith,
+            a,
+            b,
+            dims,
+            bias,
+            bias_slice,
+            out,
+            parallel,
+        ),
+        SumsRef::Table(s) => tiles(
+            s, row_tiles, arith, a, b, dims, bias, bias_slice, out, parallel,
+        ),
     }
     Ok(())
 }
@@ -180,6 +210,7 @@ pub fn lns_gemm_lanes(
 #[allow(clippy::too_many_arguments)]
 fn tiles<S: Sums>(
     sums: &S,
+    row_kernel: RowKernel<S>,
     arith: &LnsArith,
     a: &[LnsValue],
     b: &[LnsValue],
@@ -200,14 +231,14 @@ fn tiles<S: Sums>(
     let bp: Vec<i64> = b.par_iter().map(|&v| pack(v)).collect();
     let biasp: Vec<i64> = bias_slice.iter().map(|&v| pack(v)).collect();
     let row = |i: usize, dst: &mut [LnsValue]| {
-        row_tiles(
+        row_kernel(
             sums,
             range,
             &ap[i * k..(i + 1) * k],
             &bp,
             n,
             dst,
-            |j| match bias {
+            &|j| match bias {
                 LnsBias::None => None,
                 LnsBias::PerRow(_) => Some(biasp[i]),
                 LnsBias::PerCol(_) => Some(biasp[j]),
@@ -217,16 +248,20 @@ fn tiles<S: Sums>(
     for_rows(out, m, n, parallel, row);
 }
 
-/// One output row: tiles of [`LANES`] columns, `p` ascending, then the bias.
-#[inline(always)]
-fn row_tiles<S: Sums>(
+/// One output row of packed codes: `(sums, range, a_row, b, n, dst, bias_at)`.
+type RowKernel<S> =
+    fn(&S, Range, &[i64], &[i64], usize, &mut [LnsValue], &dyn Fn(usize) -> Option<i64>);
+
+/// One output row: tiles of [`LANES`] columns, `p` ascending, then the bias, one lane at
+/// a time ([`lanes_vec`] computes the same steps for all lanes at once).
+pub(super) fn row_tiles<S: Sums>(
     sums: &S,
     range: Range,
     a_row: &[i64],
     b: &[i64],
     n: usize,
     dst: &mut [LnsValue],
-    bias_at: impl Fn(usize) -> Option<i64>,
+    bias_at: &dyn Fn(usize) -> Option<i64>,
 ) {
     let mut j0 = 0;
     while j0 < n {
@@ -257,7 +292,7 @@ fn row_tiles<S: Sums>(
 
 /// An operand (possibly outside the range) brought into the range, as `0 + x` does.
 #[inline(always)]
-fn bring_operand(range: Range, v: i64) -> i64 {
+pub(super) fn bring_operand(range: Range, v: i64) -> i64 {
     if v == ZERO {
         ZERO
     } else {

@@ -93,7 +93,8 @@
 //! product accumulated from zero through [`LnsArith::add`] in the order of the inner index.
 //! [`lns_matmul_f64`] rounds f64 matrices in and the result out. [`lns_gemm_lanes`] computes
 //! the same bits (with an optional bias added last) fast: codes packed in integers, many
-//! outputs' sums in flight at once, and for `f >= 11` the exactly rounded sb and db from an
+//! outputs' sums in flight at once in vector instructions, and for `f >= 11` the exactly
+//! rounded sb and db from an
 //! f64 evaluation with a proven error bound that defers to the exact decision near a
 //! rounding boundary (the module `gauss_f64`); it is the kernel of
 //! `accumulate = "lns:<impl>"`.
@@ -126,6 +127,7 @@ mod exact;
 mod gauss;
 mod gauss_f64;
 mod lanes;
+mod lanes_vec;
 mod matmul;
 mod value;
 
