@@ -25,9 +25,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::backend::isa::{self, Isa};
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
 use crate::format::Posit;
+
+/// Keys computed by the vector kernel before they are looked up (a multiple of 16).
+#[cfg(target_arch = "x86_64")]
+const KEY_BLOCK: usize = 256;
 
 /// The widest key tried (significand bits of the f32 kept in the key).
 const MAX_KEY_BITS: u32 = 12;
@@ -43,6 +48,8 @@ pub struct IntOperand {
     shift: u32,
     /// Per sign (positive, negative), one entry per key `2q + sticky`.
     tables: [Vec<i16>; 2],
+    /// Both tables, negative after positive, then a 0 (the vector kernel's look-ups).
+    joined: Vec<i16>,
 }
 
 impl IntOperand {
@@ -96,11 +103,14 @@ impl IntOperand {
                     }
                 }
             }
+            let mut joined: Vec<i16> = tables.concat();
+            joined.push(0);
             Some(IntOperand {
                 lo,
                 hi,
                 shift,
                 tables,
+                joined,
             })
         })
     }
@@ -118,6 +128,59 @@ impl IntOperand {
         let key = ((d >> self.shift) << 1 | sticky) as usize;
         let v = self.tables[(bits >> 31) as usize][key];
         Some(if mag == 0 { 0 } else { v })
+    }
+
+    /// [`IntOperand::int`] of every `src[t]` into `dst[t]` (0 for NaR): the same clamps and
+    /// key computed sixteen at a time, then looked up; whether any is NaR.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn row_avx512(&self, src: &[f32], dst: &mut [i16]) -> bool {
+        use std::arch::x86_64::*;
+        let len = src.len().min(dst.len());
+        let splat = |v: u32| _mm512_set1_epi32(v as i32);
+        let (lo, hi, low_bits) = (splat(self.lo), splat(self.hi), splat((1 << self.shift) - 1));
+        let (abs, inf, one) = (splat(0x7fff_ffff), splat(0x7f80_0000), splat(1));
+        let negative_side = splat(self.tables[0].len() as u32);
+        let shift = _mm_cvtsi32_si128(self.shift as i32);
+        let zero_key = splat(self.joined.len() as u32 - 1);
+        let mut bad: __mmask16 = 0;
+        let mut keys = [0u32; KEY_BLOCK];
+        for start in (0..len).step_by(KEY_BLOCK) {
+            let end = (start + KEY_BLOCK).min(len);
+            let mut t = start;
+            while t < end {
+                let left = end - t;
+                let m: __mmask16 = if left >= 16 { !0 } else { (1u16 << left) - 1 };
+                // SAFETY: the mask enables elements t..t + min(16, left) of `src`, in bounds.
+                let bits =
+                    unsafe { _mm512_maskz_loadu_epi32(m, src.as_ptr().add(t) as *const i32) };
+                let mag = _mm512_and_si512(bits, abs);
+                let nar = _mm512_mask_cmpge_epu32_mask(m, mag, inf);
+                bad |= nar;
+                let d = _mm512_sub_epi32(_mm512_min_epu32(_mm512_max_epu32(mag, lo), hi), lo);
+                let q = _mm512_srl_epi32(d, shift);
+                let q2 = _mm512_add_epi32(q, q);
+                let key = _mm512_mask_add_epi32(q2, _mm512_test_epi32_mask(d, low_bits), q2, one);
+                let neg = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+                let key = _mm512_mask_add_epi32(key, neg, key, negative_side);
+                // Zero and NaR read the 0 after both tables.
+                let live = !nar & _mm512_test_epi32_mask(mag, mag);
+                let key = _mm512_mask_mov_epi32(zero_key, live, key);
+                // SAFETY: `t - start + 16 <= KEY_BLOCK` (blocks are multiples of 16).
+                unsafe {
+                    _mm512_storeu_si512(keys.as_mut_ptr().add(t - start) as *mut __m512i, key)
+                };
+                t += 16;
+            }
+            // The look-ups, scalar (a vector gather is slower on some CPUs) and a block
+            // after the keys' stores: every key is below the length of `joined`
+            // (`d <= hi - lo`, so `2q + 1` is below one sign's table; the negative side is
+            // offset by it).
+            for (d, &key) in dst[start..end].iter_mut().zip(&keys) {
+                *d = self.joined[key as usize];
+            }
+        }
+        bad != 0
     }
 
     /// `dst (rows x cols, row-major) = R(X) · 2^s` of a matrix `X` that `src` holds row-major
@@ -148,6 +211,14 @@ impl IntOperand {
                     bad = true;
                 }
             };
+            if !transposed && isa::active() == Isa::Avx512 {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // SAFETY: the CPU has AVX-512 F and BW (`isa::active`).
+                    *flag = unsafe { self.row_avx512(&src[r * cols..r * cols + cols], out) };
+                    return;
+                }
+            }
             if transposed {
                 for (c, d) in out.iter_mut().enumerate() {
                     put(d, src[c * rows + r]);
