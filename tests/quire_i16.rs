@@ -179,14 +179,32 @@ fn every_int_kernel_equals_a_plain_loop() {
         for &kernel in &kernels {
             for parallel in [false, true] {
                 let mut got = vec![0i64; m * n];
-                int_dot::gemm_map(kernel, &a, &bt, (m, k, n), &mut got, parallel, |_, _, s| s);
+                int_dot::gemm_map(
+                    kernel,
+                    &a,
+                    &bt,
+                    (m, k, n),
+                    &mut got,
+                    parallel,
+                    |_, _, s, d| d.copy_from_slice(&s[..d.len()]),
+                );
                 let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
                 assert_eq!(bad, 0, "{kernel:?} ({m},{k},{n}): {bad} sums differ");
                 // The map sees each output's own indices.
                 let mut at = vec![(0usize, 0usize); m * n];
-                int_dot::gemm_map(kernel, &a, &bt, (m, k, n), &mut at, parallel, |i, j, _| {
-                    (i, j)
-                });
+                int_dot::gemm_map(
+                    kernel,
+                    &a,
+                    &bt,
+                    (m, k, n),
+                    &mut at,
+                    parallel,
+                    |i, j, _, d| {
+                        for (c, p) in d.iter_mut().enumerate() {
+                            *p = (i, j + c);
+                        }
+                    },
+                );
                 assert!(at
                     .iter()
                     .enumerate()

@@ -372,11 +372,21 @@ const ROW_BLOCK: usize = 16;
 /// row-major): `out[i·n + j] = Σ_t a[i·k + t] · bt[j·k + t]`; every value at most 4096 in
 /// magnitude (see the module docs). `parallel` spreads blocks of rows over the rayon pool.
 pub fn gemm(a: &[i16], bt: &[i16], dims: (usize, usize, usize), out: &mut [i64], parallel: bool) {
-    gemm_map(Kernel::best(), a, bt, dims, out, parallel, |_, _, s| s);
+    gemm_map(
+        Kernel::best(),
+        a,
+        bt,
+        dims,
+        out,
+        parallel,
+        |_, _, s, dst| dst.copy_from_slice(&s[..dst.len()]),
+    );
 }
 
-/// [`gemm`] by the given kernel (the portable one where the CPU cannot run it), each exact
-/// sum `s` of output `(i, j)` stored as `finish(i, j, s)`.
+/// [`gemm`] by the given kernel (the portable one where the CPU cannot run it), the outputs
+/// stored by `finish(i, j, sums, dst)`: `sums[c]` is the exact sum of output `(i, j + c)`,
+/// for `c < dst.len()` (one to four), and `dst` those outputs (`j` is a multiple of 4; the
+/// sums past `dst.len()` are to be ignored).
 pub fn gemm_map<T: Send>(
     kernel: Kernel,
     a: &[i16],
@@ -384,7 +394,7 @@ pub fn gemm_map<T: Send>(
     (m, k, n): (usize, usize, usize),
     out: &mut [T],
     parallel: bool,
-    finish: impl Fn(usize, usize, i64) -> T + Sync,
+    finish: impl Fn(usize, usize, [i64; 4], &mut [T]) + Sync,
 ) {
     use rayon::prelude::*;
     assert!(a.len() >= m * k && bt.len() >= n * k && out.len() >= m * n);
@@ -424,11 +434,9 @@ pub fn gemm_map<T: Send>(
                         b((j + 3).min(j1 - 1)),
                     ];
                     let s = kernel.tile(p, q);
-                    for (rr, sums) in s.iter().enumerate().take(nr) {
+                    for (rr, &sums) in s.iter().enumerate().take(nr) {
                         let row = (r + rr) * n + j;
-                        for (c, (d, &v)) in dst[row..row + cols].iter_mut().zip(sums).enumerate() {
-                            *d = finish(i0 + r + rr, j + c, v);
-                        }
+                        finish(i0 + r + rr, j, sums, &mut dst[row..row + cols]);
                     }
                     j += 4;
                 }

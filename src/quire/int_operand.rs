@@ -202,6 +202,7 @@ impl IntOperand {
             nar[..rows].fill(false);
             return;
         }
+        let vector = !transposed && isa::active() == Isa::Avx512;
         let row = |(r, (out, flag)): (usize, (&mut [i16], &mut bool))| {
             let mut bad = false;
             let mut put = |d: &mut i16, x: f32| match self.int(x) {
@@ -211,7 +212,7 @@ impl IntOperand {
                     bad = true;
                 }
             };
-            if !transposed && isa::active() == Isa::Avx512 {
+            if vector {
                 #[cfg(target_arch = "x86_64")]
                 {
                     // SAFETY: the CPU has AVX-512 F and BW (`isa::active`).

@@ -205,39 +205,72 @@ fn finish(
     let s = posit.max_scale();
     let scale = pow2(s);
     let unit = pow2(-2 * s);
-    let table = IntRound::get(posit);
-    // The bias terms as integers in units of minpos^2 (a posit is one), NaR flagged.
-    let (bias_v, per_row): (&[f64], bool) = match bias {
-        Bias::None => (&[], false),
-        Bias::PerRow(v) => (v, true),
-        Bias::PerCol(v) => (v, false),
+    // The bias terms as integers in units of minpos^2 (a posit is one), per row or per
+    // column, and the rows and columns whose outputs are NaR.
+    let (m, _, n) = dims;
+    let (mut row_term, mut col_term) = (vec![0i64; m], vec![0i64; n]);
+    let (mut row_nar, mut col_nar) = (ints.a_nar.to_vec(), ints.bt_nar.to_vec());
+    let (values, terms, nar): (&[f64], _, _) = match bias {
+        Bias::None => (&[], &mut row_term, &mut row_nar),
+        Bias::PerRow(v) => (v, &mut row_term, &mut row_nar),
+        Bias::PerCol(v) => (v, &mut col_term, &mut col_nar),
     };
-    let terms: Vec<Option<i64>> = bias_v
-        .iter()
-        .map(|&v| v.is_finite().then(|| (v * scale * scale) as i64))
-        .collect();
-    let round = |total: i64| match &table {
-        Some(t) => t.round(total),
-        None => posit.round(total as f64 * unit, NearestEven, 0) as f32,
-    };
-    let map = |i: usize, j: usize, sum: i64| -> f32 {
-        let term = match terms.len() {
-            0 => Some(0),
-            _ => terms[if per_row { i } else { j }],
+    for ((term, flag), &v) in terms.iter_mut().zip(nar.iter_mut()).zip(values) {
+        *flag |= !v.is_finite();
+        *term = if v.is_finite() {
+            (v * scale * scale) as i64
+        } else {
+            0
         };
-        match term {
-            // The total is below 2^53 in magnitude (`accumulator_for`).
-            Some(t) if !ints.a_nar[i] && !ints.bt_nar[j] => round(sum + t),
-            _ => f32::NAN,
-        }
+    }
+    // The total is below 2^53 in magnitude (`accumulator_for`).
+    let total = |i: usize, j: usize, sum: i64| {
+        (!(row_nar[i] | col_nar[j])).then(|| sum + row_term[i] + col_term[j])
     };
-    int_dot::gemm_map(
-        int_dot::Kernel::best(),
-        ints.a,
-        ints.bt,
-        dims,
-        out,
-        parallel,
-        map,
-    );
+    // Whether any column of each group of four (the kernel's tiles) is NaR.
+    let quad_nar: Vec<bool> = col_nar.chunks(4).map(|c| c.iter().any(|&f| f)).collect();
+    let kernel = int_dot::Kernel::best();
+    match IntRound::get(posit) {
+        Some(table) => int_dot::gemm_map(
+            kernel,
+            ints.a,
+            ints.bt,
+            dims,
+            out,
+            parallel,
+            |i, j, s, dst| {
+                if dst.len() == 4 && !row_nar[i] && !quad_nar[j / 4] {
+                    let (r, c) = (row_term[i], &col_term[j..j + 4]);
+                    let t = [
+                        s[0] + r + c[0],
+                        s[1] + r + c[1],
+                        s[2] + r + c[2],
+                        s[3] + r + c[3],
+                    ];
+                    for (d, v) in dst.iter_mut().zip(t) {
+                        *d = table.round(v);
+                    }
+                } else {
+                    for (c, d) in dst.iter_mut().enumerate() {
+                        *d = total(i, j + c, s[c]).map_or(f32::NAN, |t| table.round(t));
+                    }
+                }
+            },
+        ),
+        None => int_dot::gemm_map(
+            kernel,
+            ints.a,
+            ints.bt,
+            dims,
+            out,
+            parallel,
+            |i, j, s, dst| {
+                for (c, d) in dst.iter_mut().enumerate() {
+                    *d = total(i, j + c, s[c]).map_or(f32::NAN, |t| {
+                        posit.round(t as f64 * unit, NearestEven, 0) as f32
+                    });
+                }
+            },
+        ),
+    }
 }
