@@ -246,6 +246,36 @@ fn check_int_operand(posit: Posit, xs: &[f32]) {
         .take(5)
         .collect();
     assert!(bad.is_empty(), "{posit:?}: (bits, table, kernel) {bad:x?}");
+    // The matrix fill (sixteen keys at a time where the CPU has AVX-512, under each cap),
+    // as rows of 37 and as their transpose.
+    let cols = 37;
+    let rows = xs.len() / cols;
+    let xs = &xs[..rows * cols];
+    let want_row = |r: usize| &want[r * cols..r * cols + cols];
+    let xt: Vec<f32> = (0..rows * cols)
+        .map(|i| xs[(i % rows) * cols + i / rows])
+        .collect();
+    for (isa, parallel) in caps() {
+        for (src, transposed) in [(xs, false), (&xt[..], true)] {
+            let mut dst = vec![7i16; rows * cols];
+            let mut nar = vec![false; rows];
+            isa::set_cap(isa);
+            table.fill(src, transposed, (rows, cols), &mut dst, &mut nar, parallel);
+            isa::set_cap(None);
+            let mut bad = 0;
+            for r in 0..rows {
+                let w = want_row(r);
+                bad += usize::from(nar[r] != w.iter().any(|v| v.is_none()));
+                for (d, v) in dst[r * cols..r * cols + cols].iter().zip(w) {
+                    bad += usize::from(*d != v.unwrap_or(0));
+                }
+            }
+            assert_eq!(
+                bad, 0,
+                "{posit:?} fill {isa:?} transposed {transposed}: {bad} differ"
+            );
+        }
+    }
 }
 
 #[test]
