@@ -231,7 +231,7 @@ fn quantized_int(posit: Posit, xs: &[f32]) -> Vec<Option<i16>> {
     .expect("quantize");
     let scale = (2f32).powi(posit.max_scale());
     r.iter()
-        .map(|&v| v.is_finite().then(|| (v * scale) as i16))
+        .map(|&v| v.is_finite().then_some((v * scale) as i16))
         .collect()
 }
 

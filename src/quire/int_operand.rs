@@ -19,8 +19,15 @@
 //! The table is built for the fewest key bits `23 - sh` for which all of this holds, checked
 //! at every key (two roundings each), so each entry is `R` of every f32 with its key. Zero
 //! (either sign) gives 0, NaN and ±Inf give NaR. Negative inputs have a table of their own,
-//! so nothing is assumed about symmetry. `tests/quire_i16.rs` compares it with the quantize
-//! kernel on every f32 of a dense sample and at every key's ends.
+//! so nothing is assumed about symmetry.
+//!
+//! [`IntOperand::fill`] converts a matrix in either layout. Rows stored contiguously, on CPUs
+//! with AVX-512, take the clamps and keys sixteen f32s at a time; the keys of a block of 256
+//! are then looked up by scalar loads (a vector gather was slower on the AMD EPYC these
+//! benches ran on). `tests/quire_i16.rs` compares the look-up and the fill (both paths,
+//! both layouts) with the quantize kernel on a dense sample of f32s (every 13-bit
+//! significand prefix in each binade around the posit's range, and a stride over all f32s),
+//! and on every f32 in an ignored test.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
