@@ -383,7 +383,7 @@ pub fn gemm(a: &[i16], bt: &[i16], dims: (usize, usize, usize), out: &mut [i64],
     );
 }
 
-/// [`gemm`] by the given kernel (the portable one where the CPU cannot run it), the outputs
+/// [`gemm()`] by the given kernel (the portable one where the CPU cannot run it), the outputs
 /// stored by `finish(i, j, sums, dst)`: `sums[c]` is the exact sum of output `(i, j + c)`,
 /// for `c < dst.len()` (one to four), and `dst` those outputs (`j` is a multiple of 4; the
 /// sums past `dst.len()` are to be ignored).
