@@ -312,7 +312,7 @@ fn int_operand_equals_the_quantize_kernel() {
     }
 }
 
-/// Every f32 (about a minute in release builds).
+/// Every f32 of posit<8,0> (340 s in a release build on the loaded 2-core machine).
 #[test]
 #[ignore]
 fn int_operand_equals_the_quantize_kernel_on_every_f32() {
