@@ -1,15 +1,23 @@
 //! The integer quire GEMM of posit<8,0>-like formats against the quire, bit for bit:
 //! `IntRound` against the posit rounding on every small sum and on sums near each power of
-//! two up to 2^53; the blocked `int_dot::gemm` against a plain i64 loop (odd rows, columns
-//! off the 4-tile, `k` off the 16-lane and 512-element chunks, several cache panels);
-//! `quire_i16::gemm_f32` in all four operand layouts and `gemm_f64` against a `Quire` per
-//! output on adversarial operands (NaN, ±Inf, values beyond maxpos and below minpos, ties,
-//! signed zeros, f32 subnormals) with and without biases; and `GemmRule::gemm_f32`'s
-//! dispatch (taken for the i16 quire only).
+//! two up to 2^53; every `int_dot` kernel this CPU runs (VNNI and not, 512-bit, 256-bit,
+//! portable) against a plain i64 loop (odd rows, columns off the 4-tile, `k` off the 16- and
+//! 32-lane vectors and the 512- and 1024-element chunks, several cache panels, long rows of
+//! ±maxpos² products that wrap an i32 lane widened too late); `IntOperand` against the
+//! quantize kernel on a dense sample of f32s (every f32 in an ignored test);
+//! `quire_i16::gemm_f32` in all four operand layouts, under each instruction-set cap, and
+//! `gemm_f64` against a `Quire` per output on adversarial operands (NaN, ±Inf, values beyond
+//! maxpos and below minpos, ties, signed zeros, f32 subnormals) with and without biases; and
+//! `GemmRule::gemm_f32`'s dispatch (taken for the i16 quire only).
 
+use qcandle::backend::cpu::quantize_slice;
+use qcandle::backend::isa::{self, Isa};
 use qcandle::format::rounding::NearestEven;
+use qcandle::format::Rounding;
 use qcandle::format::{Format, Posit};
 use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
+use qcandle::quire::int_dot::Kernel;
+use qcandle::quire::int_operand::IntOperand;
 use qcandle::quire::int_round::IntRound;
 use qcandle::quire::quire_i16::{gemm_f32, gemm_f64, Operand};
 use qcandle::quire::{int_dot, Accumulate, GemmRule, Quire};
@@ -116,40 +124,205 @@ fn int_round_equals_the_posit_rounding() {
 }
 
 #[test]
-fn blocked_int_gemm_equals_a_plain_loop() {
+fn every_int_kernel_equals_a_plain_loop() {
+    let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
+    assert!(kernels.contains(&Kernel::Portable));
     let mut rng = Rng(2);
-    for &(m, k, n) in &[
-        (1, 1, 1),
-        (3, 15, 5),
-        (7, 17, 9),
-        (5, 513, 6),
-        (4, 1100, 131),
-        (2, 2048, 70),
-        (6, 0, 3),
+    // Odd rows (4-row tiles padded), columns off the 4-tile, `k` off the 16- and 32-lane
+    // vectors and the 512- and 1024-element i32 chunks, several cache panels, and long
+    // rows of maxpos products that overflow an i32 lane not widened in time.
+    for &(m, k, n, extreme) in &[
+        (1, 1, 1, false),
+        (3, 15, 5, false),
+        (7, 17, 9, false),
+        (5, 31, 6, false),
+        (6, 33, 7, false),
+        (5, 513, 6, false),
+        (9, 400, 13, false),
+        (4, 1100, 131, false),
+        (2, 2048, 70, false),
+        (6, 0, 3, false),
+        (5, 5000, 6, true),
+        (3, 2049, 5, true),
     ] {
         let mut draw = |len: usize| -> Vec<i16> {
             (0..len)
-                .map(|_| match rng.below(4) {
-                    0 => 4096,
-                    1 => -4096,
+                .map(|_| match (extreme, rng.below(4)) {
+                    (true, 0) => -4096,
+                    (true, _) => 4096,
+                    (false, 0) => 4096,
+                    (false, 1) => -4096,
                     _ => rng.below(8193) as i16 - 4096,
                 })
                 .collect()
         };
         let a = draw(m * k);
-        let bt = draw(n * k);
-        for parallel in [false, true] {
-            let mut got = vec![0i64; m * n];
-            int_dot::gemm(&a, &bt, (m, k, n), &mut got, parallel);
-            for i in 0..m {
-                for j in 0..n {
-                    let want: i64 = (0..k)
-                        .map(|t| a[i * k + t] as i64 * bt[j * k + t] as i64)
-                        .sum();
-                    assert_eq!(got[i * n + j], want, "({m},{k},{n}) at ({i},{j})");
+        let mut bt = draw(n * k);
+        if extreme {
+            // Column 0 meets row 0 in +maxpos² products only; column 1 in -maxpos².
+            bt[..k].copy_from_slice(&a[..k]);
+            for t in 0..k {
+                bt[k + t] = -a[t];
+            }
+        }
+        let want: Vec<i64> = (0..m * n)
+            .map(|idx| {
+                let (i, j) = (idx / n, idx % n);
+                (0..k)
+                    .map(|t| a[i * k + t] as i64 * bt[j * k + t] as i64)
+                    .sum()
+            })
+            .collect();
+        if extreme {
+            assert_eq!(want[0], k as i64 * (1 << 24));
+        }
+        for &kernel in &kernels {
+            for parallel in [false, true] {
+                let mut got = vec![0i64; m * n];
+                int_dot::gemm_map(
+                    kernel,
+                    &a,
+                    &bt,
+                    (m, k, n),
+                    &mut got,
+                    parallel,
+                    |_, _, s, d| d.copy_from_slice(&s[..d.len()]),
+                );
+                let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                assert_eq!(bad, 0, "{kernel:?} ({m},{k},{n}): {bad} sums differ");
+                // The map sees each output's own indices.
+                let mut at = vec![(0usize, 0usize); m * n];
+                int_dot::gemm_map(
+                    kernel,
+                    &a,
+                    &bt,
+                    (m, k, n),
+                    &mut at,
+                    parallel,
+                    |i, j, _, d| {
+                        for (c, p) in d.iter_mut().enumerate() {
+                            *p = (i, j + c);
+                        }
+                    },
+                );
+                assert!(at
+                    .iter()
+                    .enumerate()
+                    .all(|(idx, &p)| p == (idx / n, idx % n)));
+            }
+        }
+        let mut got = vec![0i64; m * n];
+        int_dot::gemm(&a, &bt, (m, k, n), &mut got, true);
+        assert_eq!(got, want, "gemm ({m},{k},{n})");
+    }
+}
+
+/// `R(x) · 2^s` by the quantize kernel's posit rounding, `None` for NaR.
+fn quantized_int(posit: Posit, xs: &[f32]) -> Vec<Option<i16>> {
+    let mut r = vec![0f32; xs.len()];
+    quantize_slice(
+        Some(xs),
+        &mut r,
+        &[xs.len()],
+        &Format::Posit(posit),
+        Rounding::NearestEven,
+        None,
+    )
+    .expect("quantize");
+    let scale = (2f32).powi(posit.max_scale());
+    r.iter()
+        .map(|&v| v.is_finite().then_some((v * scale) as i16))
+        .collect()
+}
+
+fn check_int_operand(posit: Posit, xs: &[f32]) {
+    let table = IntOperand::get(posit).expect("a table for small posits");
+    let want = quantized_int(posit, xs);
+    let bad: Vec<_> = xs
+        .iter()
+        .zip(&want)
+        .filter(|(x, w)| table.int(**x) != **w)
+        .map(|(x, w)| (x.to_bits(), table.int(*x), *w))
+        .take(5)
+        .collect();
+    assert!(bad.is_empty(), "{posit:?}: (bits, table, kernel) {bad:x?}");
+    // The matrix fill (sixteen keys at a time where the CPU has AVX-512, under each cap),
+    // as rows of 37 and as their transpose.
+    let cols = 37;
+    let rows = xs.len() / cols;
+    let xs = &xs[..rows * cols];
+    let want_row = |r: usize| &want[r * cols..r * cols + cols];
+    let xt: Vec<f32> = (0..rows * cols)
+        .map(|i| xs[(i % rows) * cols + i / rows])
+        .collect();
+    for (isa, parallel) in caps() {
+        for (src, transposed) in [(xs, false), (&xt[..], true)] {
+            let mut dst = vec![7i16; rows * cols];
+            let mut nar = vec![false; rows];
+            isa::set_cap(isa);
+            table.fill(src, transposed, (rows, cols), &mut dst, &mut nar, parallel);
+            isa::set_cap(None);
+            let mut bad = 0;
+            for r in 0..rows {
+                let w = want_row(r);
+                bad += usize::from(nar[r] != w.iter().any(|v| v.is_none()));
+                for (d, v) in dst[r * cols..r * cols + cols].iter().zip(w) {
+                    bad += usize::from(*d != v.unwrap_or(0));
+                }
+            }
+            assert_eq!(
+                bad, 0,
+                "{posit:?} fill {isa:?} transposed {transposed}: {bad} differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn int_operand_equals_the_quantize_kernel() {
+    for posit in i16_posits() {
+        // Every top-13-bit significand, with low bits 0, 1, a middle and all ones, in every
+        // binade from well below minpos to well above maxpos, both signs; then a stride
+        // over all f32s, and the specials.
+        let mut xs = Vec::new();
+        for e in 127 - 12..=127 + 10u32 {
+            for top in 0..1u32 << 13 {
+                for low in [0, 1, 0x155, 0x3ff] {
+                    let bits = e << 23 | top << 10 | low;
+                    xs.push(f32::from_bits(bits));
+                    xs.push(f32::from_bits(bits | 1 << 31));
                 }
             }
         }
+        xs.extend((0..u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)));
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            -f32::from_bits(1),
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ]);
+        check_int_operand(posit, &xs);
+    }
+}
+
+/// Every f32 of posit<8,0> (340 s in a release build on the loaded 2-core machine).
+#[test]
+#[ignore]
+fn int_operand_equals_the_quantize_kernel_on_every_f32() {
+    let posit = i16_posits()[0];
+    let step = 1u64 << 24;
+    for start in (0..1u64 << 32).step_by(step as usize) {
+        let xs: Vec<f32> = (start..start + step)
+            .map(|b| f32::from_bits(b as u32))
+            .collect();
+        check_int_operand(posit, &xs);
     }
 }
 
@@ -191,12 +364,33 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
+/// Instruction-set caps (`None`: the best, VNNI where the CPU has it) and thread settings
+/// of the f32 entry: the caps take the AVX2 and portable kernels on a CPU with AVX-512.
+/// The cap is process-wide; the other tests of this file give the same bits under any cap.
+fn caps() -> Vec<(Option<Isa>, bool)> {
+    let mut v = vec![(None, false), (None, true)];
+    v.extend(
+        Isa::ALL
+            .into_iter()
+            .filter(|&i| i < isa::detected())
+            .map(|i| (Some(i), true)),
+    );
+    v
+}
+
 #[test]
 fn i16_quire_gemm_equals_the_quire_in_every_layout() {
     let mut rng = Rng(3);
     for posit in i16_posits() {
         let s = posit.max_scale();
-        for &(m, k, n) in &[(1, 1, 1), (3, 7, 5), (9, 33, 6), (5, 600, 7), (2, 1100, 67)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (3, 7, 5),
+            (9, 33, 6),
+            (5, 600, 7),
+            (2, 1100, 67),
+            (6, 2100, 5),
+        ] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.value(s)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.value(s)).collect();
             let rb = |rng: &mut Rng, len: usize| -> Vec<f64> {
@@ -217,13 +411,15 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
                         data: if b_t { &bt } else { &b },
                         transposed: b_t,
                     };
-                    for parallel in [false, true] {
+                    for (isa, parallel) in caps() {
+                        isa::set_cap(isa);
                         let got =
                             gemm_f32(posit, ao, bo, (m, k, n), bias, parallel).expect("f32 values");
+                        isa::set_cap(None);
                         for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert!(
                                 same(f64::from(*g), *w),
-                                "{posit:?} ({m},{k},{n}) layout {a_t}/{b_t} at {idx}: {g} vs {w}"
+                                "{posit:?} ({m},{k},{n}) layout {a_t}/{b_t} {isa:?} at {idx}: {g} vs {w}"
                             );
                         }
                     }

@@ -2,19 +2,43 @@
 //!
 //! For posit(n, es) with `maxpos = 2^s`, every value is `c · 2^-s` with an integer
 //! `|c| <= 2^2s`. When `2s <= 12` (posit<8,0>: values are multiples of 2^-6 up to 64, so
-//! `|c| <= 4096`), `c` fits an i16 and a product fits 2^24. Sums of 64 products then fit an
-//! i32 (`64 · 2^24 = 2^30`), and an i64 gathers those partial sums: the dot product is exact
-//! for any length below 2^39, in units of `minpos^2`.
+//! `|c| <= 4096`), `c` fits an i16 and a product `|c·d| <= 2^24`. The kernels take operands
+//! with `|c| <= 4096` (the callers' posit values) and need nothing else:
 //!
-//! The inner loop is the `i16 x i16 -> i32` multiply-add of x86's `vpmaddwd`: sixteen
-//! products per instruction, pairs added into eight i32 lanes, on CPUs with AVX2, 32 into
-//! sixteen with AVX-512BW (chosen at run time); elsewhere a portable loop. The kernel computes a 2 x 4 tile (two rows of `A`
-//! against four rows of `B^T`: six loads serve eight multiply-adds), a 1 x 4 tile for an odd
-//! last row. [`gemm()`] walks the output in panels of `B^T` rows small enough to stay in the
-//! cache while every row pair of `A` passes over them.
+//! * **i32 partial sums.** Each i32 lane adds at most 64 products before it is widened:
+//!   `|lane| <= 64 · 2^24 = 2^30 < 2^31`, so no lane can wrap. The portable loop sums 64
+//!   products per i32; a `vpmaddwd` or `vpdpwssd` adds two products to a lane per
+//!   instruction, so the vector kernels widen after 32 instructions per lane: 512 elements
+//!   of `k` with 256-bit registers (8 lanes), 1024 with 512-bit registers (16 lanes).
+//! * **i64 totals.** The widened lanes (each at most `2^30`) are added in i64, and a dot
+//!   product of length `k` is at most `k · 2^24` in magnitude: exact for any `k < 2^39`
+//!   (the callers keep whole sums, bias included, below `2^53`).
 //!
-//! Every tile is the same set of exact integer sums whichever kernel computes it, so the
-//! result does not depend on the tiling, the CPU or the thread count.
+//! The sums are integers, so every kernel and every order of the additions gives the same
+//! result: it does not depend on the tiling, the CPU or the thread count.
+//!
+//! The kernels ([`Kernel`], chosen at run time, at most the instruction set of
+//! [`crate::backend::isa::active`]):
+//!
+//! * `vpdpwssd` (AVX512-VNNI on 512-bit registers, AVX-VNNI on 256-bit ones): the i16
+//!   multiply, the pairwise add and the i32 accumulate in one instruction;
+//! * `vpmaddwd` then `vpaddd` (AVX-512BW, AVX2) where the CPU has no VNNI;
+//! * a portable loop elsewhere.
+//!
+//! A tile is four rows of `A` against four rows of `Bᵀ` (sixteen accumulators; eight loads
+//! serve sixteen multiply-adds) on 512-bit registers, two 2 x 4 tiles on 256-bit ones (16
+//! registers hold no more). The 512-bit kernels load the last `k mod 32` elements with a
+//! mask (the lanes masked off read nothing and add zero); the 256-bit ones sum the last
+//! `k mod 16` in the portable loop. After each chunk the sixteen accumulators are widened
+//! to i64 and reduced across their lanes in registers (`vpmovsxdq`, then unpacks and
+//! 128-bit lane shuffles: one vector of four sums per row).
+//!
+//! [`gemm_map`] walks the output in panels of `Bᵀ` rows small enough to stay in the cache
+//! while every group of four rows of `A` passes over them, and hands each exact sum to the
+//! caller's function as it leaves the tile (the quire GEMM rounds it there, so no matrix of
+//! sums is ever stored).
+
+use crate::backend::isa::{self, Isa};
 
 /// Products summed in i32 before the i64 gathers them (`64 · 2^24 <= 2^30`).
 const CHUNK: usize = 64;
@@ -24,6 +48,101 @@ pub fn applies(max_scale: i32) -> bool {
     2 * max_scale <= 12
 }
 
+/// A compiled tile kernel of the integer dot products (see the module docs). Every kernel
+/// gives the same sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Portable Rust: i32 sums of 64 products, gathered in i64.
+    Portable,
+    /// AVX2 `vpmaddwd` and `vpaddd`, 2 x 4 tiles.
+    Avx2,
+    /// AVX-VNNI `vpdpwssd` on 256-bit registers, 2 x 4 tiles.
+    Avx2Vnni,
+    /// AVX-512BW `vpmaddwd` and `vpaddd`, 4 x 4 tiles.
+    Avx512,
+    /// AVX512-VNNI `vpdpwssd`, 4 x 4 tiles.
+    Avx512Vnni,
+}
+
+impl Kernel {
+    /// Every kernel, narrowest first.
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::Avx2Vnni,
+        Kernel::Avx512,
+        Kernel::Avx512Vnni,
+    ];
+
+    /// Whether this CPU can run the kernel.
+    pub fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx512 = || has!("avx512f") && has!("avx512bw");
+            match self {
+                Kernel::Portable => true,
+                Kernel::Avx2 => has!("avx2"),
+                Kernel::Avx2Vnni => has!("avx2") && has!("avxvnni"),
+                Kernel::Avx512 => avx512(),
+                Kernel::Avx512Vnni => avx512() && has!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Portable
+        }
+    }
+
+    /// The kernel of the instruction set in use ([`isa::active`]), with VNNI where the CPU
+    /// has it.
+    pub fn best() -> Kernel {
+        let pick = |vnni: Kernel, plain: Kernel| {
+            if vnni.supported() {
+                vnni
+            } else {
+                plain
+            }
+        };
+        match isa::active() {
+            Isa::Avx512 => pick(Kernel::Avx512Vnni, Kernel::Avx512),
+            Isa::Avx2 => pick(Kernel::Avx2Vnni, Kernel::Avx2),
+            Isa::Portable => Kernel::Portable,
+        }
+    }
+
+    /// Sixteen exact dot products: `a[r]` with `b[c]` at `[r][c]` (all of one length).
+    #[inline]
+    fn tile(self, a: [&[i16]; 4], b: [&[i16]; 4]) -> [[i64; 4]; 4] {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY (each arm): `gemm_map` runs only kernels whose `supported()` holds, so
+            // the CPU has the instructions the arm was compiled for.
+            match self {
+                Kernel::Portable => {}
+                Kernel::Avx2 => {
+                    let (lo, hi) =
+                        unsafe { (tile2x4_avx2([a[0], a[1]], b), tile2x4_avx2([a[2], a[3]], b)) };
+                    return [lo[0], lo[1], hi[0], hi[1]];
+                }
+                Kernel::Avx2Vnni => {
+                    let (lo, hi) = unsafe {
+                        (
+                            tile2x4_avx2_vnni([a[0], a[1]], b),
+                            tile2x4_avx2_vnni([a[2], a[3]], b),
+                        )
+                    };
+                    return [lo[0], lo[1], hi[0], hi[1]];
+                }
+                Kernel::Avx512 => return unsafe { tile4x4_avx512(a, b) },
+                Kernel::Avx512Vnni => return unsafe { tile4x4_avx512_vnni(a, b) },
+            }
+        }
+        a.map(|row| dot4_body(row, b))
+    }
+}
+
+/// Four exact dot products of `a` with `b[0..4]` in i32 chunks of [`CHUNK`] products.
 #[inline(always)]
 fn dot4_body(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
     let mut total = [0i64; 4];
@@ -49,219 +168,261 @@ fn dot4_body(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
     total
 }
 
-/// Elements per i32 partial sum on the AVX2 path: each lane adds 32 `vpmaddwd` results of
-/// two products each, at most `32 · 2 · 2^24 = 2^30`.
+/// Elements of `k` per i32 partial sum with 256-bit registers: each of the 8 lanes adds 32
+/// instructions' two products, at most `64 · 2^24 = 2^30`.
 #[cfg(target_arch = "x86_64")]
 const AVX2_CHUNK: usize = 512;
 
+/// The four totals of four 8-lane i32 accumulators, widened to i64 first.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dot4_avx2(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
+fn reduce4_avx2(v: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let k = a.len();
-    let full = k / 16 * 16;
-    let mut total = [0i64; 4];
-    let mut t = 0;
-    while t < full {
-        let end = (t + AVX2_CHUNK).min(full);
-        let mut acc = [_mm256_setzero_si256(); 4];
-        while t < end {
-            // SAFETY: t + 16 <= full <= k, the length of `a` and of every `b[r]`.
-            let x = _mm256_loadu_si256(a.as_ptr().add(t) as *const __m256i);
-            for (r, lane) in acc.iter_mut().enumerate() {
-                let y = _mm256_loadu_si256(b[r].as_ptr().add(t) as *const __m256i);
-                *lane = _mm256_add_epi32(*lane, _mm256_madd_epi16(x, y));
-            }
-            t += 16;
-        }
-        for (tot, lane) in total.iter_mut().zip(acc) {
-            let mut parts = [0i32; 8];
-            _mm256_storeu_si256(parts.as_mut_ptr() as *mut __m256i, lane);
-            *tot += parts.iter().map(|&v| v as i64).sum::<i64>();
-        }
-    }
-    let tail = dot4_body(&a[full..], b.map(|r| &r[full..]));
-    for (tot, v) in total.iter_mut().zip(tail) {
-        *tot += v;
-    }
-    total
+    // Each vector: 4 i64 partial sums (lane l + lane l + 4).
+    let s = v.map(|x| {
+        _mm256_add_epi64(
+            _mm256_cvtepi32_epi64(_mm256_castsi256_si128(x)),
+            _mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(x)),
+        )
+    });
+    // Per 128-bit half: (part of s0, part of s1) and (part of s2, part of s3).
+    let t01 = _mm256_add_epi64(
+        _mm256_unpacklo_epi64(s[0], s[1]),
+        _mm256_unpackhi_epi64(s[0], s[1]),
+    );
+    let t23 = _mm256_add_epi64(
+        _mm256_unpacklo_epi64(s[2], s[3]),
+        _mm256_unpackhi_epi64(s[2], s[3]),
+    );
+    // Low halves plus high halves: (s0, s1, s2, s3).
+    _mm256_add_epi64(
+        _mm256_permute2x128_si256::<0x20>(t01, t23),
+        _mm256_permute2x128_si256::<0x31>(t01, t23),
+    )
 }
 
-/// Eight exact dot products: `a[0]` and `a[1]` with each of `b[0..4]` (all of one length).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot2x4_avx2(a: [&[i16]; 2], b: [&[i16]; 4]) -> [[i64; 4]; 2] {
-    use std::arch::x86_64::*;
-    let k = a[0].len();
-    let full = k / 16 * 16;
-    let mut total = [[0i64; 4]; 2];
-    let mut t = 0;
-    while t < full {
-        let end = (t + AVX2_CHUNK).min(full);
-        let mut acc0 = [_mm256_setzero_si256(); 4];
-        let mut acc1 = [_mm256_setzero_si256(); 4];
-        while t < end {
-            // SAFETY: t + 16 <= full <= k, the length of every row of `a` and `b`.
-            let x0 = _mm256_loadu_si256(a[0].as_ptr().add(t) as *const __m256i);
-            let x1 = _mm256_loadu_si256(a[1].as_ptr().add(t) as *const __m256i);
-            for r in 0..4 {
-                let y = _mm256_loadu_si256(b[r].as_ptr().add(t) as *const __m256i);
-                acc0[r] = _mm256_add_epi32(acc0[r], _mm256_madd_epi16(x0, y));
-                acc1[r] = _mm256_add_epi32(acc1[r], _mm256_madd_epi16(x1, y));
+/// A 2 x 4 tile on 256-bit registers; `$madd(acc, x, y)` adds the pairwise products of
+/// `x` and `y` to the i32 lanes of `acc`.
+macro_rules! tile2x4_avx2_kernel {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $madd:expr) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(a: [&[i16]; 2], b: [&[i16]; 4]) -> [[i64; 4]; 2] {
+            use std::arch::x86_64::*;
+            let k = a[0].len();
+            let full = k / 16 * 16;
+            let mut total = [_mm256_setzero_si256(); 2];
+            let mut t = 0;
+            while t < full {
+                let end = (t + AVX2_CHUNK).min(full);
+                let mut acc = [[_mm256_setzero_si256(); 4]; 2];
+                while t < end {
+                    // SAFETY: t + 16 <= full <= k, the length of every row of `a` and `b`.
+                    let load = |p: &[i16]| unsafe {
+                        _mm256_loadu_si256(p.as_ptr().add(t) as *const __m256i)
+                    };
+                    let x = [load(a[0]), load(a[1])];
+                    for c in 0..4 {
+                        let y = load(b[c]);
+                        for r in 0..2 {
+                            acc[r][c] = $madd(acc[r][c], x[r], y);
+                        }
+                    }
+                    t += 16;
+                }
+                for r in 0..2 {
+                    total[r] = _mm256_add_epi64(total[r], reduce4_avx2(acc[r]));
+                }
             }
-            t += 16;
-        }
-        for (tot, acc) in total.iter_mut().zip([acc0, acc1]) {
-            for (v, lane) in tot.iter_mut().zip(acc) {
-                let mut parts = [0i32; 8];
-                _mm256_storeu_si256(parts.as_mut_ptr() as *mut __m256i, lane);
-                *v += parts.iter().map(|&p| p as i64).sum::<i64>();
+            let mut out = [[0i64; 4]; 2];
+            for r in 0..2 {
+                // SAFETY: `out[r]` holds four i64, 32 bytes.
+                unsafe { _mm256_storeu_si256(out[r].as_mut_ptr() as *mut __m256i, total[r]) };
+                let tail = dot4_body(&a[r][full..], b.map(|row| &row[full..]));
+                for (o, v) in out[r].iter_mut().zip(tail) {
+                    *o += v;
+                }
             }
+            out
         }
-    }
-    for (tot, row) in total.iter_mut().zip(a) {
-        let tail = dot4_body(&row[full..], b.map(|r| &r[full..]));
-        for (v, x) in tot.iter_mut().zip(tail) {
-            *v += x;
-        }
-    }
-    total
+    };
 }
 
-/// Elements per i32 partial sum on the AVX-512 path: each lane adds 32 `vpmaddwd` results
-/// of two products each, at most `32 · 2 · 2^24 = 2^30`.
+tile2x4_avx2_kernel!(
+    /// Eight exact dot products by `vpmaddwd` and `vpaddd` (AVX2).
+    tile2x4_avx2,
+    "avx2",
+    |acc, x, y| _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
+);
+
+tile2x4_avx2_kernel!(
+    /// Eight exact dot products by `vpdpwssd` (AVX-VNNI).
+    tile2x4_avx2_vnni,
+    "avx2,avxvnni",
+    |acc, x, y| _mm256_dpwssd_avx_epi32(acc, x, y)
+);
+
+/// Elements of `k` per i32 partial sum with 512-bit registers: each of the 16 lanes adds
+/// 32 instructions' two products, at most `64 · 2^24 = 2^30`.
 #[cfg(target_arch = "x86_64")]
 const AVX512_CHUNK: usize = 1024;
 
-/// [`dot2x4_avx2`] with 512-bit registers; the last `k mod 32` elements by masked loads
-/// (the lanes masked off load zeros and add nothing).
+/// The four totals of four 16-lane i32 accumulators, widened to i64 first.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn dot2x4_avx512(a: [&[i16]; 2], b: [&[i16]; 4]) -> [[i64; 4]; 2] {
+#[target_feature(enable = "avx512f")]
+fn reduce4_avx512(v: [std::arch::x86_64::__m512i; 4]) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let k = a[0].len();
-    let mut total = [[0i64; 4]; 2];
-    let mut t = 0;
-    while t < k {
-        let end = (t + AVX512_CHUNK).min(k);
-        let mut acc0 = [_mm512_setzero_si512(); 4];
-        let mut acc1 = [_mm512_setzero_si512(); 4];
-        while t < end {
-            let left = end - t;
-            let mask: __mmask32 = if left >= 32 { !0 } else { (1u32 << left) - 1 };
-            // SAFETY: the mask enables only elements t..t + min(32, left), inside every
-            // row (`end <= k`, each row's length); masked-off elements are not read.
-            let load = |p: &[i16]| _mm512_maskz_loadu_epi16(mask, p.as_ptr().add(t));
-            let (x0, x1) = (load(a[0]), load(a[1]));
+    // Each vector: 8 i64 partial sums (lane l + lane l + 8).
+    let s = v.map(|x| {
+        _mm512_add_epi64(
+            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(x)),
+            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(x)),
+        )
+    });
+    // Per 128-bit lane: (part of s0, part of s1), and (part of s2, part of s3).
+    let t01 = _mm512_add_epi64(
+        _mm512_unpacklo_epi64(s[0], s[1]),
+        _mm512_unpackhi_epi64(s[0], s[1]),
+    );
+    let t23 = _mm512_add_epi64(
+        _mm512_unpacklo_epi64(s[2], s[3]),
+        _mm512_unpackhi_epi64(s[2], s[3]),
+    );
+    // Lanes (t01.0 + t01.1, t01.2 + t01.3, t23.0 + t23.1, t23.2 + t23.3).
+    let u = _mm512_add_epi64(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(t01, t23),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(t01, t23),
+    );
+    // Low 256 bits: (u.0 + u.1, u.2 + u.3) = (s0, s1, s2, s3).
+    let w = _mm512_add_epi64(
+        _mm512_shuffle_i64x2::<0b00_00_10_00>(u, u),
+        _mm512_shuffle_i64x2::<0b00_00_11_01>(u, u),
+    );
+    _mm512_castsi512_si256(w)
+}
+
+/// A 4 x 4 tile on 512-bit registers; `$madd(acc, x, y)` adds the pairwise products of
+/// `x` and `y` to the i32 lanes of `acc`.
+macro_rules! tile4x4_avx512_kernel {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $madd:expr) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(a: [&[i16]; 4], b: [&[i16]; 4]) -> [[i64; 4]; 4] {
+            use std::arch::x86_64::*;
+            let k = a[0].len();
+            let mut total = [_mm256_setzero_si256(); 4];
+            let mut t = 0;
+            while t < k {
+                let end = (t + AVX512_CHUNK).min(k);
+                let mut acc = [[_mm512_setzero_si512(); 4]; 4];
+                while t < end {
+                    let left = end - t;
+                    let mask: __mmask32 = if left >= 32 { !0 } else { (1u32 << left) - 1 };
+                    // SAFETY: the mask enables only elements t..t + min(32, left), inside
+                    // every row (`end <= k`, each row's length); masked-off elements are
+                    // not read.
+                    let load =
+                        |p: &[i16]| unsafe { _mm512_maskz_loadu_epi16(mask, p.as_ptr().add(t)) };
+                    let x = [load(a[0]), load(a[1]), load(a[2]), load(a[3])];
+                    for c in 0..4 {
+                        let y = load(b[c]);
+                        for r in 0..4 {
+                            acc[r][c] = $madd(acc[r][c], x[r], y);
+                        }
+                    }
+                    t += 32.min(left);
+                }
+                for r in 0..4 {
+                    total[r] = _mm256_add_epi64(total[r], reduce4_avx512(acc[r]));
+                }
+            }
+            let mut out = [[0i64; 4]; 4];
             for r in 0..4 {
-                let y = load(b[r]);
-                acc0[r] = _mm512_add_epi32(acc0[r], _mm512_madd_epi16(x0, y));
-                acc1[r] = _mm512_add_epi32(acc1[r], _mm512_madd_epi16(x1, y));
+                // SAFETY: `out[r]` holds four i64, 32 bytes.
+                unsafe { _mm256_storeu_si256(out[r].as_mut_ptr() as *mut __m256i, total[r]) };
             }
-            t += 32.min(left);
+            out
         }
-        for (tot, acc) in total.iter_mut().zip([acc0, acc1]) {
-            for (v, lane) in tot.iter_mut().zip(acc) {
-                let mut parts = [0i32; 16];
-                _mm512_storeu_si512(parts.as_mut_ptr() as *mut __m512i, lane);
-                *v += parts.iter().map(|&p| p as i64).sum::<i64>();
-            }
-        }
-    }
-    total
+    };
 }
 
-/// Eight exact dot products of `a[0..2]` with `b[0..4]` (all of the same length).
-#[inline]
-fn dot2x4(a: [&[i16]; 2], b: [&[i16]; 4]) -> [[i64; 4]; 2] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-        {
-            // SAFETY: the CPU supports AVX-512F and BW, checked just above.
-            return unsafe { dot2x4_avx512(a, b) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { dot2x4_avx2(a, b) };
-        }
-    }
-    [dot4_body(a[0], b), dot4_body(a[1], b)]
-}
+tile4x4_avx512_kernel!(
+    /// Sixteen exact dot products by `vpmaddwd` and `vpaddd` (AVX-512BW).
+    tile4x4_avx512,
+    "avx512f,avx512bw",
+    |acc, x, y| _mm512_add_epi32(acc, _mm512_madd_epi16(x, y))
+);
 
-/// Four exact dot products of `a` with `b[0..4]` (all of the same length).
-#[inline]
-pub fn dot4(a: &[i16], b: [&[i16]; 4]) -> [i64; 4] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { dot4_avx2(a, b) };
-        }
-    }
-    dot4_body(a, b)
-}
+tile4x4_avx512_kernel!(
+    /// Sixteen exact dot products by `vpdpwssd` (AVX512-VNNI).
+    tile4x4_avx512_vnni,
+    "avx512f,avx512bw,avx512vnni",
+    |acc, x, y| _mm512_dpwssd_epi32(acc, x, y)
+);
 
-/// One output row: `out[j] = Σ_t a[t] · bt[j][t]` exactly, for `bt` holding `n` rows of
-/// `a.len()` values.
-pub fn row(a: &[i16], bt: &[i16], out: &mut [i64]) {
-    let k = a.len();
-    let n = out.len();
-    let b = |j: usize| &bt[j * k..j * k + k];
-    let mut j = 0;
-    while j + 4 <= n {
-        out[j..j + 4].copy_from_slice(&dot4(a, [b(j), b(j + 1), b(j + 2), b(j + 3)]));
-        j += 4;
-    }
-    // The last one to three outputs: pad the tile with the first column.
-    if j < n {
-        let r = dot4(
-            a,
-            [b(j), b((j + 1).min(n - 1)), b((j + 2).min(n - 1)), b(n - 1)],
-        );
-        out[j..].copy_from_slice(&r[..n - j]);
-    }
-}
-
-/// Bytes of `B^T` rows kept in the cache while the rows of `A` pass over them.
+/// Bytes of `Bᵀ` rows kept in the cache while the rows of `A` pass over them.
 const PANEL_BYTES: usize = 128 << 10;
 
 /// Rows of `A` (and of the output) per parallel task.
 const ROW_BLOCK: usize = 16;
 
 /// `out (m x n) = A (m x k) · B` exactly, with `a` row-major and `bt = Bᵀ` (`n x k`,
-/// row-major): `out[i·n + j] = Σ_t a[i·k + t] · bt[j·k + t]`. `parallel` spreads blocks of
-/// rows over the rayon pool.
-pub fn gemm(
+/// row-major): `out[i·n + j] = Σ_t a[i·k + t] · bt[j·k + t]`; every value at most 4096 in
+/// magnitude (see the module docs). `parallel` spreads blocks of rows over the rayon pool.
+pub fn gemm(a: &[i16], bt: &[i16], dims: (usize, usize, usize), out: &mut [i64], parallel: bool) {
+    gemm_map(
+        Kernel::best(),
+        a,
+        bt,
+        dims,
+        out,
+        parallel,
+        |_, _, s, dst| dst.copy_from_slice(&s[..dst.len()]),
+    );
+}
+
+/// [`gemm()`] by the given kernel (the portable one where the CPU cannot run it), the outputs
+/// stored by `finish(i, j, sums, dst)`: `sums[c]` is the exact sum of output `(i, j + c)`,
+/// for `c < dst.len()` (one to four), and `dst` those outputs (`j` is a multiple of 4; the
+/// sums past `dst.len()` are to be ignored).
+pub fn gemm_map<T: Send>(
+    kernel: Kernel,
     a: &[i16],
     bt: &[i16],
     (m, k, n): (usize, usize, usize),
-    out: &mut [i64],
+    out: &mut [T],
     parallel: bool,
+    finish: impl Fn(usize, usize, [i64; 4], &mut [T]) + Sync,
 ) {
     use rayon::prelude::*;
     assert!(a.len() >= m * k && bt.len() >= n * k && out.len() >= m * n);
     if n == 0 || m == 0 {
         return;
     }
+    let kernel = if kernel.supported() {
+        kernel
+    } else {
+        Kernel::Portable
+    };
     let panel = (PANEL_BYTES / (2 * k.max(1))).max(4) / 4 * 4;
-    let block = |(blk, dst): (usize, &mut [i64])| {
+    let block = |(blk, dst): (usize, &mut [T])| {
         let i0 = blk * ROW_BLOCK;
         let rows = dst.len() / n;
+        // Rows past the block's last repeat it (their sums are computed and dropped).
+        let arow = |r: usize| {
+            let i = i0 + r.min(rows - 1);
+            &a[i * k..i * k + k]
+        };
         let b = |j: usize| &bt[j * k..j * k + k];
         let mut j0 = 0;
         while j0 < n {
             let j1 = (j0 + panel).min(n);
             let mut r = 0;
             while r < rows {
-                let pair = r + 1 < rows;
-                let a0 = &a[(i0 + r) * k..(i0 + r) * k + k];
-                let a1 = if pair {
-                    &a[(i0 + r + 1) * k..(i0 + r + 2) * k]
-                } else {
-                    a0
-                };
+                let nr = (rows - r).min(4);
+                let p = [arow(r), arow(r + 1), arow(r + 2), arow(r + 3)];
                 let mut j = j0;
                 while j < j1 {
                     // The last one to three columns: pad the tile with the last column.
@@ -272,17 +433,14 @@ pub fn gemm(
                         b((j + 2).min(j1 - 1)),
                         b((j + 3).min(j1 - 1)),
                     ];
-                    if pair {
-                        let s = dot2x4([a0, a1], q);
-                        dst[r * n + j..r * n + j + cols].copy_from_slice(&s[0][..cols]);
-                        dst[(r + 1) * n + j..(r + 1) * n + j + cols].copy_from_slice(&s[1][..cols]);
-                    } else {
-                        let s = dot4(a0, q);
-                        dst[r * n + j..r * n + j + cols].copy_from_slice(&s[..cols]);
+                    let s = kernel.tile(p, q);
+                    for (rr, &sums) in s.iter().enumerate().take(nr) {
+                        let row = (r + rr) * n + j;
+                        finish(i0 + r + rr, j, sums, &mut dst[row..row + cols]);
                     }
                     j += 4;
                 }
-                r += 2;
+                r += 4;
             }
             j0 = j1;
         }

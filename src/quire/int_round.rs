@@ -34,13 +34,13 @@ const MAX_ENTRIES: usize = 1 << 16;
 #[derive(Debug)]
 pub struct IntRound {
     key_bits: u32,
-    /// Bit lengths above this give the saturated values.
-    top: u32,
-    zero: f32,
+    /// Magnitudes are capped here, `2^(top + 1) - 1`: every bit length above `top` gives
+    /// the saturated values.
+    cap: u64,
     /// Per sign (positive, negative): `R` of every `|t| < 2^key_bits`, then one block of
-    /// `2^(key_bits + 1)` keys per bit length `key_bits + 1 ..= top`.
+    /// `2^(key_bits + 1)` keys per bit length `key_bits + 1 ..= top + 1` (the last one all
+    /// saturated values).
     tables: [Vec<f32>; 2],
-    saturated: [f32; 2],
 }
 
 impl IntRound {
@@ -95,34 +95,28 @@ impl IntRound {
             top[side] = first - 1;
         }
         // One `top` for both signs: the larger, the smaller side's extra bit lengths
-        // holding its saturated value.
+        // holding its saturated value, and one more length of saturated values for the cap.
         let t = top[0].max(top[1]);
         for (side, table) in tables.iter_mut().enumerate() {
-            let want = (1usize << k) + (t - k) as usize * (1usize << k);
+            let want = (1usize << k) + (t + 1 - k) as usize * (1usize << k);
             table.resize(want, saturated[side]);
         }
+        // The key of 0 is 0 on both sides: `R(0)`.
+        (tables[0][0] == tables[1][0]).then_some(())?;
         Some(IntRound {
             key_bits: k,
-            top: t,
-            zero: f32_of(r(0))?,
+            cap: (1u64 << (t + 1)) - 1,
             tables,
-            saturated,
         })
     }
 
     /// `R(t)` as the f32 the posit value is (`|t| < 2^53`).
     #[inline]
     pub fn round(&self, t: i64) -> f32 {
-        if t == 0 {
-            return self.zero;
-        }
         let side = usize::from(t < 0);
-        let mag = t.unsigned_abs();
-        let len = u64::BITS - mag.leading_zeros();
+        let mag = t.unsigned_abs().min(self.cap);
+        let len = u64::BITS - (mag | 1).leading_zeros();
         let k = self.key_bits;
-        if len > self.top {
-            return self.saturated[side];
-        }
         let idx = if len <= k {
             mag as usize
         } else {

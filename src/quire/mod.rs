@@ -8,8 +8,9 @@
 //!   and [`conv2d`] (through im2col).
 //! * `gemm_cuda` (feature `cuda`): the launches of the same GEMMs on a CUDA device
 //!   (`cuda/gemm.cu`), with the CPU GEMMs' bits.
-//! * [`int_dot`], [`int_round`] and [`quire_i16`]: the integer quire GEMM of posit<8,0>
-//!   (i16 multiply-adds, exact sums rounded by table), from f64 or straight from f32.
+//! * [`int_dot`], [`int_operand`], [`int_round`] and [`quire_i16`]: the integer quire GEMM
+//!   of posit<8,0> (f32 operands to i16 by table, i16 multiply-adds, exact sums rounded by
+//!   table), from f64 or straight from f32.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
@@ -27,6 +28,7 @@ pub mod gemm_cpu;
 pub mod gemm_cuda;
 pub mod gemm_lns;
 pub mod int_dot;
+pub mod int_operand;
 pub mod int_round;
 pub mod layer_conv;
 mod layer_io;

@@ -4,25 +4,27 @@
 //!
 //! Each operand value `v` becomes the integer `v · 2^s` (`maxpos = 2^s`, exact: `v` is a
 //! multiple of `minpos = 2^-s`), laid out so that every output is a contiguous dot product:
-//! `A` row-major and `B` transposed. The sums ([`super::int_dot::gemm`]) are exact integers
-//! in units of `minpos^2`; the bias, a posit, is one more such integer. Each output is then
-//! rounded once to the posit ([`super::int_round`], or the format's rounding where no table
-//! applies). A NaR operand (NaN or ±Inf, no posit value) makes its row or column of
-//! outputs NaR.
+//! `A` row-major and `B` transposed. The sums ([`super::int_dot::gemm_map`]) are exact
+//! integers in units of `minpos^2`; the bias, a posit, is one more such integer. Each output
+//! is rounded once to the posit as it leaves the kernel's tile ([`super::int_round`], or the
+//! format's rounding where no table applies), so no matrix of sums is stored. A NaR operand
+//! (NaN or ±Inf, no posit value) makes its row or column of outputs NaR.
 //!
-//! The f32 entry ([`gemm_f32`]) rounds its operands to the posit through the quantize
-//! kernel's f32 path (the same values as [`super::rule::GemmRule::operands`]) and reads each
-//! operand in either layout, so a layer's GEMMs need neither f64 copies nor transposes of
-//! their tensors.
+//! The f32 entry ([`gemm_f32`]) rounds each f32 operand and converts it to its integer in
+//! one look-up ([`super::int_operand`]: the posit's rounding, the same values as
+//! [`super::rule::GemmRule::operands`]), reading each operand in either layout, so a layer's
+//! GEMMs need neither f64 copies nor transposes of their tensors. The integer matrices live
+//! in buffers kept per thread from one call to the next (no fresh pages per call).
 
 use rayon::prelude::*;
 
 use super::gemm_cpu::{Bias, Dims};
 use super::int_dot;
+use super::int_operand::IntOperand;
 use super::int_round::IntRound;
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
-use crate::format::{Format, Posit};
+use crate::format::Posit;
 
 /// An f32 operand of a GEMM and how it is stored.
 #[derive(Debug, Clone, Copy)]
@@ -92,27 +94,6 @@ fn int_matrix(
     IntMatrix { values, nar }
 }
 
-/// [`int_matrix`] of a row-major `rows x cols` f32 matrix as it is stored (`scale` a power
-/// of two, so `v · scale` is exact in f32).
-fn int_rows(src: &[f32], rows: usize, cols: usize, scale: f32) -> IntMatrix {
-    let mut values = vec![0i16; rows * cols];
-    let mut nar = vec![false; rows];
-    if cols > 0 {
-        values
-            .par_chunks_mut(cols)
-            .zip(src[..rows * cols].par_chunks(cols))
-            .zip(nar.par_iter_mut())
-            .with_min_len(16)
-            .for_each(|((dst, row), flag)| {
-                *flag = row.iter().any(|v| !v.is_finite());
-                for (d, &v) in dst.iter_mut().zip(row) {
-                    *d = (v * scale) as i16;
-                }
-            });
-    }
-    IntMatrix { values, nar }
-}
-
 /// `out = round(A · B + bias)` for f64 operands on the posit's grid, `a` (`m x k`) and `b`
 /// (`k x n`) row-major.
 pub fn gemm_f64(
@@ -129,16 +110,40 @@ pub fn gemm_f64(
     let ai = int_matrix(m, k, scale, |i, t| a[i * k + t]);
     let bt = int_matrix(n, k, scale, |j, t| b[t * n + j]);
     let mut vals = vec![0f32; m * n];
-    finish(posit, &ai, &bt, dims, bias, &mut vals, parallel);
+    let ints = IntMatrices {
+        a: &ai.values,
+        a_nar: &ai.nar,
+        bt: &bt.values,
+        bt_nar: &bt.nar,
+    };
+    finish(posit, &ints, dims, bias, &mut vals, parallel);
     out[..m * n]
         .iter_mut()
         .zip(&vals)
         .for_each(|(o, &v)| *o = f64::from(v));
 }
 
+/// Scratch buffers above this many i16 are freed after the call instead of kept.
+const KEEP_SCRATCH: usize = 8 << 20;
+
+thread_local! {
+    /// The integer operands of the last call on this thread, reused by the next.
+    static SCRATCH: std::cell::Cell<(Vec<i16>, Vec<i16>)> = const {
+        std::cell::Cell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// `v` holding at least `len` elements (values left from earlier use).
+fn at_least(v: &mut Vec<i16>, len: usize) -> &mut [i16] {
+    if v.len() < len {
+        v.resize(len, 0);
+    }
+    &mut v[..len]
+}
+
 /// `round(A · B + bias)` (`m x n`, row-major f32) for f32 operands not yet rounded to the
-/// posit (see the module docs); the bias already rounded. `None` where the posit's values
-/// are not all f32s (then use the f64 path).
+/// posit (see the module docs); the bias already rounded. `None` where the posit has no
+/// operand table ([`IntOperand`]; then use the f64 path).
 pub fn gemm_f32(
     posit: Posit,
     a: Operand,
@@ -149,92 +154,123 @@ pub fn gemm_f32(
 ) -> Option<Vec<f32>> {
     let (m, k, n) = dims;
     assert!(a.data.len() >= m * k && b.data.len() >= k * n);
-    let ar = rounded(posit, &a.data[..m * k])?;
-    let br = rounded(posit, &b.data[..k * n])?;
-    let scale = pow2(posit.max_scale());
-    let ai = if a.transposed {
-        int_matrix(m, k, scale, |i, t| f64::from(ar[t * m + i]))
+    let conv = IntOperand::get(posit)?;
+    // Buffers taken out of the thread's scratch (a call nested on this thread while this
+    // one waits for the pool finds them empty and allocates its own).
+    let (mut av, mut bv) = SCRATCH.with(|c| c.take());
+    let (mut a_nar, mut b_nar) = (vec![false; m], vec![false; n]);
+    let ai = at_least(&mut av, m * k);
+    let bi = at_least(&mut bv, n * k);
+    // `A` row-major (m x k) and `Bᵀ` row-major (n x k): `B` stored transposed is `Bᵀ`.
+    let mut fill_a = || conv.fill(a.data, a.transposed, (m, k), ai, &mut a_nar, parallel);
+    let mut fill_b = || conv.fill(b.data, !b.transposed, (n, k), bi, &mut b_nar, parallel);
+    if parallel {
+        rayon::join(fill_a, fill_b);
     } else {
-        int_rows(&ar, m, k, scale as f32)
-    };
-    let bt = if b.transposed {
-        int_rows(&br, n, k, scale as f32)
-    } else {
-        int_matrix(n, k, scale, |j, t| f64::from(br[t * n + j]))
-    };
+        fill_a();
+        fill_b();
+    }
     let mut out = vec![0f32; m * n];
-    finish(posit, &ai, &bt, dims, bias, &mut out, parallel);
+    let ints = IntMatrices {
+        a: ai,
+        a_nar: &a_nar,
+        bt: bi,
+        bt_nar: &b_nar,
+    };
+    finish(posit, &ints, dims, bias, &mut out, parallel);
+    if av.len() <= KEEP_SCRATCH && bv.len() <= KEEP_SCRATCH {
+        SCRATCH.with(|c| c.set((av, bv)));
+    }
     Some(out)
 }
 
-/// `xs` rounded to the posit through the quantize kernel's f32 path.
-fn rounded(posit: Posit, xs: &[f32]) -> Option<Vec<f32>> {
-    let mut out = vec![0f32; xs.len()];
-    crate::backend::cpu::quantize_slice(
-        Some(xs),
-        &mut out,
-        &[xs.len()],
-        &Format::Posit(posit),
-        crate::format::Rounding::NearestEven,
-        None,
-    )
-    .ok()?;
-    Some(out)
+/// The integer operands of one GEMM: `A` (`m x k`) and `Bᵀ` (`n x k`) row-major, with a
+/// NaR flag per row.
+struct IntMatrices<'a> {
+    a: &'a [i16],
+    a_nar: &'a [bool],
+    bt: &'a [i16],
+    bt_nar: &'a [bool],
 }
 
-/// The exact sums and the rounding of each output (with its bias term) into `out`.
+/// The exact sums, each rounded (with its bias term) as it leaves the kernel, into `out`.
 fn finish(
     posit: Posit,
-    a: &IntMatrix,
-    bt: &IntMatrix,
+    ints: &IntMatrices,
     dims: Dims,
     bias: Bias,
     out: &mut [f32],
     parallel: bool,
 ) {
-    let (m, _, n) = dims;
-    let mut sums = vec![0i64; m * n];
-    int_dot::gemm(&a.values, &bt.values, dims, &mut sums, parallel);
     let s = posit.max_scale();
     let scale = pow2(s);
     let unit = pow2(-2 * s);
-    let table = IntRound::get(posit);
-    let row = |(i, (dst, sums)): (usize, (&mut [f32], &[i64]))| {
-        for (j, (o, &sum)) in dst.iter_mut().zip(sums).enumerate() {
-            let bias_v = match bias {
-                Bias::None => None,
-                Bias::PerRow(v) => Some(v[i]),
-                Bias::PerCol(v) => Some(v[j]),
-            };
-            let nar = a.nar[i] || bt.nar[j] || bias_v.is_some_and(|v| !v.is_finite());
-            *o = if nar {
-                f32::NAN
-            } else {
-                // The bias is a posit: an integer in units of minpos^2 too; the total is
-                // below 2^53 in magnitude (`accumulator_for`).
-                let total = sum + bias_v.map_or(0, |v| (v * scale * scale) as i64);
-                match &table {
-                    Some(t) => t.round(total),
-                    None => posit.round(total as f64 * unit, NearestEven, 0) as f32,
-                }
-            };
-        }
+    // The bias terms as integers in units of minpos^2 (a posit is one), per row or per
+    // column, and the rows and columns whose outputs are NaR.
+    let (m, _, n) = dims;
+    let (mut row_term, mut col_term) = (vec![0i64; m], vec![0i64; n]);
+    let (mut row_nar, mut col_nar) = (ints.a_nar.to_vec(), ints.bt_nar.to_vec());
+    let (values, terms, nar): (&[f64], _, _) = match bias {
+        Bias::None => (&[], &mut row_term, &mut row_nar),
+        Bias::PerRow(v) => (v, &mut row_term, &mut row_nar),
+        Bias::PerCol(v) => (v, &mut col_term, &mut col_nar),
     };
-    if n == 0 {
-        return;
+    for ((term, flag), &v) in terms.iter_mut().zip(nar.iter_mut()).zip(values) {
+        *flag |= !v.is_finite();
+        *term = if v.is_finite() {
+            (v * scale * scale) as i64
+        } else {
+            0
+        };
     }
-    if parallel {
-        out[..m * n]
-            .par_chunks_mut(n)
-            .zip(sums.par_chunks(n))
-            .enumerate()
-            .with_min_len(8)
-            .for_each(row);
-    } else {
-        out[..m * n]
-            .chunks_mut(n)
-            .zip(sums.chunks(n))
-            .enumerate()
-            .for_each(row);
+    // The total is below 2^53 in magnitude (`accumulator_for`).
+    let total = |i: usize, j: usize, sum: i64| {
+        (!(row_nar[i] | col_nar[j])).then(|| sum + row_term[i] + col_term[j])
+    };
+    // Whether any column of each group of four (the kernel's tiles) is NaR.
+    let quad_nar: Vec<bool> = col_nar.chunks(4).map(|c| c.iter().any(|&f| f)).collect();
+    let kernel = int_dot::Kernel::best();
+    match IntRound::get(posit) {
+        Some(table) => int_dot::gemm_map(
+            kernel,
+            ints.a,
+            ints.bt,
+            dims,
+            out,
+            parallel,
+            |i, j, s, dst| {
+                if dst.len() == 4 && !row_nar[i] && !quad_nar[j / 4] {
+                    let (r, c) = (row_term[i], &col_term[j..j + 4]);
+                    let t = [
+                        s[0] + r + c[0],
+                        s[1] + r + c[1],
+                        s[2] + r + c[2],
+                        s[3] + r + c[3],
+                    ];
+                    for (d, v) in dst.iter_mut().zip(t) {
+                        *d = table.round(v);
+                    }
+                } else {
+                    for (c, d) in dst.iter_mut().enumerate() {
+                        *d = total(i, j + c, s[c]).map_or(f32::NAN, |t| table.round(t));
+                    }
+                }
+            },
+        ),
+        None => int_dot::gemm_map(
+            kernel,
+            ints.a,
+            ints.bt,
+            dims,
+            out,
+            parallel,
+            |i, j, s, dst| {
+                for (c, d) in dst.iter_mut().enumerate() {
+                    *d = total(i, j + c, s[c]).map_or(f32::NAN, |t| {
+                        posit.round(t as f64 * unit, NearestEven, 0) as f32
+                    });
+                }
+            },
+        ),
     }
 }
