@@ -503,25 +503,11 @@ fn block_with_max(m: f32) -> [f32; 16] {
 /// mode, every instruction set, from a source and in place.
 #[test]
 fn nvfp4_block_scale_boundaries_on_every_instruction_set() {
-    use qcandle::backend::nvfp4_plan::threshold;
+    use qcandle::backend::nvfp4_plan::scale_boundary_maxima;
     let stream = Stream::new(0x5eed, 17);
-    let e4m3 = qcandle::format::nvfp4::e4m3_saturating();
     for amax_t in [(2688.0 * 1.3) as f32, 1e-42, 3.0e-39, 1.0e30] {
         let s_t = Nvfp4::tensor_scale(amax_t as f64);
-        let c = 6.0 * s_t;
-        let mut maxima = Vec::new();
-        for code in 0..127u32 {
-            let v = e4m3.decode(code);
-            let f = ((v * c) as f32).to_bits();
-            maxima.extend([f.saturating_sub(1), f, f + 1]);
-            if code < 126 {
-                let mid = 0.5 * (v + e4m3.decode(code + 1)) * c;
-                for tie_up in [false, true] {
-                    let t = threshold(mid, tie_up);
-                    maxima.extend([t.saturating_sub(1), t, t + 1]);
-                }
-            }
-        }
+        let mut maxima = scale_boundary_maxima(s_t);
         maxima.retain(|&m| f32::from_bits(m) <= amax_t);
         maxima.sort_unstable();
         maxima.dedup();

@@ -65,6 +65,28 @@ pub fn threshold(b: f64, tie_up: bool) -> u32 {
     down.to_bits() - (exact & tie_up) as u32
 }
 
+/// The f32 block maxima (bit patterns) at, and one f32 unit around, every E4M3 scale value
+/// and every scale threshold (both tie directions) under the tensor scale `s_t`: the maxima
+/// on which a block-scale computation can go wrong by one code. Unsorted, with repeats.
+pub fn scale_boundary_maxima(s_t: f64) -> Vec<u32> {
+    let e4m3 = crate::format::nvfp4::e4m3_saturating();
+    let c = 6.0 * s_t;
+    let mut maxima = Vec::new();
+    for code in 0..127u32 {
+        let v = e4m3.decode(code);
+        let f = ((v * c) as f32).to_bits();
+        maxima.extend([f.saturating_sub(1), f, f + 1]);
+        if code < 126 {
+            let mid = 0.5 * (v + e4m3.decode(code + 1)) * c;
+            for tie_up in [false, true] {
+                let t = threshold(mid, tie_up);
+                maxima.extend([t.saturating_sub(1), t, t + 1]);
+            }
+        }
+    }
+    maxima
+}
+
 /// The NVFP4 block scales under one tensor scale: the E4M3 code of a block's scale found
 /// from its maximum by thresholds (for every rounding mode; the scale always rounds to
 /// nearest-even).

@@ -203,26 +203,13 @@ mod tests {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }
-        use crate::backend::nvfp4_plan::threshold;
-        let e4m3 = crate::format::nvfp4::e4m3_saturating();
+        use crate::backend::nvfp4_plan::scale_boundary_maxima;
         let mut checked = 0;
         for amax_t in [(2688.0 * 1.3) as f32, 1e-42, 3.0e-39, 1.0e30, 1.0] {
             let s_t = crate::format::Nvfp4::tensor_scale(amax_t as f64);
             let scales = Nvfp4Scales::new(s_t);
-            let c = 6.0 * s_t;
             let mut maxima: Vec<u32> = vec![0, 1, 0x7f80_0000, 0x7fc0_0000, 0x7f7f_ffff];
-            for code in 0..127u32 {
-                let v = e4m3.decode(code);
-                let f = ((v * c) as f32).to_bits();
-                maxima.extend([f.saturating_sub(1), f, f + 1]);
-                if code < 126 {
-                    let mid = 0.5 * (v + e4m3.decode(code + 1)) * c;
-                    for tie_up in [false, true] {
-                        let t = threshold(mid, tie_up);
-                        maxima.extend([t.saturating_sub(1), t, t + 1]);
-                    }
-                }
-            }
+            maxima.extend(scale_boundary_maxima(s_t));
             let mut h = 0x9e37_79b9_7f4a_7c15u64;
             for _ in 0..2000 {
                 h = h
