@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The accumulator table from a sweep directory of examples/sweeps/accumulators.toml
 (scripts/accumulator_table.sh): test top-1 after the last epoch per operand config and
-`accumulate` setting (mean ± sample standard deviation over the seeds present), the
+`accumulate` setting (seed 0, and where more seeds ran, their mean ± sample standard
+deviation and range), the
 per-epoch test top-1 and train loss of every run, the mean seconds of a training epoch,
 and which runs ended with bit-identical models (same SHA-256 of model.safetensors).
 Usage: python3 scripts/accumulator_table.py [SWEEP_DIR (default sweeps/accumulators)]"""
@@ -51,12 +52,15 @@ def cell(config, acc):
         return "not in the spec"
     done = [p for p in runs if p["status"] == "finished"]
     parts = []
-    if done:
+    first = [p for p in done if p["seed"] == "0"]
+    if first:
+        parts.append(first[0]["top1"])
+    if len(done) > 1:
         top1 = [float(p["top1"]) for p in done]
-        text = f"{top1[0]:.2f}"
-        if len(top1) > 1:
-            text = f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1):.2f}"
-        parts.append(text + (f" ({len(done)} seeds)" if len(done) > 1 else ""))
+        parts.append(
+            f"{len(done)} seeds: {statistics.mean(top1):.2f} ± {statistics.stdev(top1):.2f}, "
+            f"{min(top1):.2f}-{max(top1):.2f}"
+        )
     for p in runs:
         if p["status"] == "finished":
             continue
@@ -67,7 +71,7 @@ def cell(config, acc):
     return "; ".join(parts)
 
 
-print("### Test top-1 after the last epoch (%)\n")
+print("### Test top-1 after the last epoch (%): seed 0; where more seeds ran, their mean ± sample standard deviation and range\n")
 print("| operands | " + " | ".join(label for _, label in ACCUMULATE) + " |")
 print("|---|" + "---|" * len(ACCUMULATE))
 for config, label in CONFIGS:

@@ -26,6 +26,6 @@ for run in "$sweep"/runs/*/; do
         cp "$run/metrics.csv" "results/metrics/accumulators-$name.csv"
     fi
 done
-cp "$sweep/report.md" "$sweep/report.csv" results/sweeps/accumulators/
+cp "$sweep/report.md" "$sweep/report.csv" "$sweep/curves.png" results/sweeps/accumulators/
 python3 scripts/accumulator_table.py "$sweep" > results/accumulator-table.md
 cat results/accumulator-table.md
