@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use num_bigint::BigInt;
+use qcandle::format::mx::MxElement;
 use qcandle::philox::Stream;
 use qcandle::{quantize, Format, Quant, Rounding};
 
@@ -326,14 +327,10 @@ fn check_mx(name: &str, dim: i64, dims: &[usize], xs: &[f64], bad: &mut Mismatch
     checked
 }
 
-const MX_NAMES: [&str; 6] = [
-    "mxfp8_e4m3",
-    "mxfp8_e5m2",
-    "mxfp6_e3m2",
-    "mxfp6_e2m3",
-    "mxfp4_e2m1",
-    "mxint8",
-];
+/// The six OCP MX element formats by name, in the order of `MxElement::ALL`.
+fn mx_names() -> [&'static str; 6] {
+    MxElement::ALL.map(MxElement::name)
+}
 
 /// Test values for a block of scale `2^x`: every element value, the midpoints between
 /// neighbours (ties) and the f32 values just off them, both signs; in blocks of 32 whose
@@ -379,7 +376,7 @@ fn boundary_blocks(el: &Elements, x: i32) -> Vec<f64> {
 fn mx_every_code_tie_and_neighbour_matches_the_exact_reference() {
     let mut bad = Mismatches::default();
     let mut checked = 0;
-    for name in MX_NAMES {
+    for name in mx_names() {
         let el = Elements::of(name);
         let top = 127 - el.emax();
         for x in [-127, -120, -30, -1, 0, 3, 60, top] {
@@ -397,7 +394,7 @@ fn mx_random_blocks_and_odd_shapes_match_the_exact_reference() {
     let mut rng = SplitMix(7);
     let mut bad = Mismatches::default();
     let mut checked = 0;
-    for name in MX_NAMES {
+    for name in mx_names() {
         for (rows, cols) in [(3, 70), (1, 1), (2, 31), (5, 33), (4, 64)] {
             let mut xs = Vec::new();
             for r in 0..rows {
@@ -450,7 +447,7 @@ fn mx_blocks_along_other_axes_match_the_exact_reference() {
 /// would be above 127 is NaN; one below -127 is clamped.
 #[test]
 fn mx_special_blocks() {
-    for name in MX_NAMES {
+    for name in mx_names() {
         let el = Elements::of(name);
         let mut xs = vec![1.5f32; 128];
         xs[3] = f32::NAN;
@@ -530,7 +527,7 @@ fn mx_half_types_and_strided_views_agree_with_the_reference() {
         .collect();
     let t = Tensor::from_slice(&xs, (6, 40), &Device::Cpu).unwrap();
     let mut bad = Mismatches::default();
-    for name in MX_NAMES {
+    for name in mx_names() {
         for dtype in [DType::F16, DType::BF16] {
             let th = t.to_dtype(dtype).unwrap();
             let input = to_f64s(&th);
@@ -558,7 +555,7 @@ fn mx_half_types_and_strided_views_agree_with_the_reference() {
 /// Empty tensors and scalars: no division by zero, a scalar is a block of one.
 #[test]
 fn mx_and_nvfp4_empty_tensors_and_scalars() {
-    for name in MX_NAMES
+    for name in mx_names()
         .iter()
         .copied()
         .chain(["nvfp4", "nvfp4<dim=0>", "mxint8<dim=0>"])
@@ -586,7 +583,7 @@ fn mx_and_nvfp4_empty_tensors_and_scalars() {
 #[test]
 fn mx_stochastic_rounding_is_unbiased() {
     const BLOCKS: usize = 1 << 15;
-    for name in MX_NAMES {
+    for name in mx_names() {
         let el = Elements::of(name);
         let x = -0.37 * el.values[3].1 - 0.63 * el.values[4].1;
         let (lo, hi) = (-el.values[3].1, -el.values[4].1);
@@ -835,7 +832,7 @@ fn nvfp4_stochastic_rounding_is_unbiased() {
 /// clear errors.
 #[test]
 fn names_round_trip_and_bad_options_are_errors() {
-    for name in MX_NAMES.iter().chain(&["nvfp4"]) {
+    for name in mx_names().iter().chain(&["nvfp4"]) {
         for spelling in [
             name.to_string(),
             format!("{name}<dim=0>"),
@@ -857,14 +854,14 @@ fn names_round_trip_and_bad_options_are_errors() {
             assert!(e.contains(&bad), "{e}");
         }
     }
-    let bits: Vec<u32> = MX_NAMES
+    let bits: Vec<u32> = mx_names()
         .iter()
         .map(|n| n.parse::<Format>().unwrap().bits())
         .collect();
     assert_eq!(bits, [8, 8, 6, 6, 4, 8]);
     assert_eq!("nvfp4".parse::<Format>().unwrap().bits(), 4);
     let presets: Vec<&str> = Format::presets().iter().map(|p| p.0).collect();
-    for name in MX_NAMES.iter().chain(&["nvfp4"]) {
+    for name in mx_names().iter().chain(&["nvfp4"]) {
         assert!(presets.contains(name), "{name} is a preset");
     }
 }

@@ -7,6 +7,7 @@ mod common;
 use common::SplitMix;
 
 use candle_core::{DType, Device, Tensor};
+use qcandle::format::mx::MxElement;
 use qcandle::ops::{pack_blocks, unpack_blocks};
 use qcandle::{quantize, Format, Quant};
 
@@ -31,15 +32,10 @@ fn same(a: &[f64], b: &[f64]) -> bool {
 #[test]
 fn unpacking_gives_the_quantized_values() {
     let mut rng = SplitMix(21);
-    let names = [
-        "mxfp8_e4m3",
-        "mxfp8_e5m2",
-        "mxfp6_e3m2",
-        "mxfp6_e2m3",
-        "mxfp4_e2m1",
-        "mxint8",
-        "nvfp4",
-    ];
+    let names = MxElement::ALL
+        .map(MxElement::name)
+        .into_iter()
+        .chain(["nvfp4"]);
     for name in names {
         for (dims, dim) in [
             (vec![3usize, 70], -1i64),

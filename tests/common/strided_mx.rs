@@ -3,17 +3,12 @@
 //! and Inf blocks, blocks of subnormal inputs, blocks whose maximum lies on, just below or
 //! just above a power of two, and blocks of values on and next to element-grid ties.
 
-use qcandle::format::mx::MxGrid;
+use qcandle::format::mx::{MxElement, MxGrid};
 
 /// The six OCP MX element formats by name, in the order of `MxElement::ALL`.
-pub const MX_NAMES: [&str; 6] = [
-    "mxfp8_e4m3",
-    "mxfp8_e5m2",
-    "mxfp6_e3m2",
-    "mxfp6_e2m3",
-    "mxfp4_e2m1",
-    "mxint8",
-];
+pub fn mx_names() -> [&'static str; 6] {
+    MxElement::ALL.map(MxElement::name)
+}
 
 /// The shapes and block axes the strided tests use: 2-D and 3-D tensors along dims 0 and 1,
 /// row counts that are not multiples of 32, column counts that are not multiples of 16 or
