@@ -230,47 +230,39 @@ fn finish(
     // Whether any column of each group of four (the kernel's tiles) is NaR.
     let quad_nar: Vec<bool> = col_nar.chunks(4).map(|c| c.iter().any(|&f| f)).collect();
     let kernel = int_dot::Kernel::best();
-    match IntRound::get(posit) {
-        Some(table) => int_dot::gemm_map(
-            kernel,
-            ints.a,
-            ints.bt,
-            dims,
-            out,
-            parallel,
-            |i, j, s, dst| {
-                if dst.len() == 4 && !row_nar[i] && !quad_nar[j / 4] {
-                    let (r, c) = (row_term[i], &col_term[j..j + 4]);
-                    let t = [
-                        s[0] + r + c[0],
-                        s[1] + r + c[1],
-                        s[2] + r + c[2],
-                        s[3] + r + c[3],
-                    ];
-                    for (d, v) in dst.iter_mut().zip(t) {
-                        *d = table.round(v);
-                    }
-                } else {
-                    for (c, d) in dst.iter_mut().enumerate() {
-                        *d = total(i, j + c, s[c]).map_or(f32::NAN, |t| table.round(t));
-                    }
+    let table = IntRound::get(posit);
+    let table = table.as_deref();
+    // One exact total to its posit: by the table where there is one, else by `Posit::round`.
+    let round = |t: i64| match table {
+        Some(table) => table.round(t),
+        None => posit.round(t as f64 * unit, NearestEven, 0) as f32,
+    };
+    int_dot::gemm_map(
+        kernel,
+        ints.a,
+        ints.bt,
+        dims,
+        out,
+        parallel,
+        |i, j, s, dst| match table {
+            // A full tile with no NaR: the four totals without the NaR checks.
+            Some(table) if dst.len() == 4 && !row_nar[i] && !quad_nar[j / 4] => {
+                let (r, c) = (row_term[i], &col_term[j..j + 4]);
+                let t = [
+                    s[0] + r + c[0],
+                    s[1] + r + c[1],
+                    s[2] + r + c[2],
+                    s[3] + r + c[3],
+                ];
+                for (d, v) in dst.iter_mut().zip(t) {
+                    *d = table.round(v);
                 }
-            },
-        ),
-        None => int_dot::gemm_map(
-            kernel,
-            ints.a,
-            ints.bt,
-            dims,
-            out,
-            parallel,
-            |i, j, s, dst| {
+            }
+            _ => {
                 for (c, d) in dst.iter_mut().enumerate() {
-                    *d = total(i, j + c, s[c]).map_or(f32::NAN, |t| {
-                        posit.round(t as f64 * unit, NearestEven, 0) as f32
-                    });
+                    *d = total(i, j + c, s[c]).map_or(f32::NAN, &round);
                 }
-            },
-        ),
-    }
+            }
+        },
+    )
 }
