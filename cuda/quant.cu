@@ -212,26 +212,54 @@ __device__ void qc_quantize(T* dst, const T* src, uint64_t n, uint32_t rank, con
     }
 }
 
+// slots[key] = max(slots[key], v) for every lane of a warp, with one atomic per run of
+// adjacent lanes that share a key (the run's maximum, gathered by a segmented shuffle
+// reduction) instead of one per lane: 32 lanes updating one slot would queue 32 atomics on
+// one address. Lanes of one key need not be adjacent (each run then sends its own maximum).
+// Every lane of the warp calls it; a lane with nothing to add passes v = 0.
+__device__ __forceinline__ void qc_warp_max_by_key(unsigned long long* slots, uint64_t key,
+                                                   unsigned long long v) {
+    uint32_t lane = threadIdx.x % QC_WARP_SIZE;
+    // After the step of width `off`, v holds the maximum of this lane's run over the lanes
+    // lane .. lane + 2*off - 1 (a run is contiguous, so equal keys at both ends suffice).
+    for (int off = 1; off < QC_WARP_SIZE; off <<= 1) {
+        unsigned long long other = __shfl_down_sync(0xFFFFFFFFu, v, off);
+        uint64_t other_key = __shfl_down_sync(0xFFFFFFFFu, key, off);
+        if (lane + off < QC_WARP_SIZE && other_key == key && other > v) v = other;
+    }
+    uint64_t before = __shfl_up_sync(0xFFFFFFFFu, key, 1);
+    if ((lane == 0 || before != key) && v != 0) atomicMax(&slots[key], v);
+}
+
 // Block maxima: maxima[(i / inner) % count] = max over the finite elements of |x| as f64 bits
-// (the slots start at 0). One atomic per warp for a whole-tensor block; per-slice blocks flush
-// a thread's running maximum whenever its block changes.
+// (the slots start at 0). A whole-tensor block keeps a running maximum per thread and sends
+// one atomic per warp; per-slice blocks send one atomic per run of a warp's lanes in one
+// block (qc_warp_max_by_key). Whole warps step together through the grid-stride loop (a
+// warp's first element moves by the stride), so every lane takes part in the shuffles.
 template <typename T>
 __device__ void qc_block_max(const T* src, uint64_t n, uint32_t rank, const uint64_t* info,
                              uint64_t inner, uint64_t count, unsigned long long* maxima) {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t lane = threadIdx.x % QC_WARP_SIZE;
     unsigned long long m = 0;
-    uint64_t current = 0;
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
-        uint64_t bits = qc_abs_bits(qc_widen(src[so]));
-        if (bits >= QC_F64_INF) continue;  // NaN and Inf do not set the exponent
-        uint64_t b = count == 1 ? 0 : (i / inner) % count;
-        if (b != current) {
-            if (m != 0) atomicMax(&maxima[current], m);
-            m = 0;
-            current = b;
+    for (uint64_t w = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x - lane; w < n;
+         w += stride) {
+        uint64_t i = w + lane;
+        unsigned long long v = 0;
+        uint64_t b = ~0ull;
+        if (i < n) {
+            uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
+            uint64_t bits = qc_abs_bits(qc_widen(src[so]));
+            if (bits < QC_F64_INF) {  // NaN and Inf do not set the exponent
+                v = bits;
+                b = count == 1 ? 0 : (i / inner) % count;
+            }
         }
-        if (bits > m) m = bits;
+        if (count == 1) {
+            if (v > m) m = v;
+        } else {
+            qc_warp_max_by_key(maxima, b, v);
+        }
     }
     if (count == 1) {
         // Every thread's maximum is for block 0: reduce in the warp first.
@@ -239,9 +267,7 @@ __device__ void qc_block_max(const T* src, uint64_t n, uint32_t rank, const uint
             unsigned long long o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
             if (o > m) m = o;
         }
-        if (threadIdx.x % QC_WARP_SIZE == 0 && m != 0) atomicMax(&maxima[0], m);
-    } else if (m != 0) {
-        atomicMax(&maxima[current], m);
+        if (lane == 0 && m != 0) atomicMax(&maxima[0], m);
     }
 }
 
@@ -361,21 +387,39 @@ __device__ __forceinline__ uint64_t qc_scaled_block(uint64_t i, const QcScaledGr
 // amax[b] = the largest |x| of block b as f64 bits, NaN and Inf counting as Inf (which makes
 // the block NaN); amax[count] = the largest finite |x| of the tensor (NVFP4's tensor scale).
 // The slots start at 0; integer maxima of the bits are exact and independent of the order.
+// Block maxima go out by qc_warp_max_by_key (one atomic per block a warp touches), the tensor
+// maximum as one atomic per warp after the loop: one atomic per element on that single slot
+// serialised the whole pass (51 ms for 2^26 elements on an H200, against 0.16 ms for a copy).
+// Whole warps step together through the grid-stride loop, as in qc_block_max.
 template <typename T>
 __device__ void qc_scaled_amax(const T* src, uint64_t n, uint32_t rank, const uint64_t* info,
                                QcScaledGrid g, uint64_t count, unsigned long long* amax) {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
-        uint64_t bits = qc_abs_bits(qc_widen(src[so]));
-        if (bits == 0) continue;
-        if (bits >= QC_F64_INF) {
-            atomicMax(&amax[qc_scaled_block(i, g)], (unsigned long long)QC_F64_INF);
-            continue;
+    uint64_t lane = threadIdx.x % QC_WARP_SIZE;
+    unsigned long long tensor_max = 0;
+    for (uint64_t w = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x - lane; w < n;
+         w += stride) {
+        uint64_t i = w + lane;
+        unsigned long long v = 0;
+        uint64_t b = ~0ull;
+        if (i < n) {
+            uint64_t so = info ? qc_strided_offset(i, rank, info) : i;
+            uint64_t bits = qc_abs_bits(qc_widen(src[so]));
+            b = qc_scaled_block(i, g);
+            if (bits >= QC_F64_INF) {
+                v = QC_F64_INF;
+            } else {
+                v = bits;
+                if (bits > tensor_max) tensor_max = bits;
+            }
         }
-        atomicMax(&amax[qc_scaled_block(i, g)], (unsigned long long)bits);
-        atomicMax(&amax[count], (unsigned long long)bits);
+        qc_warp_max_by_key(amax, b, v);
     }
+    for (int off = QC_WARP_SIZE / 2; off > 0; off >>= 1) {
+        unsigned long long o = __shfl_xor_sync(0xFFFFFFFFu, tensor_max, off);
+        if (o > tensor_max) tensor_max = o;
+    }
+    if (lane == 0 && tensor_max != 0) atomicMax(&amax[count], tensor_max);
 }
 
 // The scales from the maxima, in place: slot b < count becomes the scale exponent X of an MX

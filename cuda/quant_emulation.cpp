@@ -30,6 +30,8 @@ static inline float __double2float_rn(double v) { return (float)v; }
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { unsigned long long o = *p; if (v > o) *p = v; return o; }
 static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { unsigned long long o = *p; if (v < o) *p = v; return o; }
 static inline unsigned long long __shfl_xor_sync(unsigned, unsigned long long v, int) { return v; }
+template <typename V> static inline V __shfl_down_sync(unsigned, V v, int) { return v; }
+template <typename V> static inline V __shfl_up_sync(unsigned, V v, int) { return v; }
 #include "quant.cu"
 
 template <typename F> static void launch(unsigned blocks, unsigned threads, F f) {
