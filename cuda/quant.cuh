@@ -556,6 +556,8 @@ QC_HD double qc_fixed_round(int32_t wl, int32_t fl, int32_t flags, double x, QcR
 // Block::round(): x in a block whose largest finite magnitude is block_max (0 if none).
 QC_HD double qc_round_block(double x, int32_t wl, double block_max, QcRounding r,
                             uint32_t random) {
+    // NaN: quiet, sign and payload kept (block.rs Block::round); ±Inf: unchanged.
+    if (qc_is_nan(x)) return qc_f64_from_bits(qc_f64_bits(x) | 0x0008000000000000ull);
     if (!qc_is_finite(x)) return x;
     if (qc_is_zero(block_max) || qc_is_zero(x)) return 0.0;
     int32_t e = qc_parts(block_max).e;

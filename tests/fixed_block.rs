@@ -769,6 +769,78 @@ fn block_nan_and_inf_elements_pass_through_and_do_not_set_the_exponent() {
     }
 }
 
+/// NaN elements come out of the quantize op quiet, with sign and payload, whichever path
+/// rounds them: f32 runs (the vectorised pass leaves them to the general path), f64, whole
+/// tensor and per-slice blocks, and an all-special block (no finite maximum).
+#[test]
+fn block_nan_elements_come_out_quiet_with_sign_and_payload() -> candle_core::Result<()> {
+    use candle_core::{Device, Tensor};
+    use qcandle::{quantize, Quant};
+    let nans32 = [0x7f80_0001u32, 0xff81_2345, 0x7fc0_0007, 0xffff_ffff];
+    let quiet32 = |b: u32| b | 0x0040_0000;
+    for format in ["block<8>", "block<8,dim=0>", "block<4,dim=1>"] {
+        for rounding in ["nearest-even", "stochastic"] {
+            let q = Quant::parse(format, rounding).expect("a valid format");
+            for finite in [true, false] {
+                // 2 x 40: NaNs among finite values (or among infinities only).
+                let mut v: Vec<u32> = (0..80)
+                    .map(|i| {
+                        if finite {
+                            (0.37f32 * (i as f32 - 40.0)).to_bits()
+                        } else {
+                            f32::INFINITY.to_bits() | ((i as u32 & 1) << 31)
+                        }
+                    })
+                    .collect();
+                for (k, &n) in nans32.iter().enumerate() {
+                    v[7 + 19 * k] = n;
+                }
+                let x: Vec<f32> = v.iter().map(|&b| f32::from_bits(b)).collect();
+                let t = Tensor::from_vec(x.clone(), (2, 40), &Device::Cpu)?;
+                let got: Vec<u32> = quantize(&t, &q)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .map(|y| y.to_bits())
+                    .collect();
+                for (k, &n) in nans32.iter().enumerate() {
+                    let i = 7 + 19 * k;
+                    assert_eq!(got[i], quiet32(n), "{format} {rounding} f32 {n:#x}");
+                }
+                if !finite {
+                    let nan_at: Vec<usize> = (0..nans32.len()).map(|k| 7 + 19 * k).collect();
+                    for i in (0..80).filter(|i| !nan_at.contains(i)) {
+                        assert_eq!(got[i], v[i], "{format}: infinities pass unchanged");
+                    }
+                }
+                // The same in f64: the quiet bit is bit 51, the payload is kept.
+                let x64: Vec<f64> = v
+                    .iter()
+                    .map(|&b| {
+                        if f32::from_bits(b).is_nan() {
+                            f64::from_bits(
+                                ((b as u64 >> 31) << 63)
+                                    | 0x7ff0_0000_0000_0000
+                                    | (b & 0x3f_ffff) as u64,
+                            )
+                        } else {
+                            f32::from_bits(b) as f64
+                        }
+                    })
+                    .collect();
+                let t = Tensor::from_vec(x64.clone(), (2, 40), &Device::Cpu)?;
+                let got = quantize(&t, &q)?.flatten_all()?.to_vec1::<f64>()?;
+                for k in 0..nans32.len() {
+                    let i = 7 + 19 * k;
+                    let want = x64[i].to_bits() | (1 << 51);
+                    assert_eq!(got[i].to_bits(), want, "{format} {rounding} f64 {i}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn block_with_f32_subnormal_maximum_rounds_on_its_grid() {
     // max = 3 x 2^-140 (an f32 subnormal): E = -139, block<8> quantum 2^-145.

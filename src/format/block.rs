@@ -8,14 +8,18 @@
 //! `2^(E+1)`, which clamps to the top code, as in QPyTorch's block_quantize).
 //!
 //! The block is the whole tensor ([`BlockScope::Tensor`]) or each slice `x.select(dim, i)`
-//! ([`BlockScope::Dim`], QPyTorch's `dim` argument). NaN and ±Inf elements pass through
-//! unchanged and do not take part in choosing the exponent; a block with no finite nonzero
+//! ([`BlockScope::Dim`], QPyTorch's `dim` argument). ±Inf elements pass through unchanged,
+//! NaN elements come out quiet with their sign and payload, and neither takes part in
+//! choosing the exponent; a block with no finite nonzero
 //! element is returned as it is (zeros become +0).
 //!
 //! `BlockGrid` places the elements of a tensor of a given shape into the blocks of a
 //! scope; the CPU and the CUDA kernels both group elements by it.
 
 use super::fixed::round_fixed;
+
+/// The quiet bit of an f64 NaN (the top fraction bit).
+const QUIET_NAN_BIT: u64 = 1 << 51;
 use super::grid::parts;
 use super::rounding::RoundingRule;
 use crate::error::FormatError;
@@ -64,7 +68,13 @@ impl Block {
     /// Rounds `x` in a block whose largest finite magnitude is `block_max` (0 if none).
     #[inline(always)]
     pub fn round<R: RoundingRule>(&self, x: f64, block_max: f64, rule: R, random: u32) -> f64 {
-        if !x.is_finite() {
+        if x.is_nan() {
+            // Quiet, with its sign and payload (IEEE 754's propagation). Set explicitly: a
+            // compiler may fold an f32 -> f64 -> f32 round trip to nothing, which would let
+            // a signalling NaN through on one path and not on another.
+            return f64::from_bits(x.to_bits() | QUIET_NAN_BIT);
+        }
+        if x.is_infinite() {
             return x;
         }
         if block_max == 0.0 || x == 0.0 {
