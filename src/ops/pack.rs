@@ -146,6 +146,20 @@ mod cuda {
         })
     }
 
+    /// `patterns` made contiguous. candle 0.11.1 copies a strided i16 CUDA view with kernels
+    /// (`ucopy_i16`, `copy2d_i16`) that its kernel library lacks ("named symbol not found"),
+    /// so such a view is made contiguous on the host (its storage goes there and back); other
+    /// views stay on the device.
+    fn contiguous_patterns(patterns: &Tensor) -> Result<Tensor> {
+        if patterns.dtype() == DType::I16 && !patterns.is_contiguous() {
+            return patterns
+                .to_device(&candle_core::Device::Cpu)?
+                .contiguous()?
+                .to_device(patterns.device());
+        }
+        patterns.contiguous()
+    }
+
     /// unpack on the device: f32 and f64 directly; other dtypes through f64 as on the CPU,
     /// the last conversion made on the host so that it is the CPU's (half's) conversion.
     pub(super) fn unpack(patterns: &Tensor, format: &Format, dtype: DType) -> Result<Tensor> {
@@ -158,7 +172,7 @@ mod cuda {
             format: *format,
             dtype: if direct { dtype } else { DType::F64 },
         };
-        let values = patterns.contiguous()?.apply_op1_no_bwd(&op)?;
+        let values = contiguous_patterns(patterns)?.apply_op1_no_bwd(&op)?;
         if direct {
             Ok(values)
         } else {
