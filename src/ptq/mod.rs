@@ -132,7 +132,7 @@ impl std::fmt::Display for Method {
             }
             Method::BlockScaled { format } => write!(f, "{format} f32"),
             Method::Rule { format, accumulate } | Method::Config { format, accumulate } => {
-                write!(f, "{format} {accumulate}")
+                write!(f, "{format} {}", spec::setting_name(accumulate))
             }
         }
     }

@@ -71,8 +71,19 @@ impl fmt::Display for FormatRows {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.format)?;
         for s in &self.settings {
-            write!(f, " {s}")?;
+            write!(f, " {}", setting_name(s))?;
         }
         Ok(())
+    }
+}
+
+/// `setting` as a row's name gives it: its own text, except that an accumulator in IEEE
+/// binary32 (`float<8,23>`) is written `fp32`, as it is asked for.
+pub fn setting_name(setting: &Accumulate) -> String {
+    let fp32 = Format::float(8, 23).ok();
+    match setting {
+        Accumulate::NaiveSum(a) if Some(*a) == fp32 => "naive:fp32".to_string(),
+        Accumulate::Fma(a) if Some(*a) == fp32 => "fma:fp32".to_string(),
+        other => other.to_string(),
     }
 }
