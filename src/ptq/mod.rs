@@ -20,10 +20,10 @@
 //!
 //! | format                                      | default rows         | rows it can be asked for | saved model                    |
 //! |---------------------------------------------|----------------------|--------------------------|--------------------------------|
-//! | posit whose maxpos fits the quire (2^448)   | naive, quire         | naive, quire, naive:<A>, fma:<A> | posit patterns          |
-//! | float (`float<e,m>`, fp16, bf16, e4m3, ...) | naive                | naive, naive:<A>, fma:<A> | float patterns                |
-//! | clamped fixed point (`fixed<wl,fl>`)        | naive                | naive, naive:<A>, fma:<A> | two's complement integers     |
-//! | LNS (`lns<w,f>`)                            | lns:ideal, lns:table | lns:ideal, lns:truncated, lns:table[:g:b] | LNS patterns  |
+//! | posit whose maxpos fits the quire (2^448)   | naive, quire         | naive, quire, `naive:<A>`, `fma:<A>` | posit patterns          |
+//! | float (`float<e,m>`, fp16, bf16, e4m3, ...) | naive                | naive, `naive:<A>`, `fma:<A>` | float patterns                |
+//! | clamped fixed point (`fixed<wl,fl>`)        | naive                | naive, `naive:<A>`, `fma:<A>` | two's complement integers     |
+//! | LNS (`lns<w,f>`)                            | lns:ideal, lns:table | `lns:ideal`, `lns:truncated`, `lns:table[:g:b]` | LNS patterns  |
 //! | fixed point without clamping (`noclamp`)    | refused              | refused                  | none: values beyond its word   |
 //! | block floating point                        | refused: it rounds whole blocks, not single operations | refused | none |
 //! | MX, NVFP4 (without `<dim=...>`)             | f32: f32 sums of block-scaled operands | f32     | packed codes and scales, f32 biases |
