@@ -614,3 +614,76 @@ fn quantize_takes_an_lns_format() {
         "{listed}"
     );
 }
+
+#[test]
+fn ptq_takes_a_format_with_accumulate_settings_as_its_rows_and_refuses_rows_that_cannot_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("lenet5.safetensors");
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    qcandle::nn::ModelKind::Lenet5
+        .build(vb, &qcandle::nn::QConfig::default())
+        .unwrap();
+    qcandle::train::init_vars(&varmap, 5).unwrap();
+    let tensors: Vec<(String, Tensor)> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+        .collect();
+    qcandle::io::write_tensors(&model, &tensors).unwrap();
+    let m = model.to_str().unwrap();
+    let base = [
+        "ptq", "--model", m, "--arch", "lenet5", "--data", "embedded",
+    ];
+    let out = dir.path().join("ptq");
+    let mut args = base.to_vec();
+    args.extend([
+        "--format",
+        "e4m3 naive:fp16 fma:fp32",
+        "--format",
+        "lns<8,3> lns:table",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let o = qcandle(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8(o.stdout).unwrap();
+    let names: Vec<String> = table_rows(&text).into_iter().map(|r| r.0).collect();
+    assert_eq!(
+        names,
+        [
+            "float32",
+            "float16",
+            "int8",
+            "e4m3 naive:fp16",
+            "e4m3 fma:fp32",
+            "lns<8,3> lns:table"
+        ],
+        "{text}"
+    );
+    let csv = std::fs::read_to_string(out.join("ptq.csv")).unwrap();
+    assert!(csv.contains("\n\"lns<8,3> lns:table\","), "{csv}");
+    for file in ["model-e4m3.safetensors", "model-lns_8_3.safetensors"] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    let bad = dir.path().join("bad");
+    for (spec, code, needle) in [
+        ("e4m3 quire", 1, "quire needs a posit format"),
+        ("lns<8,3> naive:fp16", 1, "logarithmic"),
+        ("e4m3 naive:fp17x", 2, "accumulate `naive:fp17x`"),
+        ("e4m3 naive naive", 2, "asked for twice"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(["--format", spec, "--out", bad.to_str().unwrap()]);
+        let o = qcandle(&args);
+        assert_eq!(o.status.code(), Some(code), "{spec}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{spec}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{spec}");
+        assert!(
+            !bad.exists(),
+            "{spec}: nothing is written before the rows are checked"
+        );
+    }
+}

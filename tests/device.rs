@@ -505,7 +505,12 @@ fn ptq_on_cuda_gives_the_cpus_posit_rows_exactly() -> R {
         &dir.path().join("model.safetensors"),
         Some(qcandle::nn::ModelKind::Lenet5),
     )?;
-    let formats = ["posit<8,0>".parse()?, "posit<16,1>".parse()?];
+    let formats = [
+        "posit<8,0>".parse()?,
+        "posit<16,1>".parse()?,
+        "e4m3 naive:fp16".parse()?,
+        "lns<8,3>".parse()?,
+    ];
     let cpu = qcandle::ptq::evaluate_methods(&weights, &data, &formats, |_, _| {})?;
     let on_gpu = weights.to_device(&gpu)?;
     assert!(on_gpu.device().is_cuda());
@@ -513,8 +518,9 @@ fn ptq_on_cuda_gives_the_cpus_posit_rows_exactly() -> R {
     assert_eq!(cpu.len(), cuda.len());
     for ((method, a), (_, b)) in cpu.iter().zip(&cuda) {
         match method {
-            // Posit GEMMs give the CPU's bits on either device.
-            qcandle::ptq::Method::Format { .. } => {
+            // Posit GEMMs give the CPU's bits on either device, as do the rules (computed
+            // on the host).
+            qcandle::ptq::Method::Format { .. } | qcandle::ptq::Method::Rule { .. } => {
                 assert_eq!(
                     (a.top1, a.top5, a.tied),
                     (b.top1, b.top5, b.tied),

@@ -276,7 +276,7 @@ fn every_method_keeps_a_learned_model_within_six_points_of_float32_and_posit_8_0
     // activations to 8-bit formats must keep it within a few points.
     let weights = trained_weights();
     let data = subset(1000, 1000);
-    let formats: Vec<Format> = vec!["posit<8,0>".parse()?];
+    let formats: Vec<qcandle::ptq::FormatRows> = vec!["posit<8,0>".parse()?];
     let mut scores = HashMap::new();
     for method in methods(&formats) {
         let arith = qcandle::ptq::arithmetic(method, &weights, &data)?;
@@ -306,7 +306,7 @@ fn every_method_keeps_a_learned_model_within_six_points_of_float32_and_posit_8_0
 #[test]
 fn methods_list_float32_float16_int8_then_naive_and_quire_per_posit_and_naive_only_otherwise() -> R
 {
-    let formats: Vec<Format> = vec!["posit<8,0>".parse()?, "e4m3".parse()?];
+    let formats: Vec<qcandle::ptq::FormatRows> = vec!["posit<8,0>".parse()?, "e4m3".parse()?];
     let names: Vec<String> = methods(&formats).iter().map(Method::to_string).collect();
     assert_eq!(
         names,
@@ -726,7 +726,7 @@ fn block_scaled_layers_round_weights_and_inputs_along_the_input_channels_and_sum
 
 #[test]
 fn methods_give_block_scaled_formats_one_f32_row_and_refuse_an_explicit_block_axis() -> R {
-    let formats: Vec<Format> = vec!["mxfp8_e4m3".parse()?, "nvfp4".parse()?];
+    let formats: Vec<qcandle::ptq::FormatRows> = vec!["mxfp8_e4m3".parse()?, "nvfp4".parse()?];
     let names: Vec<String> = methods(&formats).iter().map(Method::to_string).collect();
     assert_eq!(
         names,

@@ -307,6 +307,24 @@ fn a_spec_without_a_grid_is_one_point_named_after_the_sweep() {
 }
 
 #[test]
+fn a_ptq_format_may_name_its_rows_and_a_bare_one_keeps_its_point_identity() {
+    let text = "name = \"t\"\nptq = [\"posit<8,0>\", \"e4m3 naive:fp32 fma:fp32\"]\n[base]\ndata = \"embedded\"\n";
+    let p = plan(text).unwrap();
+    let ptq: Vec<String> = p.points[0]
+        .settings
+        .ptq
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ptq, ["posit<8,0>", "e4m3 naive:fp32 fma:fp32"]);
+    let identity = p.points[0].settings.identity();
+    assert!(
+        identity.contains(r#""ptq":["posit<8,0>","e4m3 naive:fp32 fma:fp32"]"#),
+        "{identity}"
+    );
+}
+
+#[test]
 fn invalid_specs_name_the_field() {
     let cases: &[(&str, &str)] = &[
         ("[base]\nmodel = \"mlp\"\n", "name: missing"),
@@ -331,6 +349,8 @@ fn invalid_specs_name_the_field() {
         ("name = \"t\"\n[base]\nseed = [1, 2]\n", "base.seed: a list belongs in [grid]"),
         ("name = \"t\"\nptq = [\"block<8>\"]\n", "ptq"),
         ("name = \"t\"\nptq = [\"posit<8\"]\n", "ptq[0]"),
+        ("name = \"t\"\nptq = [\"e4m3 quire\"]\n", "quire needs a posit format"),
+        ("name = \"t\"\nptq = [\"e4m3 sum:fp16\"]\n", "ptq[0]"),
         (
             "name = \"t\"\n[grid]\nseed = [1]\n[zip]\nlr = [0.1, 0.2]\nbatch = [1]\n",
             "`lr` has 2, `batch` has 1",

@@ -207,7 +207,7 @@ fn ptq_evaluates_the_transformer_with_a_config_per_row() -> R {
     let trained = epochs.last().unwrap().top1;
     let model = run.join("model.safetensors");
     let weights = qcandle::ptq::read_weights(&model, Some(ModelKind::Transformer))?;
-    let formats: Vec<qcandle::Format> = vec!["posit<16,1>".parse()?];
+    let formats: Vec<qcandle::ptq::FormatRows> = vec!["posit<16,1>".parse()?];
     let report = qcandle::ptq::run(
         &weights,
         &data,

@@ -249,13 +249,16 @@ struct PtqArgs {
     #[arg(long)]
     model: PathBuf,
     /// Formats to evaluate (repeatable): posits (a naive and a quire row), floats and
-    /// clamped fixed point (a naive row), MX and NVFP4 (f32 sums of operands blocked along
-    /// the input channels); each model is also saved. Block floating point and `noclamp`
-    /// fixed point are refused. The transformer is built with a config per row instead:
-    /// float32, float16, and per format f32, naive and (posits) quire sums. Default: the
-    /// quantized model's format, else posit<8,0>.
+    /// clamped fixed point (a naive row), LNS (lns:ideal and lns:table rows), MX and NVFP4
+    /// (f32 sums of operands blocked along the input channels); each model is also saved. A
+    /// format followed by accumulate settings gives one row per setting instead:
+    /// `"e4m3 naive:fp16 naive:fp32 fma:fp32"`, `"posit<8,0> naive quire naive:fp16"`,
+    /// `"lns<12,6> lns:ideal lns:table"`. Block floating point and `noclamp` fixed point are
+    /// refused, as is a setting the format cannot take. The transformer is built with a
+    /// config per row instead: float32, float16, and per format f32, naive and (posits) quire
+    /// sums, or the settings given. Default: the quantized model's format, else posit<8,0>.
     #[arg(long = "format")]
-    formats: Vec<Format>,
+    formats: Vec<qcandle::ptq::FormatRows>,
     /// The model of the zoo (default: from the run.json beside the model file, or the
     /// quantized model's metadata).
     #[arg(long)]
@@ -516,7 +519,7 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
     let formats = if !args.formats.is_empty() {
         args.formats.clone()
     } else {
-        vec![weights.format.unwrap_or("posit<8,0>".parse()?)]
+        vec![weights.format.unwrap_or("posit<8,0>".parse()?).into()]
     };
     qcandle::ptq::check_formats(&formats)?;
     let data = match &args.data {
@@ -565,7 +568,7 @@ fn run_ptq(args: PtqArgs) -> Result<()> {
 fn ptq_table(
     weights: &qcandle::ptq::Weights,
     data: &Dataset,
-    formats: &[Format],
+    formats: &[qcandle::ptq::FormatRows],
     out: &std::path::Path,
     f32_bytes: u64,
     device: &candle_core::Device,

@@ -16,6 +16,17 @@
 //!   f64 so that posits of up to 32 bits are exact; on a CUDA device, formats whose GEMMs
 //!   run there (posits of at most 8 bits, every value an f32) are held in f32, which the
 //!   device GEMMs take, with the same values.
+//! * `F naive:<A>`, `F fma:<A>`, `F lns:<impl>`: weights rounded to `F`; every layer runs
+//!   [`crate::quire::rule_linear`] or [`crate::quire::rule_conv2d`] with the GEMM rule of the
+//!   setting ([`crate::quire::GemmRule`]; [`crate::quire::accumulate`] defines each): the
+//!   layer's input, weight and bias rounded to `F`, then for every output, `k` ascending,
+//!   `naive:<A>` rounds each product to `F` and each partial sum to `A`, `fma:<A>` rounds each
+//!   multiply-add once to `A`, `lns:<impl>` multiplies exactly in the logarithm and adds by
+//!   Gaussian logarithms (`ideal`, `truncated` or `table`); the bias is the last term, and the
+//!   output is rounded to `F`. Values are held in f32 and the GEMMs run on the host: the
+//!   elementwise formats these take are exact there; an LNS value is held as the f32 nearest
+//!   to it, which the next layer rounds back to the same LNS value (its spacing is far wider
+//!   than an f32's), so the logits are the f32 nearest to the LNS results.
 //! * block-scaled (MX, NVFP4), as microxcaling's MX layers compute: the weights and every
 //!   layer's input rounded to the format in blocks along axis 1 (the input channels, the
 //!   reduction axis of both linear layers and convolutions), nearest even; products and
@@ -34,7 +45,7 @@ use super::model_file::Weights;
 use crate::format::Format;
 use crate::nn::Stage;
 use crate::ops::{quantize_no_grad, Quant};
-use crate::quire::{self, Accumulation};
+use crate::quire::{self, Accumulate, Accumulation, GemmRule, LayerArith};
 
 /// A way to compute a model's layers.
 pub trait Arithmetic: Sync {
@@ -306,6 +317,73 @@ impl Arithmetic for PositGemm {
             ),
             None => quire::linear(x, &l.weight, Some(&l.bias), &self.format, self.acc),
         }
+    }
+}
+
+/// Weights and activations in a format, layers computed by the GEMM rule of an accumulate
+/// setting (`naive:<A>`, `fma:<A>`, `lns:<impl>`; see the module docs).
+pub struct RuleGemm {
+    /// The layers' weights and biases rounded to the format, held in f32 on the host.
+    layers: HashMap<String, Layer>,
+    /// The rule of every layer (only the forward GEMM runs).
+    arith: LayerArith,
+    /// Where the inputs come from and the outputs go back to.
+    device: Device,
+}
+
+impl RuleGemm {
+    /// `weights` rounded to `format`, layers computed under `accumulate`; an error naming
+    /// why the setting cannot apply to the format (`f32` has no rule: it is not a GEMM of
+    /// [`crate::quire`]).
+    pub fn new(weights: &Weights, format: Format, accumulate: Accumulate) -> Result<Self> {
+        let rule = GemmRule::new(&accumulate, &format)
+            .map_err(|why| candle_core::Error::Msg(format!("{format} {accumulate}: {why}")))?
+            .ok_or_else(|| {
+                candle_core::Error::Msg(format!(
+                    "{format} {accumulate}: f32 sums are not a rule of the simulated GEMMs"
+                ))
+            })?;
+        let arith = LayerArith {
+            setting: accumulate,
+            forward: rule.clone(),
+            input_grad: rule.clone(),
+            weight_grad: rule,
+        };
+        let quant = Quant::new(format);
+        Ok(RuleGemm {
+            // Rounded in f64 (a quantized model's values may have more bits than an f32),
+            // then held in f32, which the rule rounds to the same value again.
+            layers: layers(weights, |t| {
+                quantize_no_grad(&t.to_dtype(DType::F64)?, &quant)?
+                    .to_dtype(DType::F32)?
+                    .to_device(&Device::Cpu)
+            })?,
+            arith,
+            device: weights.device(),
+        })
+    }
+}
+
+impl Arithmetic for RuleGemm {
+    fn input(&self, images: &Tensor) -> Result<Tensor> {
+        // Each layer rounds its input to the format (padding included).
+        images.to_dtype(DType::F32)
+    }
+    fn layer(&self, name: &str, conv: Option<(usize, usize)>, x: &Tensor) -> Result<Tensor> {
+        let l = layer(&self.layers, name)?;
+        let x = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+        let y = match conv {
+            Some((stride, padding)) => {
+                let cfg = candle_nn::Conv2dConfig {
+                    stride,
+                    padding,
+                    ..Default::default()
+                };
+                quire::rule_conv2d(&x, &l.weight, Some(&l.bias), &cfg, &self.arith)?
+            }
+            None => quire::rule_linear(&x, &l.weight, Some(&l.bias), &self.arith)?,
+        };
+        y.to_device(&self.device)
     }
 }
 

@@ -18,6 +18,8 @@
 //! | `F f32` | `F` | f32 |
 //! | `F naive` | `F` | naive: every product and partial sum rounded to `F` (formats that round single operations) |
 //! | `F quire` | `F` | quire: exact sums, one rounding per output (posits whose maxpos fits the quire) |
+//! | `F lns:ideal`, `F lns:table` | `F` | LNS: exact products, Gaussian-log sums (LNS formats, in place of naive and quire) |
+//! | `F <setting>` | `F` | a format given with settings (`bf16 naive:fp32 fma:fp32`): one row per setting of [`crate::quire::accumulate`] the format takes (checked as for the other models: `f32` only for block-scaled formats, whose f32 row is their default) |
 //!
 //! All rounding is to nearest (ties to even). A block-scaled `F` rounds each tensor in
 //! blocks along its last axis, which is the reduction axis of every linear layer's weight
@@ -31,25 +33,40 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
 
-use super::{Method, Score};
+use super::{FormatRows, Method, Score};
 use crate::data::Dataset;
 use crate::format::Format;
 use crate::nn::config::{Categories, QuantSpec};
 use crate::nn::{quantized_var_builder, QConfig};
-use crate::quire::{Accumulate, GemmRule};
+use crate::quire::{Accumulate, GemmRule, LnsSum};
 
 /// The rows for `formats` (see the module docs) and a note for each row left out.
-pub fn methods(formats: &[Format]) -> (Vec<Method>, Vec<String>) {
+pub fn methods(formats: &[FormatRows]) -> (Vec<Method>, Vec<String>) {
     let mut rows = vec![Method::Float32, Method::Float16];
     let mut notes = vec![
         "int8 omitted: its per-tensor scales are calibrated at the inputs of a convolution and linear plan, which this model does not have".to_string(),
     ];
-    for &format in formats {
+    for spec in formats {
+        let format = spec.format;
+        if !spec.settings.is_empty() {
+            // Checked by check_formats: every one applies.
+            for &accumulate in &spec.settings {
+                rows.push(Method::Config { format, accumulate });
+            }
+            continue;
+        }
         rows.push(Method::Config {
             format,
             accumulate: Accumulate::F32,
         });
-        for accumulate in [Accumulate::Naive, Accumulate::Quire] {
+        let tried = match format {
+            Format::Lns(_) => [
+                Accumulate::Lns(LnsSum::Ideal),
+                Accumulate::Lns(LnsSum::Table(None)),
+            ],
+            _ => [Accumulate::Naive, Accumulate::Quire],
+        };
+        for accumulate in tried {
             match GemmRule::new(&accumulate, &format) {
                 Ok(_) => rows.push(Method::Config { format, accumulate }),
                 Err(why) => notes.push(format!("{format} {accumulate} omitted: {why}")),

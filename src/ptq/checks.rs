@@ -9,10 +9,11 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::block_file::{along_inputs, is_block_scaled};
+use super::block_file::along_inputs;
 use super::model_file::stored_dtype;
-use super::{methods, Method};
+use super::{block_scaled, row_settings, FormatRows};
 use crate::format::Format;
+use crate::quire::{Accumulate, GemmRule};
 use crate::run_dir::open_in_output_dir;
 
 /// The file name of the quantized model of `format` (`model-posit_8_0.safetensors`).
@@ -21,18 +22,27 @@ pub fn model_file_name(format: &Format) -> String {
     format!("model-{}.safetensors", name.trim_end_matches('_'))
 }
 
-/// Why post-training quantization cannot take `format` (every reason: a row it cannot
+/// Why post-training quantization cannot take `spec` (every reason: a row it cannot
 /// evaluate, a model it cannot save), or `None` when it can.
-pub fn unsupported(format: &Format) -> Option<String> {
-    if is_block_scaled(format) {
-        return along_inputs(format).err().map(|e| format!("{e:#}"));
+pub fn unsupported(spec: &FormatRows) -> Option<String> {
+    let format = &spec.format;
+    if block_scaled(format) {
+        if let Err(e) = along_inputs(format) {
+            return Some(format!("{e:#}"));
+        }
     }
     let mut reasons: Vec<String> = Vec::new();
-    for method in methods(std::slice::from_ref(format)) {
-        if let Method::Format { acc, .. } = method {
-            if let Err(e) = acc.check(format) {
-                reasons.push(format!("cannot be evaluated: {}", plain(e)));
-            }
+    for setting in row_settings(spec) {
+        if let Some(why) = row_refused(format, &setting) {
+            let row = match spec.settings.is_empty() {
+                true => String::new(),
+                false => format!(" the row `{format} {setting}`"),
+            };
+            reasons.push(
+                format!("{row} cannot be evaluated: {why}")
+                    .trim()
+                    .to_string(),
+            );
         }
     }
     if let Err(e) = stored_dtype(format) {
@@ -42,16 +52,32 @@ pub fn unsupported(format: &Format) -> Option<String> {
     (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
+/// Why the row of `format` summed per `setting` cannot be evaluated, if it cannot: `f32`
+/// is the row of block-scaled formats; every other setting is a GEMM rule of
+/// [`crate::quire`] ([`GemmRule::new`] names why it does not apply).
+fn row_refused(format: &Format, setting: &Accumulate) -> Option<String> {
+    match (setting, block_scaled(format)) {
+        (Accumulate::F32, true) => None,
+        (Accumulate::F32, false) => Some(format!(
+            "f32 rows (operands rounded to the format, f32 sums) are those of block-scaled formats; {format} takes naive, naive:<format> and fma:<format> (fma:fp32 sums in binary32)"
+        )),
+        (setting, _) => GemmRule::new(setting, format).err(),
+    }
+}
+
 /// Checks every format of `formats` at once: each must be supported (see [`unsupported`])
 /// and given once. The error lists every bad format and why.
-pub fn check_formats(formats: &[Format]) -> Result<()> {
+pub fn check_formats(formats: &[FormatRows]) -> Result<()> {
     let mut problems = Vec::new();
     let mut files = HashSet::new();
-    for format in formats {
+    for spec in formats {
+        let format = &spec.format;
         if !files.insert(model_file_name(format)) {
-            problems.push(format!("{format}: given more than once"));
-        } else if let Some(why) = unsupported(format) {
-            problems.push(format!("{format}: {why}"));
+            problems.push(format!(
+                "{format}: given more than once (list all of its rows in one format: `{format} naive naive:fp32`)"
+            ));
+        } else if let Some(why) = unsupported(spec) {
+            problems.push(format!("{spec}: {why}"));
         }
     }
     if problems.is_empty() {
@@ -60,8 +86,10 @@ pub fn check_formats(formats: &[Format]) -> Result<()> {
     bail!(
         "post-training quantization cannot take {} of the formats given:\n  {}\n\
          It evaluates posit formats whose maxpos fits the quire (a naive and a quire row), \
-         float formats and clamped fixed point (a naive row), MX and NVFP4 without `<dim=...>` \
-         (f32 sums of block-scaled operands), and saves each model as bit patterns.",
+         float formats and clamped fixed point (a naive row), LNS (lns:ideal and lns:table rows), \
+         MX and NVFP4 without `<dim=...>` (f32 sums of block-scaled operands), and saves each \
+         model as bit patterns. A format followed by accumulate settings (`e4m3 naive:fp16 \
+         fma:fp32`) gives one row per setting instead.",
         problems.len(),
         problems.join("\n  ")
     )
@@ -82,12 +110,4 @@ pub fn prepare_out_dir(dir: &Path) -> Result<()> {
             probe.display()
         )
     })
-}
-
-/// The message of a candle error without the backtrace that `RUST_BACKTRACE` attaches.
-fn plain(e: candle_core::Error) -> String {
-    match e {
-        candle_core::Error::WithBacktrace { inner, .. } => plain(*inner),
-        other => other.to_string(),
-    }
 }

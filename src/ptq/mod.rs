@@ -13,23 +13,33 @@
 //! the tie rule moves top-1 by more than the gaps between methods; the report gives the
 //! share of images whose top logit is tied.
 //!
-//! What it takes, checked for every requested format before anything is evaluated or
-//! written ([`check_formats`]):
+//! Rows: each `--format` is a [`FormatRows`]: a format alone gives its default rows, a format
+//! followed by accumulate settings (`e4m3 naive:fp16 fma:fp32`) one row per setting
+//! ([`spec`]). What each takes, checked for every requested format and row before anything
+//! is evaluated or written ([`check_formats`]):
 //!
-//! | format                                      | rows                 | saved model                    |
-//! |---------------------------------------------|----------------------|--------------------------------|
-//! | posit whose maxpos fits the quire (2^448)   | naive, quire         | posit patterns                 |
-//! | float (`float<e,m>`, fp16, bf16, e4m3, ...) | naive                | float patterns                 |
-//! | clamped fixed point (`fixed<wl,fl>`)        | naive                | two's complement integers      |
-//! | fixed point without clamping (`noclamp`)    | refused              | none: values beyond its word   |
-//! | block floating point                        | refused: it rounds whole blocks, not single operations | none |
-//! | MX, NVFP4 (without `<dim=...>`)             | f32 sums of block-scaled operands | packed codes and scales, f32 biases |
+//! | format                                      | default rows         | rows it can be asked for | saved model                    |
+//! |---------------------------------------------|----------------------|--------------------------|--------------------------------|
+//! | posit whose maxpos fits the quire (2^448)   | naive, quire         | naive, quire, `naive:<A>`, `fma:<A>` | posit patterns          |
+//! | float (`float<e,m>`, fp16, bf16, e4m3, ...) | naive                | naive, `naive:<A>`, `fma:<A>` | float patterns                |
+//! | clamped fixed point (`fixed<wl,fl>`)        | naive                | naive, `naive:<A>`, `fma:<A>` | two's complement integers     |
+//! | LNS (`lns<w,f>`)                            | lns:ideal, lns:table | `lns:ideal`, `lns:truncated`, `lns:table[:g:b]` | LNS patterns  |
+//! | fixed point without clamping (`noclamp`)    | refused              | refused                  | none: values beyond its word   |
+//! | block floating point                        | refused: it rounds whole blocks, not single operations | refused | none |
+//! | MX, NVFP4 (without `<dim=...>`)             | f32: f32 sums of block-scaled operands | f32     | packed codes and scales, f32 biases |
+//!
+//! `<A>` is an elementwise accumulator format (`fp16`, `bf16`, `fp32`, `posit<16,1>`, ...);
+//! `fma:<A>` also needs the operand products exact in f64 (formats of at most 26 significand
+//! bits). A row that cannot apply is an error naming why (`e4m3 quire`: no quire; `lns<8,4>
+//! naive`: LNS sums are `lns:<impl>`; `e4m3 f32`: f32 rows are those of block-scaled formats).
+//! [`arith`] defines every row.
 //!
 //! The table above is that of the models made of convolution and linear stages, which ptq
 //! replays stage by stage ([`arith`]). A model without such a plan (the transformer) is
 //! evaluated by building it with one config per row instead ([`built`]): float32, float16
-//! and, per format, f32, naive and quire sums where the format takes them; rows that do not
-//! apply are left out with a note in the report.
+//! and, per format, f32, naive and quire sums where the format takes them (`lns:ideal` and
+//! `lns:table` for LNS), rows that do not apply left out with a note in the report; a format
+//! with settings gives one row per setting.
 //!
 //! A model holding NaN or infinite parameters is refused when it is read (see
 //! [`model_file`]): the scores of a diverged model would be meaningless, and formats
@@ -41,14 +51,15 @@
 //! its integer convolutions and products there but rounds each layer's input to its integer
 //! codes on the host. The posit and float rows use [`crate::quire`]'s GEMMs: linear layers
 //! in posits of at most 8 bits run on the device ([`crate::quire::ops`]), everything else
-//! (every convolution, other formats) is computed on the host and its result copied back,
-//! with the same bits either way.
+//! (every convolution, other formats, every `naive:<A>`, `fma:<A>` and `lns:<impl>` row) is
+//! computed on the host and its result copied back, with the same bits either way.
 
 pub mod arith;
 pub mod block_file;
 pub mod built;
 pub mod checks;
 pub mod model_file;
+pub mod spec;
 
 use std::time::Instant;
 
@@ -57,10 +68,11 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::data::Dataset;
 use crate::format::Format;
-use crate::quire::{Accumulate, Accumulation};
-use arith::{run_plan, Arithmetic, BlockScaled, Float16, Float32, Int8, PositGemm};
+use crate::quire::{Accumulate, Accumulation, LnsSum};
+use arith::{run_plan, Arithmetic, BlockScaled, Float16, Float32, Int8, PositGemm, RuleGemm};
 pub use checks::{check_formats, model_file_name, prepare_out_dir};
 pub use model_file::{encode, read_weights, write_encoded, write_quantized, Encoded, Weights};
+pub use spec::FormatRows;
 
 /// Number of training images the int8 activation scales are calibrated on.
 pub const CALIBRATION_IMAGES: usize = 1000;
@@ -87,6 +99,14 @@ pub enum Method {
         /// The block-scaled format.
         format: Format,
     },
+    /// Weights and activations in `format`, layers computed by the GEMM rule of `accumulate`
+    /// (`naive:<A>`, `fma:<A>`, `lns:<impl>`; [`RuleGemm`]).
+    Rule {
+        /// The number format.
+        format: Format,
+        /// The accumulate setting of every layer.
+        accumulate: Accumulate,
+    },
     /// A model without a plan built with weights and activations in `format` and its GEMMs
     /// summed per `accumulate` ([`built`]).
     Config {
@@ -111,29 +131,66 @@ impl std::fmt::Display for Method {
                 write!(f, "{format} {how}")
             }
             Method::BlockScaled { format } => write!(f, "{format} f32"),
-            Method::Config { format, accumulate } => write!(f, "{format} {accumulate}"),
+            Method::Rule { format, accumulate } | Method::Config { format, accumulate } => {
+                write!(f, "{format} {}", spec::setting_name(accumulate))
+            }
         }
     }
 }
 
-/// The methods evaluated for `formats`: float32, float16, int8, then each format naive
-/// and (for posits) with a quire; a block-scaled format with f32 sums.
-pub fn methods(formats: &[Format]) -> Vec<Method> {
-    let mut m = vec![Method::Float32, Method::Float16, Method::Int8];
-    for &format in formats {
-        if matches!(format, Format::Mx(_) | Format::Nvfp4(_)) {
-            m.push(Method::BlockScaled { format });
-            continue;
-        }
-        m.push(Method::Format {
+/// Whether `format` is block-scaled along one axis (MX, NVFP4), whose rows sum in f32.
+fn block_scaled(format: &Format) -> bool {
+    matches!(format, Format::Mx(_) | Format::Nvfp4(_))
+}
+
+/// The settings of `format`'s default rows: `f32` for a block-scaled format, `naive` and
+/// `quire` for a posit, `lns:ideal` and `lns:table` for LNS, `naive` otherwise.
+pub fn default_settings(format: &Format) -> Vec<Accumulate> {
+    match format {
+        f if block_scaled(f) => vec![Accumulate::F32],
+        Format::Posit(_) => vec![Accumulate::Naive, Accumulate::Quire],
+        Format::Lns(_) => vec![
+            Accumulate::Lns(LnsSum::Ideal),
+            Accumulate::Lns(LnsSum::Table(None)),
+        ],
+        _ => vec![Accumulate::Naive],
+    }
+}
+
+/// The settings of `spec`'s rows: those it names, else its format's defaults.
+pub fn row_settings(spec: &FormatRows) -> Vec<Accumulate> {
+    match spec.settings.is_empty() {
+        true => default_settings(&spec.format),
+        false => spec.settings.clone(),
+    }
+}
+
+/// The row of a model with a plan for `format` summed per `setting`: `f32` is the
+/// block-scaled row, `naive` and `quire` the posit GEMMs of [`PositGemm`], every other
+/// setting a [`Method::Rule`]. Whether it applies is [`check_formats`]'s question.
+pub fn plan_method(format: Format, setting: Accumulate) -> Method {
+    match setting {
+        Accumulate::F32 => Method::BlockScaled { format },
+        Accumulate::Naive => Method::Format {
             format,
             acc: Accumulation::Naive,
-        });
-        if matches!(format, Format::Posit(_)) {
-            m.push(Method::Format {
-                format,
-                acc: Accumulation::Quire,
-            });
+        },
+        Accumulate::Quire => Method::Format {
+            format,
+            acc: Accumulation::Quire,
+        },
+        accumulate => Method::Rule { format, accumulate },
+    }
+}
+
+/// The methods evaluated for `formats` on a model with a plan: float32, float16, int8, then
+/// each format's rows ([`row_settings`], [`plan_method`]): by default naive and (for posits)
+/// quire, f32 sums for a block-scaled format, `lns:ideal` and `lns:table` for LNS.
+pub fn methods(formats: &[FormatRows]) -> Vec<Method> {
+    let mut m = vec![Method::Float32, Method::Float16, Method::Int8];
+    for spec in formats {
+        for setting in row_settings(spec) {
+            m.push(plan_method(spec.format, setting));
         }
     }
     m
@@ -229,6 +286,9 @@ pub fn arithmetic(
             Box::new(Int8::new(weights, &calibration)?)
         }
         Method::Format { format, acc } => Box::new(PositGemm::new(weights, format, acc)?),
+        Method::Rule { format, accumulate } => {
+            Box::new(RuleGemm::new(weights, format, accumulate)?)
+        }
         Method::BlockScaled { format } => Box::new(BlockScaled::new(weights, format)?),
         Method::Config { .. } => {
             anyhow::bail!("{method} is a row of models built from a config ([`built`])")
@@ -241,7 +301,7 @@ pub fn arithmetic(
 pub fn evaluate_methods(
     weights: &Weights,
     data: &Dataset,
-    formats: &[Format],
+    formats: &[FormatRows],
     mut progress: impl FnMut(Method, &Score),
 ) -> Result<Vec<(Method, Score)>> {
     check_formats(formats)?;
@@ -319,7 +379,7 @@ pub struct Report {
 pub fn run(
     weights: &Weights,
     data: &Dataset,
-    formats: &[Format],
+    formats: &[FormatRows],
     out: &std::path::Path,
     f32_bytes: u64,
     device: &candle_core::Device,
@@ -328,7 +388,7 @@ pub fn run(
     check_formats(formats)?;
     let models = formats
         .iter()
-        .map(|f| encode(weights, f))
+        .map(|f| encode(weights, &f.format))
         .collect::<Result<Vec<_>>>()?;
     prepare_out_dir(out)?;
     let on_device = weights.to_device(device)?;

@@ -22,7 +22,6 @@ use sha2::{Digest, Sha256};
 
 use super::spec::{config_path, file_safe, Key, Spec, Value, MAX_POINTS};
 use crate::data::DataSource;
-use crate::format::Format;
 use crate::nn::{Category, QConfig, QuantSpec};
 use crate::optim::{Decay, LrSchedule};
 use crate::run_stats::StatsEvery;
@@ -42,8 +41,8 @@ pub struct Settings {
     pub data: DataSource,
     /// The directory of the dataset's files (default: the dataset's standard place).
     pub data_dir: Option<PathBuf>,
-    /// Formats of the post-training quantization step (empty: none).
-    pub ptq: Vec<Format>,
+    /// Formats (and rows) of the post-training quantization step (empty: none).
+    pub ptq: Vec<crate::ptq::FormatRows>,
     /// Rounding statistics to record while training (`[base]`'s `stats`; none: none).
     pub stats: Option<StatsEvery>,
 }
@@ -54,7 +53,7 @@ impl Settings {
     /// of it: recording statistics changes no number of the run.
     pub fn identity(&self) -> String {
         let o = &self.options;
-        let ptq: Vec<String> = self.ptq.iter().map(Format::to_string).collect();
+        let ptq: Vec<String> = self.ptq.iter().map(ToString::to_string).collect();
         let mut identity = serde_json::json!({
             "model": o.model,
             "epochs": o.epochs,
@@ -342,7 +341,11 @@ fn disambiguate_names(points: &mut [Point]) {
 
 /// The settings of a point whose keys are `merged` (base values, then its axis values);
 /// `dir` is the spec's directory.
-fn resolve(dir: &std::path::Path, merged: &[(Key, Value)], ptq: &[Format]) -> Result<Settings> {
+fn resolve(
+    dir: &std::path::Path,
+    merged: &[(Key, Value)],
+    ptq: &[crate::ptq::FormatRows],
+) -> Result<Settings> {
     let get = |key: Key| merged.iter().find(|(k, _)| *k == key).map(|(_, v)| v);
     let text = |key: Key, default: &str| match get(key) {
         Some(Value::Text(s)) => s.clone(),

@@ -292,7 +292,8 @@ fn is_locked(run_dir: &Path) -> bool {
     matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
 }
 
-/// Whether the PTQ step of `point` has written a row for every format (true without one).
+/// Whether the PTQ step of `point` has written the first row of every format (true without
+/// one).
 fn ptq_done(run_dir: &Path, point: &Point) -> bool {
     if point.settings.ptq.is_empty() {
         return true;
@@ -300,10 +301,13 @@ fn ptq_done(run_dir: &Path, point: &Point) -> bool {
     let Ok(csv) = std::fs::read_to_string(run_dir.join("ptq").join("ptq.csv")) else {
         return false;
     };
-    point.settings.ptq.iter().all(|f| {
-        let naive = format!("{f} naive");
+    point.settings.ptq.iter().all(|spec| {
+        let Some(&first) = crate::ptq::row_settings(spec).first() else {
+            return true;
+        };
+        let row = crate::ptq::plan_method(spec.format, first).to_string();
         csv.lines()
-            .any(|l| crate::io::csv_fields(l).first() == Some(&naive))
+            .any(|l| crate::io::csv_fields(l).first() == Some(&row))
     })
 }
 

@@ -6,6 +6,7 @@
 //! ```toml
 //! name = "smoke"                      # letters, digits, `.`, `_`, `-`
 //! ptq = ["posit<8,0>"]                # optional: post-training quantization of each model
+//!                                     # (a format, or a format and its rows: "e4m3 naive:fp32")
 //!
 //! [base]                              # any setting, for every point
 //! model = "lenet5"
@@ -332,8 +333,9 @@ pub struct Spec {
     /// Entries that drop the points matching every one of their keys (a key may list
     /// several values: any of them matches).
     pub exclude: Vec<Axes>,
-    /// Formats each trained model is post-training quantized to (none: no PTQ step).
-    pub ptq: Vec<Format>,
+    /// Formats (and rows, [`crate::ptq::FormatRows`]) each trained model is post-training
+    /// quantized to (none: no PTQ step).
+    pub ptq: Vec<crate::ptq::FormatRows>,
 }
 
 /// At most this many points (a typo such as a 10,000-value axis is refused, not expanded).
@@ -472,7 +474,7 @@ impl Reader<'_> {
         Ok(name.to_string())
     }
 
-    fn ptq(&self, value: &Toml) -> Result<Vec<Format>> {
+    fn ptq(&self, value: &Toml) -> Result<Vec<crate::ptq::FormatRows>> {
         let list = value
             .as_array()
             .ok_or_else(|| anyhow!("ptq: expected a list of formats, e.g. [\"posit<8,0>\"]"))?;
@@ -483,8 +485,8 @@ impl Reader<'_> {
                 let s = v
                     .as_str()
                     .ok_or_else(|| anyhow!("ptq[{i}]: expected a format string"))?;
-                s.parse::<Format>()
-                    .map_err(|e| anyhow!("ptq[{i}]: `{s}`: {e}"))
+                s.parse::<crate::ptq::FormatRows>()
+                    .map_err(|e| anyhow!("ptq[{i}]: `{s}`: {e:#}"))
             })
             .collect::<Result<Vec<_>>>()?;
         crate::ptq::check_formats(&formats).context("ptq")?;
