@@ -10,6 +10,15 @@
 //! therefore depends only on the state at its start, which the checkpoint holds, and a
 //! resumed run equals an uninterrupted one.
 //!
+//! Loss scaling (the config's `loss_scale`, [`crate::optim::loss_scale`]): each step's
+//! backward pass starts from the loss times the current scale, and the optimizer unscales
+//! the gradients after their `gradient` rounding ([`crate::optim::LpOptimizer::scaled_step`]);
+//! under dynamic scaling a step whose gradients overflow is skipped and the scale updated.
+//! The scaler's state is in the checkpoint (`scaler.scale`, `scaler.good_steps`,
+//! `scaler.skipped_steps`); each epoch's record holds the scale after it and its skipped
+//! steps (in `run.json` and as `metrics.csv`'s `loss_scale` and `skipped_steps` columns,
+//! present only in runs that scale their loss). The reported loss is the unscaled one.
+//!
 //! Output directory (`--out`): `run.json` (options, config and per-epoch records),
 //! `metrics.csv`, `config.toml`, `model.safetensors` (the weights as candle-nn names
 //! them), `checkpoint.safetensors` (weights and optimizer state after the last finished
@@ -19,7 +28,8 @@
 //! identity, and a run may be resumed with or without it.
 //!
 //! Run identity: a directory holds one run, named by everything that changes its results:
-//! the model, the config's contents (not the spelling of its path), the optimizer, learning
+//! the model, the config's contents (not the spelling of its path; its `loss_scale`
+//! included), the optimizer, learning
 //! rate and its schedule, the weight decay and `β₂` when given, batch size, seed, training-image limit, the device's kind (`cpu` or `cuda`: their
 //! convolutions and matrix products sum in different orders; `cuda:0` and `cuda:1` are the
 //! same run), and the data's SHA-256 (the same images read from another directory, or
