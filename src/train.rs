@@ -10,6 +10,15 @@
 //! therefore depends only on the state at its start, which the checkpoint holds, and a
 //! resumed run equals an uninterrupted one.
 //!
+//! Loss scaling (the config's `loss_scale`, [`crate::optim::loss_scale`]): each step's
+//! backward pass starts from the loss times the current scale, and the optimizer unscales
+//! the gradients after their `gradient` rounding ([`crate::optim::LpOptimizer::scaled_step`]);
+//! under dynamic scaling a step whose gradients overflow is skipped and the scale updated.
+//! The scaler's state is in the checkpoint (`scaler.scale`, `scaler.good_steps`,
+//! `scaler.skipped_steps`); each epoch's record holds the scale after it and its skipped
+//! steps (in `run.json` and as `metrics.csv`'s `loss_scale` and `skipped_steps` columns,
+//! present only in runs that scale their loss). The reported loss is the unscaled one.
+//!
 //! Output directory (`--out`): `run.json` (options, config and per-epoch records),
 //! `metrics.csv`, `config.toml`, `model.safetensors` (the weights as candle-nn names
 //! them), `checkpoint.safetensors` (weights and optimizer state after the last finished
@@ -19,7 +28,8 @@
 //! identity, and a run may be resumed with or without it.
 //!
 //! Run identity: a directory holds one run, named by everything that changes its results:
-//! the model, the config's contents (not the spelling of its path), the optimizer, learning
+//! the model, the config's contents (not the spelling of its path; its `loss_scale`
+//! included), the optimizer, learning
 //! rate and its schedule, the weight decay and `β₂` when given, batch size, seed, training-image limit, the device's kind (`cpu` or `cuda`: their
 //! convolutions and matrix products sum in different orders; `cuda:0` and `cuda:1` are the
 //! same run), and the data's SHA-256 (the same images read from another directory, or
@@ -59,7 +69,8 @@ use crate::io::{le_bytes, read_tensors, write_atomically, write_tensors};
 use crate::nn::{round_vars_in_place, Model, ModelKind, QConfig};
 use crate::ops::Quant;
 use crate::optim::{
-    AdamParams, AdamWParams, LpAdam, LpAdamW, LpOptimizer, LpSgd, LrSchedule, ParamQuant, SgdParams,
+    AdamParams, AdamWParams, LossScaler, LpAdam, LpAdamW, LpOptimizer, LpSgd, LrSchedule,
+    ParamQuant, SgdParams,
 };
 use crate::philox::Stream;
 use crate::run_dir::{check, digests, remove_leftovers, Damage, Digests, RunLock};
@@ -298,6 +309,14 @@ pub struct EpochRecord {
     pub top5: f64,
     /// Wall-clock seconds of the epoch's training steps.
     pub seconds: f64,
+    /// The loss scale after the epoch's last step; runs with loss scaling only (absent from
+    /// `run.json` and `metrics.csv` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f32>,
+    /// The epoch's steps skipped because a gradient overflowed (dynamic loss scaling); runs
+    /// with loss scaling only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<u64>,
 }
 
 /// A run's options, config and records, as stored in `run.json`.
@@ -348,6 +367,8 @@ pub struct Trainer {
     device: Device,
     /// The statistics being recorded, when enabled.
     stats: Option<StatsRecorder>,
+    /// The loss scaling state, when the config scales the loss.
+    scaler: Option<LossScaler>,
 }
 
 /// Variable names in a fixed order (the var map is a hash map).
@@ -426,6 +447,7 @@ impl Trainer {
             beta2: options.beta2,
         };
         let optimizer = options.optimizer.build(params, options.lr, settings)?;
+        let scaler = LossScaler::new(config.loss_scale)?;
         Ok(Trainer {
             options,
             config,
@@ -435,6 +457,7 @@ impl Trainer {
             quants,
             device,
             stats: None,
+            scaler,
         })
     }
 
@@ -562,15 +585,37 @@ impl Trainer {
 
     /// One training step on a batch: forward, cross-entropy loss, backward, optimizer
     /// step. The batch is moved to the trainer's [device](Self::device) first (nothing is
-    /// copied when it is there). Returns the batch's loss.
+    /// copied when it is there). With loss scaling (the config's `loss_scale`) the backward
+    /// pass starts from the loss times the scale, the optimizer unscales the gradients after
+    /// their `gradient` rounding, and under dynamic scaling a step whose gradients overflow
+    /// is skipped and the scale updated ([`crate::optim::loss_scale`]). Returns the batch's
+    /// (unscaled) loss.
     pub fn step(&mut self, images: &Tensor, labels: &Tensor) -> Result<f32> {
         let images = images.to_device(&self.device)?;
         let labels = labels.to_device(&self.device)?;
         let logits = self.model.forward(&images)?;
         let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
-        let grads = loss.backward()?;
-        self.optimizer.step(&grads)?;
+        match &mut self.scaler {
+            None => {
+                let grads = loss.backward()?;
+                self.optimizer.step(&grads)?;
+            }
+            Some(scaler) => {
+                let scale = scaler.scale();
+                let factor = Tensor::new(scale, loss.device())?.to_dtype(loss.dtype())?;
+                let grads = loss.mul(&factor)?.backward()?;
+                let taken = self
+                    .optimizer
+                    .scaled_step(&grads, scale, scaler.checks_overflow())?;
+                scaler.update(taken)?;
+            }
+        }
         Ok(loss.to_scalar::<f32>()?)
+    }
+
+    /// The loss scaling state (`None` when the config does not scale the loss).
+    pub fn loss_scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
     }
 
     /// Test loss, top-1 and top-5 accuracy (percent) on the dataset's test split.
@@ -586,12 +631,23 @@ impl Trainer {
         for (n, t) in self.optimizer.state_tensors()? {
             tensors.push((format!("optim.{n}"), t));
         }
+        if let Some(scaler) = &self.scaler {
+            let (scale, good, skipped) = scaler.state();
+            let cpu = Device::Cpu;
+            tensors.push((SCALER_SCALE.to_string(), Tensor::new(scale, &cpu)?));
+            tensors.push((SCALER_GOOD.to_string(), Tensor::new(good as i64, &cpu)?));
+            tensors.push((
+                SCALER_SKIPPED.to_string(),
+                Tensor::new(skipped as i64, &cpu)?,
+            ));
+        }
         Ok(tensors)
     }
 
     fn load_checkpoint(&mut self, tensors: Vec<(String, Tensor)>) -> Result<()> {
         let vars = sorted_vars(&self.varmap)?;
         let mut state = Vec::new();
+        let mut scaler_state = Vec::new();
         let mut seen = 0;
         for (name, t) in tensors {
             if let Some(var_name) = name.strip_prefix("model.") {
@@ -609,8 +665,11 @@ impl Trainer {
                 seen += 1;
             } else if let Some(n) = name.strip_prefix("optim.") {
                 state.push((n.to_string(), t));
+            } else if name.starts_with("scaler.") {
+                scaler_state.push((name, t));
             }
         }
+        self.load_scaler_state(scaler_state)?;
         if seen != vars.len() {
             bail!(
                 "the checkpoint holds {seen} of the model's {} variables",
@@ -618,6 +677,47 @@ impl Trainer {
             );
         }
         self.optimizer.load_state_tensors(state)?;
+        Ok(())
+    }
+}
+
+/// Checkpoint entries of the loss scaler: the scale (an f32 scalar), the steps since the last
+/// overflow or growth and the skipped steps (i64 scalars).
+const SCALER_SCALE: &str = "scaler.scale";
+const SCALER_GOOD: &str = "scaler.good_steps";
+const SCALER_SKIPPED: &str = "scaler.skipped_steps";
+
+impl Trainer {
+    /// Restores the loss scaler from its checkpoint entries: all three for a run with loss
+    /// scaling, none for one without.
+    fn load_scaler_state(&mut self, entries: Vec<(String, Tensor)>) -> Result<()> {
+        let Some(scaler) = &mut self.scaler else {
+            if let Some((name, _)) = entries.first() {
+                bail!("checkpoint entry `{name}` is loss-scaler state, and the run scales no loss");
+            }
+            return Ok(());
+        };
+        let find = |key: &str| -> Result<&Tensor> {
+            entries
+                .iter()
+                .find(|(n, _)| n == key)
+                .map(|(_, t)| t)
+                .with_context(|| format!("the checkpoint lacks `{key}`, the loss scaler's state"))
+        };
+        let count = |key: &str| -> Result<u64> {
+            let v = find(key)?.to_dtype(DType::I64)?.to_scalar::<i64>()?;
+            u64::try_from(v).with_context(|| format!("checkpoint entry `{key}` is negative: {v}"))
+        };
+        let scale = find(SCALER_SCALE)?
+            .to_dtype(DType::F32)?
+            .to_scalar::<f32>()?;
+        scaler.restore((scale, count(SCALER_GOOD)?, count(SCALER_SKIPPED)?))?;
+        if let Some((name, _)) = entries
+            .iter()
+            .find(|(n, _)| ![SCALER_SCALE, SCALER_GOOD, SCALER_SKIPPED].contains(&n.as_str()))
+        {
+            bail!("unknown checkpoint entry `{name}`");
+        }
         Ok(())
     }
 }
@@ -786,6 +886,7 @@ pub fn train_with_stats(
     }
     for epoch in record.epochs.len() + 1..=options.epochs {
         let bar = progress_bar(quiet, epoch, options.epochs);
+        let skipped_before = trainer.loss_scaler().map(LossScaler::skipped);
         let start = Instant::now();
         let train_loss = trainer.train_epoch(train_data, epoch, |i, n, loss| {
             bar.set_length(n as u64);
@@ -794,8 +895,15 @@ pub fn train_with_stats(
         })?;
         let seconds = start.elapsed().as_secs_f64();
         let (test_loss, top1, top5) = trainer.evaluate(train_data)?;
+        let scaler = trainer.loss_scaler();
+        let loss_scale = scaler.map(LossScaler::scale);
+        let skipped_steps = scaler.zip(skipped_before).map(|(s, b)| s.skipped() - b);
+        let scaling = match (loss_scale, skipped_steps) {
+            (Some(s), Some(n)) => format!("  loss scale {s} ({n} steps skipped)"),
+            _ => String::new(),
+        };
         bar.finish_with_message(format!(
-            "loss {train_loss:.4}  test top-1 {top1:.2}%  top-5 {top5:.2}%"
+            "loss {train_loss:.4}  test top-1 {top1:.2}%  top-5 {top5:.2}%{scaling}"
         ));
         record.epochs.push(EpochRecord {
             epoch,
@@ -804,6 +912,8 @@ pub fn train_with_stats(
             top1,
             top5,
             seconds,
+            loss_scale,
+            skipped_steps,
         });
         stats_log.samples.extend(trainer.take_stats_samples());
         if let Some(lock) = &lock {
@@ -1109,14 +1219,28 @@ fn save_run(dir: &Path, trainer: &Trainer, record: &mut RunRecord, stats: &Stats
     Ok(())
 }
 
-/// The records as CSV: `epoch,train_loss,test_loss,top1,top5,seconds`.
+/// The records as CSV: `epoch,train_loss,test_loss,top1,top5,seconds`, and
+/// `loss_scale,skipped_steps` (the scale after the epoch and the epoch's skipped steps) when
+/// the run scales its loss.
 pub fn metrics_csv(records: &[EpochRecord]) -> String {
-    let mut csv = String::from("epoch,train_loss,test_loss,top1,top5,seconds\n");
+    let scaled = records.iter().any(|r| r.loss_scale.is_some());
+    let mut csv = String::from("epoch,train_loss,test_loss,top1,top5,seconds");
+    csv.push_str(if scaled {
+        ",loss_scale,skipped_steps\n"
+    } else {
+        "\n"
+    });
     for r in records {
         csv.push_str(&format!(
-            "{},{:.6},{:.6},{:.2},{:.2},{:.3}\n",
+            "{},{:.6},{:.6},{:.2},{:.2},{:.3}",
             r.epoch, r.train_loss, r.test_loss, r.top1, r.top5, r.seconds
         ));
+        if scaled {
+            let scale = r.loss_scale.map_or(String::new(), |s| s.to_string());
+            let skipped = r.skipped_steps.map_or(String::new(), |n| n.to_string());
+            csv.push_str(&format!(",{scale},{skipped}"));
+        }
+        csv.push('\n');
     }
     csv
 }

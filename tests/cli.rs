@@ -687,3 +687,102 @@ fn ptq_takes_a_format_with_accumulate_settings_as_its_rows_and_refuses_rows_that
         );
     }
 }
+
+/// `train`'s stdout (the metrics CSV) without its `seconds` column.
+fn metrics_without_seconds(dir: &Path, extra: &[&str]) -> Vec<Vec<String>> {
+    let mut args = vec![
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        "embedded",
+        "--train-limit",
+        "256",
+        "--epochs",
+        "1",
+        "--batch",
+        "64",
+        "--quiet",
+    ];
+    args.extend(extra);
+    let o = qcandle_in(Some(dir), &args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    let csv = String::from_utf8(o.stdout).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let seconds = header.iter().position(|h| *h == "seconds").unwrap();
+    csv.lines()
+        .map(|l| {
+            let mut cells: Vec<String> = l.split(',').map(String::from).collect();
+            cells.remove(seconds);
+            cells
+        })
+        .collect()
+}
+
+#[test]
+fn the_loss_scale_flag_replaces_the_configs_and_bad_values_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let scaled = dir.path().join("scaled.toml");
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(
+        &scaled,
+        "error = \"e4m3\"\nloss_scale = \"dynamic:init=4096\"\n",
+    )
+    .unwrap();
+    std::fs::write(&plain, "error = \"e4m3\"\n").unwrap();
+    let (scaled, plain) = (scaled.to_str().unwrap(), plain.to_str().unwrap());
+    let from_config = metrics_without_seconds(dir.path(), &["--config", scaled]);
+    let from_flag = metrics_without_seconds(
+        dir.path(),
+        &["--config", plain, "--loss-scale", "dynamic:init=4096"],
+    );
+    assert_eq!(from_config, from_flag);
+    assert_eq!(from_config[0][5..], ["loss_scale", "skipped_steps"]);
+    let run = dir.path().join("runs/mlp-embedded-plain-s0");
+    let recorded = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        recorded.contains("loss_scale = \"dynamic:init=4096.0,"),
+        "{recorded}"
+    );
+    let none = metrics_without_seconds(
+        dir.path(),
+        &["--config", scaled, "--loss-scale", "none", "--out", "none"],
+    );
+    assert_eq!(none[0].len(), 5, "{none:?}");
+    assert_ne!(none[1][..4], from_config[1][..4]);
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "loss_scale = -1\n").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["train", "--loss-scale=0"], "static scale must be"),
+        (vec!["train", "--loss-scale", "nan"], "static scale must be"),
+        (
+            vec!["train", "--loss-scale", "dynamic:growth_factor=0.5"],
+            "growth_factor must be",
+        ),
+        (
+            vec!["train", "--loss-scale", "dynamic:growth_interval=0"],
+            "growth_interval must be",
+        ),
+        (
+            vec![
+                "train",
+                "--data",
+                "embedded",
+                "--config",
+                bad.to_str().unwrap(),
+            ],
+            "loss_scale",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = qcandle_in(Some(dir.path()), &args);
+        assert!(
+            matches!(o.status.code(), Some(1 | 2)),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+    }
+}

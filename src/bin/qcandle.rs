@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use qcandle::data::Dataset;
 use qcandle::device::DeviceSpec;
 use qcandle::nn::{ModelKind, QConfig};
-use qcandle::optim::{Decay, DecayShape, LrSchedule};
+use qcandle::optim::{Decay, DecayShape, LossScale, LrSchedule};
 use qcandle::run_stats::StatsEvery;
 use qcandle::train::{train, train_with_stats, OptimizerKind, TrainOptions};
 use qcandle::{quantize, Format, Quant, Rounding};
@@ -218,6 +218,13 @@ struct TrainArgs {
     /// Adam's and AdamW's beta2 (default 0.999).
     #[arg(long)]
     beta2: Option<f64>,
+    /// Loss scaling: none, a number (a static scale), dynamic (PyTorch GradScaler's
+    /// defaults: init 65536, growth_factor 2, backoff_factor 0.5, growth_interval 2000) or
+    /// dynamic:init=N,growth_factor=G,backoff_factor=B,growth_interval=K (any of them).
+    /// Given, it replaces the config's `loss_scale` and is recorded in the run's config (so
+    /// it is part of the run). Default: the config's, else none.
+    #[arg(long)]
+    loss_scale: Option<LossScale>,
     /// Seed of the initial weights, the batch order and stochastic rounding (default: the
     /// config file's `seed`, else 0). Given, it replaces the config's seed.
     #[arg(long)]
@@ -330,7 +337,10 @@ fn stop_training_on_signals() -> Result<()> {
 
 fn run_train(args: TrainArgs) -> Result<()> {
     stop_training_on_signals()?;
-    let config = QConfig::load(&args.config)?;
+    let mut config = QConfig::load(&args.config)?;
+    if let Some(loss_scale) = args.loss_scale {
+        config.loss_scale = loss_scale;
+    }
     let options = TrainOptions {
         // The model's canonical name when it has one; `validate` names an unknown one.
         model: args

@@ -51,6 +51,20 @@
 //! accumulate = "naive"
 //! ```
 //!
+//! `loss_scale` (top level only) scales the loss of a training run before its backward pass,
+//! so that small errors and weight gradients stay in their format's range, and unscales the
+//! weight gradients in f32 after their `gradient` rounding, before the optimizer's update
+//! ([`crate::optim::loss_scale`] says exactly where the scale enters and leaves): a number is
+//! a static scale, `"dynamic"` is dynamic scaling with PyTorch GradScaler's defaults, and a
+//! table (or the string `"dynamic:init=...,growth_factor=...,backoff_factor=...,
+//! growth_interval=..."`) sets its parameters. Absent (or `"none"`): no scaling.
+//!
+//! ```toml
+//! error = "e4m3"
+//! gradient = "e4m3"
+//! loss_scale = { init = 65536.0, growth_factor = 2.0, backoff_factor = 0.5, growth_interval = 2000 }
+//! ```
+//!
 //! `seed` is the run's seed when `qcandle train` is given no `--seed` (the flag wins when
 //! given; without either the seed is 0). It seeds the initial weights, the batch order and
 //! the stochastic-rounding streams.
@@ -68,7 +82,7 @@ use serde_json::{Map, Value};
 
 use crate::format::{Format, Rounding};
 use crate::ops::Quant;
-use crate::optim::ParamQuant;
+use crate::optim::{DynamicScale, LossScale, ParamQuant};
 use crate::quire::Accumulate;
 use crate::stats::Site;
 
@@ -233,6 +247,8 @@ pub struct QConfig {
     pub layers: Vec<LayerOverride>,
     /// How every layer's GEMMs multiply and add (per-layer entries may replace it).
     pub accumulate: Accumulate,
+    /// Loss scaling of the backward pass (none by default; see [`crate::optim::loss_scale`]).
+    pub loss_scale: LossScale,
 }
 
 /// A config that could not be read: the message names the field.
@@ -295,6 +311,7 @@ impl QConfig {
             base: Categories::all(spec),
             layers: Vec::new(),
             accumulate: Accumulate::F32,
+            loss_scale: LossScale::None,
         }
     }
 
@@ -332,6 +349,7 @@ impl QConfig {
                 },
                 layers: Vec::new(),
                 accumulate: Accumulate::F32,
+                loss_scale: LossScale::None,
             }),
             _ => None,
         }
@@ -500,6 +518,7 @@ impl QConfig {
                         .ok_or_else(|| ConfigError::new("seed", "expected an integer >= 0"))?
                 }
                 "accumulate" => config.accumulate = parse_accumulate(v, "accumulate")?,
+                "loss_scale" => config.loss_scale = parse_loss_scale(v)?,
                 "layer" | "layers" => {
                     let list = v.as_array().ok_or_else(|| {
                         ConfigError::new(key.as_str(), "expected a list of tables")
@@ -528,6 +547,16 @@ impl QConfig {
                 "accumulate".into(),
                 Value::from(self.accumulate.to_string()),
             );
+        }
+        // Written only when set, as `accumulate`.
+        match self.loss_scale {
+            LossScale::None => {}
+            LossScale::Static(s) => {
+                map.insert("loss_scale".into(), Value::from(f64::from(s)));
+            }
+            dynamic => {
+                map.insert("loss_scale".into(), Value::from(dynamic.to_string()));
+            }
         }
         for c in Category::ALL {
             if let Some(spec) = self.base.get(c) {
@@ -577,7 +606,7 @@ fn parse_category(key: &str, prefix: &str) -> Result<Category, ConfigError> {
             ConfigError::new(
                 format!("{prefix}{key}"),
                 format!(
-                    "unknown field; expected seed, accumulate, layer or one of {}",
+                    "unknown field; expected seed, accumulate, loss_scale, layer or one of {}",
                     keys.join(", ")
                 ),
             )
@@ -662,6 +691,50 @@ fn parse_override(v: &Value, field: &str) -> Result<LayerOverride, ConfigError> 
         set,
         accumulate,
     })
+}
+
+/// A `loss_scale` value: a number (a static scale), a string ([`LossScale`]'s spelling:
+/// `"none"`, `"dynamic"`, `"dynamic:init=1024,growth_interval=100"`, or a number), or a table
+/// of the dynamic parameters (`{ init = 1024.0, growth_interval = 100 }`, the others at
+/// GradScaler's defaults). Validated.
+fn parse_loss_scale(v: &Value) -> Result<LossScale, ConfigError> {
+    let error = |e: candle_core::Error| ConfigError::new("loss_scale", e.to_string());
+    let setting = match v {
+        Value::Number(n) => {
+            let x = n
+                .as_f64()
+                .ok_or_else(|| ConfigError::new("loss_scale", format!("{n} is not a number")))?;
+            LossScale::Static(x as f32)
+        }
+        Value::String(s) => s.parse::<LossScale>().map_err(error)?,
+        Value::Object(map) => {
+            let mut d = DynamicScale::default();
+            for (key, value) in map {
+                let text = match value {
+                    Value::Number(n) => n.to_string(),
+                    other => {
+                        return Err(ConfigError::new(
+                            format!("loss_scale.{key}"),
+                            format!("expected a number, got {other}"),
+                        ))
+                    }
+                };
+                d.set(key, &text).map_err(error)?;
+            }
+            LossScale::Dynamic(d)
+        }
+        other => {
+            return Err(ConfigError::new(
+                "loss_scale",
+                format!(
+                    "expected a number (a static scale), \"none\", \"dynamic\" or a table of \
+                     dynamic parameters, got {other}"
+                ),
+            ))
+        }
+    };
+    setting.validate().map_err(error)?;
+    Ok(setting)
 }
 
 /// An `accumulate` value: a string such as `"quire"` or `"naive:fp16"`. Errors name `field`.

@@ -3,7 +3,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor, Var};
 
-use super::{export, import, LpOptimizer, ParamQuant, Slot};
+use super::{export, import, step_gradients, LpOptimizer, ParamQuant, Slot};
 
 /// Hyper-parameters of [`LpAdam`], with the defaults of PyTorch's `torch.optim.Adam`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,7 +139,15 @@ impl Core {
         })
     }
 
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
+    fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
+        match step_gradients(&self.slots, grads, scale, skip)? {
+            Some(gradients) => self.update(gradients).map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    /// The update of every slot from its gradient (`None`: no gradient, skipped).
+    fn update(&mut self, gradients: Vec<Option<Tensor>>) -> Result<()> {
         let AdamParams {
             lr,
             beta1,
@@ -147,8 +155,8 @@ impl Core {
             eps,
             weight_decay,
         } = self.params;
-        for slot in &mut self.slots {
-            let Some(mut g) = slot.gradient(grads)? else {
+        for (slot, g) in self.slots.iter_mut().zip(gradients) {
+            let Some(mut g) = g else {
                 continue;
             };
             slot.step += 1;
@@ -197,12 +205,24 @@ macro_rules! adam_api {
 
             /// One step over every var that has a gradient in `grads`.
             pub fn step(&mut self, grads: &GradStore) -> Result<()> {
-                self.0.step(grads)
+                self.0.scaled_step(grads, 1.0, false).map(|_| ())
+            }
+
+            /// One step on the gradients of a loss multiplied by `scale`, skipped (returning
+            /// false) when `skip_non_finite` and a gradient is Inf or NaN; see
+            /// [`LpOptimizer::scaled_step`].
+            pub fn scaled_step(
+                &mut self,
+                grads: &GradStore,
+                scale: f32,
+                skip_non_finite: bool,
+            ) -> Result<bool> {
+                self.0.scaled_step(grads, scale, skip_non_finite)
             }
 
             /// Computes the gradients of `loss` and takes a step.
             pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
-                self.0.step(&loss.backward()?)
+                self.step(&loss.backward()?)
             }
 
             /// The learning rate.
@@ -245,6 +265,10 @@ macro_rules! adam_api {
         impl LpOptimizer for $name {
             fn step(&mut self, grads: &GradStore) -> Result<()> {
                 $name::step(self, grads)
+            }
+
+            fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
+                $name::scaled_step(self, grads, scale, skip)
             }
 
             fn learning_rate(&self) -> f64 {

@@ -4,7 +4,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
-use super::{export, import, LpOptimizer, ParamQuant, Slot};
+use super::{all_finite, export, import, unscale, LpOptimizer, ParamQuant, Slot};
 
 /// Wraps an optimizer `O`: its gradients are rounded before it reads them, and the weights
 /// it writes are rounded after (through an accumulator where one is set); see the
@@ -35,24 +35,45 @@ impl<O: Optimizer> OptimLp<O> {
     /// One step: gradients rounded, accumulators loaded into their vars, the inner step,
     /// then the weights rounded. Vars without a gradient in `grads` are left alone.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.scaled_step(grads, 1.0, false).map(|_| ())
+    }
+
+    /// [`OptimLp::step`] on the gradients of a loss multiplied by `scale`: every gradient the
+    /// inner optimizer reads is unscaled (multiplied by `1/scale`), a listed var's after its
+    /// `gradient` rounding; skipped (returning false) when `skip_non_finite` and any of them
+    /// is Inf or NaN. See [`LpOptimizer::scaled_step`].
+    pub fn scaled_step(
+        &mut self,
+        grads: &GradStore,
+        scale: f32,
+        skip_non_finite: bool,
+    ) -> Result<bool> {
         let mut rounded = GradStore::default();
         for id in grads.get_ids() {
             if let Some(g) = grads.get_id(*id) {
-                rounded.insert_id(*id, g.clone());
+                rounded.insert_id(*id, unscale(g, scale)?);
             }
         }
         let mut stepped = Vec::with_capacity(self.slots.len());
         for (i, slot) in self.slots.iter().enumerate() {
             if slot.quant.gradient.is_some() {
-                let Some(g) = slot.gradient(grads)? else {
+                let Some(g) = slot.gradient(grads, scale)? else {
                     continue;
                 };
                 rounded.insert(slot.var.as_tensor(), g);
             } else if grads.get(slot.var.as_tensor()).is_none() {
                 continue;
             }
-            slot.load_accumulator_into_var()?;
             stepped.push(i);
+        }
+        if skip_non_finite {
+            let ids: Vec<_> = rounded.get_ids().copied().collect();
+            if !all_finite(ids.iter().filter_map(|id| rounded.get_id(*id)))? {
+                return Ok(false);
+            }
+        }
+        for &i in &stepped {
+            self.slots[i].load_accumulator_into_var()?;
         }
         self.inner.step(&rounded)?;
         for i in stepped {
@@ -60,7 +81,7 @@ impl<O: Optimizer> OptimLp<O> {
             slot.step += 1;
             slot.round_var()?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Computes the gradients of `loss` and takes a step.
@@ -138,6 +159,10 @@ impl<O: Optimizer> Optimizer for OptimLp<O> {
 impl<O: Optimizer> LpOptimizer for OptimLp<O> {
     fn step(&mut self, grads: &GradStore) -> Result<()> {
         Self::step(self, grads)
+    }
+
+    fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
+        Self::scaled_step(self, grads, scale, skip)
     }
 
     fn learning_rate(&self) -> f64 {

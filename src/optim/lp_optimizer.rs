@@ -20,6 +20,15 @@ pub trait LpOptimizer {
     /// One step over every var that has a gradient in `grads`; the others are left alone.
     fn step(&mut self, grads: &GradStore) -> Result<()>;
 
+    /// One step on `grads`, the gradients of a loss multiplied by `scale` (loss scaling, see
+    /// [`super::loss_scale`]): each gradient is rounded with the parameter's `gradient`
+    /// quantization as it is (scaled), then multiplied by `1/scale` before the update rule
+    /// reads it. With `skip_non_finite`, when any of those gradients holds an Inf or NaN no
+    /// parameter is updated (weights, state and step counts stay as they are) and the result
+    /// is false; otherwise it is true. `scale` 1 without the check is [`LpOptimizer::step`].
+    fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip_non_finite: bool)
+        -> Result<bool>;
+
     /// Computes the gradients of `loss` and takes a step.
     fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
         self.step(&loss.backward()?)

@@ -7,7 +7,10 @@
 //!
 //! One step of one parameter (vars without a gradient are skipped entirely):
 //!
-//! 1. `g = Q_g(∇θ)`: the gradient is rounded before anything else reads it.
+//! 1. `g = Q_g(∇θ)`: the gradient is rounded before anything else reads it. A step on the
+//!    gradients of a loss multiplied by a loss scale `S` ([`LpOptimizer::scaled_step`], see
+//!    [`loss_scale`]) rounds the scaled gradient and unscales it after: `g = Q_g(∇θ) · (1/S)`,
+//!    and may skip the whole step (nothing updated) when any such `g` is Inf or NaN.
 //! 2. The update rule (below) computes the new state and `w'` from `g`, `w` and the
 //!    stored state in the working dtype, with no rounding in between.
 //! 3. Every state tensor updated in this step is stored as `Q_m(state)`. As in QPyTorch the
@@ -44,12 +47,14 @@
 //! quantizations, so that a resumed run draws the same random bits).
 
 mod adam;
+pub mod loss_scale;
 mod lp;
 mod lp_optimizer;
 pub mod schedule;
 mod sgd;
 
 pub use adam::{AdamParams, AdamWParams, LpAdam, LpAdamW};
+pub use loss_scale::{DynamicScale, LossScale, LossScaler};
 pub use lp::OptimLp;
 pub use lp_optimizer::LpOptimizer;
 pub use schedule::{Decay, DecayShape, LrSchedule};
@@ -143,9 +148,10 @@ impl Slot {
         self.acc.as_ref().map_or(self.var.dtype(), Tensor::dtype)
     }
 
-    /// The parameter's gradient rounded with `gradient`, in the working dtype; `None` when
-    /// the store holds no gradient for the var.
-    pub(crate) fn gradient(&self, grads: &GradStore) -> Result<Option<Tensor>> {
+    /// The parameter's gradient rounded with `gradient`, in the working dtype, then
+    /// multiplied by `1/scale` when `scale` is not 1 (the gradients of a scaled loss; see
+    /// [`loss_scale`]); `None` when the store holds no gradient for the var.
+    pub(crate) fn gradient(&self, grads: &GradStore, scale: f32) -> Result<Option<Tensor>> {
         let Some(g) = grads.get(self.var.as_tensor()) else {
             return Ok(None);
         };
@@ -153,7 +159,7 @@ impl Slot {
             Some(q) => quantize_no_grad(g, q)?,
             None => g.detach(),
         };
-        g.to_dtype(self.dtype()).map(Some)
+        unscale(&g.to_dtype(self.dtype())?, scale).map(Some)
     }
 
     /// The weight the update lands in: the accumulator, or the var (detached).
@@ -214,6 +220,52 @@ impl Slot {
             self.var.set(a)?;
         }
         Ok(())
+    }
+}
+
+/// `g · (1/scale)`, `1/scale` computed in f64 and rounded to `g`'s dtype (GradScaler's
+/// `unscale_`); `g` itself when `scale` is 1.
+pub(crate) fn unscale(g: &Tensor, scale: f32) -> Result<Tensor> {
+    if scale == 1.0 {
+        return Ok(g.clone());
+    }
+    let inv = Tensor::new(1.0 / f64::from(scale), g.device())?.to_dtype(g.dtype())?;
+    g.broadcast_mul(&inv)
+}
+
+/// The gradients the update rule reads, one per slot (see [`Slot::gradient`]), or `None`
+/// when `skip_non_finite` and any of them holds an Inf or NaN.
+pub(crate) fn step_gradients(
+    slots: &[Slot],
+    grads: &GradStore,
+    scale: f32,
+    skip_non_finite: bool,
+) -> Result<Option<Vec<Option<Tensor>>>> {
+    let gradients: Vec<Option<Tensor>> = slots
+        .iter()
+        .map(|s| s.gradient(grads, scale))
+        .collect::<Result<_>>()?;
+    if skip_non_finite && !all_finite(gradients.iter().flatten())? {
+        return Ok(None);
+    }
+    Ok(Some(gradients))
+}
+
+/// Whether every element of `tensors` is finite, with one scalar read back: `Σ (x − x)` is 0
+/// when every `x` is finite and NaN otherwise (`Inf − Inf` and `NaN − NaN` are NaN), and
+/// cannot overflow whatever the magnitudes.
+pub(crate) fn all_finite<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Result<bool> {
+    let mut total: Option<Tensor> = None;
+    for t in tensors {
+        let d = t.sub(t)?.sum_all()?.to_dtype(DType::F32)?;
+        total = Some(match total {
+            None => d,
+            Some(s) => (s + d)?,
+        });
+    }
+    match total {
+        None => Ok(true),
+        Some(t) => Ok(t.to_scalar::<f32>()? == 0.0),
     }
 }
 

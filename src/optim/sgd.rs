@@ -3,7 +3,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor, Var};
 
-use super::{export, import, LpOptimizer, ParamQuant, Slot};
+use super::{export, import, step_gradients, LpOptimizer, ParamQuant, Slot};
 
 /// Hyper-parameters of [`LpSgd`], with PyTorch's defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,6 +78,25 @@ impl LpSgd {
 
     /// One step over every var that has a gradient in `grads`.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.scaled_step(grads, 1.0, false).map(|_| ())
+    }
+
+    /// One step on the gradients of a loss multiplied by `scale`, skipped (returning false)
+    /// when `skip_non_finite` and a gradient is Inf or NaN; see [`LpOptimizer::scaled_step`].
+    pub fn scaled_step(
+        &mut self,
+        grads: &GradStore,
+        scale: f32,
+        skip_non_finite: bool,
+    ) -> Result<bool> {
+        match step_gradients(&self.slots, grads, scale, skip_non_finite)? {
+            Some(gradients) => self.update(gradients).map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    /// The update of every slot from its gradient (`None`: no gradient, skipped).
+    fn update(&mut self, gradients: Vec<Option<Tensor>>) -> Result<()> {
         let SgdParams {
             lr,
             momentum,
@@ -85,8 +104,8 @@ impl LpSgd {
             weight_decay,
             nesterov,
         } = self.params;
-        for slot in &mut self.slots {
-            let Some(mut g) = slot.gradient(grads)? else {
+        for (slot, g) in self.slots.iter_mut().zip(gradients) {
+            let Some(mut g) = g else {
                 continue;
             };
             slot.step += 1;
@@ -188,6 +207,10 @@ impl candle_nn::Optimizer for LpSgd {
 impl LpOptimizer for LpSgd {
     fn step(&mut self, grads: &GradStore) -> Result<()> {
         LpSgd::step(self, grads)
+    }
+
+    fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
+        LpSgd::scaled_step(self, grads, scale, skip)
     }
 
     fn learning_rate(&self) -> f64 {
