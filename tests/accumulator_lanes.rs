@@ -385,3 +385,31 @@ fn tiles_of_finite_operands_finish_in_registers() {
         }
     });
 }
+
+/// `fma:<A>` keeps every bit of a product: posit<16,1> products near 1 have up to 26
+/// significand bits, more than binary32 holds. Output `(i, j)` is `A(-1 + x_i y_j)` rounded
+/// to posit<16,1> (`a` rows `[-1, x_i]`, `b` rows `[1, ..., 1]` and `[y_0, ..., y_n]`):
+/// exact in binary32 when fused, while a product rounded to f32 first loses the low bits.
+#[test]
+fn fused_products_keep_every_bit() {
+    let op = fmt("posit<16,1>");
+    let (m, k, n) = (64, 2, 70);
+    let odd = |i: usize| 1.0 + (2 * i + 1) as f64 / 4096.0;
+    let a: Vec<f64> = (0..m).flat_map(|i| [-1.0, odd(3 * i)]).collect();
+    let b: Vec<f64> = (0..k * n)
+        .map(|idx| if idx < n { 1.0 } else { odd(5 * (idx - n) + 1) })
+        .collect();
+    for acc in ["fp32", "bf16"] {
+        let rule = Rule {
+            op,
+            acc: fmt(acc),
+            fused: true,
+        };
+        if acc == "fp32" {
+            // The sums are exact: the test would see a product rounded before the add.
+            let sums = rule.sums(&a, &b, (m, k, n));
+            assert_eq!(sums[1], odd(0) * odd(6) - 1.0, "exact in binary32");
+        }
+        check(&rule.name("posit<16,1>", acc), &rule, &a, &b, (m, k, n), 11);
+    }
+}
