@@ -21,7 +21,14 @@
 //! operand format `F` and the accumulator `A` apply: products rounded with `F`'s plan (or,
 //! fused, left exact in f64), sums with `A`'s, the output with `F`'s. A sum of a value of `F`
 //! and one of `A` is zero or at least the smaller of their smallest magnitudes, and below
-//! twice the larger maximum, so it stays inside f32's normal range too.
+//! twice the larger maximum, so it stays inside f32's normal range too. The accumulator
+//! may also be IEEE binary32 (`fp32`: the native f32 add, or the fused multiply-add for
+//! `fma`; the bias added in f64 rounded to odd and converted), or a float with f32's
+//! exponent range and at most 22 significand bits (bf16): [`naive_lanes`]'s docs prove
+//! both. `fma:<A>` runs in registers where `A` is binary32 or the operands have at most 12
+//! significand bits (their products are f32 values); otherwise in the row kernel, whose
+//! products are exact in f64 and whose sums are rounded to odd there (narrowed to odd for
+//! a plan accumulator, converted to f32 for binary32).
 
 use super::gemm_cpu::{for_rows, Bias, Dims};
 use super::naive_lanes::{self, Accumulator, Products, TILE};

@@ -44,6 +44,50 @@
 //!   on the format's grid a lane is never marked for posits (they saturate); for floats
 //!   only after an overflow.
 //!
+//! # Accumulators with f32's exponent range, and fused multiply-adds
+//!
+//! With `fma:<A>` ([`Products::Fused`]) a term is the exact product `a·b`, added to the sum
+//! with one rounding; with `naive:<A>` the product rounded to the operand format `F`.
+//!
+//! * **Fused terms into a plan accumulator.** Where both operands have at most 12
+//!   significand bits, `a·b` is an f32 (at most 24 significand bits, magnitude in
+//!   `[u², max²]`, `u` the operand format's smallest positive value, inside f32's normal
+//!   range by the caller's check). The kernel adds it as it adds a rounded product
+//!   (TwoSum, round to odd, the plan): `S(s + a·b)`, one rounding. Wider operands take
+//!   the caller's row kernel.
+//! * **bf16 and other floats up to f32's range.** The accumulator may also be a float with
+//!   at most 22 significand bits, values no larger than f32's largest and overflow to
+//!   infinity (bf16 = `float<8,7>`, `float<8,m>`), whose smallest values lie below f32's
+//!   normal range: no sum reaches them. Every term is an integer multiple of `q`, `u` for
+//!   `naive` (every value of `F` is a multiple of `u`) or `u²` for `fma`, and `q >= 2^-126`
+//!   (the caller's check on `F`: `u² >= 2^-126`, posits `minpos² >= 2^-125`). If the
+//!   running sum `s` is a multiple of `q`, so is the exact `s + t`, and so is its rounding
+//!   to `A`: a float's values in one binade are the multiples of one power of two there
+//!   (the binade's spacing); where that spacing is below `q`, `s + t` is itself a value of
+//!   `A` (a multiple of `q` is a multiple of the spacing), and otherwise the result is a
+//!   multiple of a spacing of at least `q`, or the binade's upper end, a larger power of
+//!   two. So from `s = 0` every sum is zero or at least `q >= 2^-126` in magnitude, a
+//!   normal f32, and the argument above holds for `A`: every value of `A` at or above
+//!   `2^-126`, and every midpoint between two of them (at most 23 significand bits), is an
+//!   f32 whose last bit is 0. TwoSum's `hi` overflows only for a fused sum near f32's
+//!   largest value (`|s| + |a·b|` past it); the lane is then marked and the scalar
+//!   definition rounds the exact sum.
+//! * **IEEE binary32 ([`Accumulator::Binary32`]).** Rounding to odd at 24 bits cannot
+//!   serve a 24-bit target (the odd value is already an f32, which nearest rounding keeps:
+//!   that is truncation with a sticky bit, not rounding to nearest). Binary32 needs none:
+//!   `naive:fp32`'s `s + p` is the native f32 add, which IEEE 754 defines as the exact sum
+//!   of two f32 values rounded once to nearest even (gradual underflow, overflow to
+//!   infinity); `fma:fp32`'s `s + a·b` is the fused multiply-add `fma(a, b, s)`, the exact
+//!   `a·b + s` rounded once. Each step is then the definition's operation for any f32
+//!   operands. The portable build, which may lack the fused instruction, forms `a·b` in
+//!   f64 (exact: at most 48 significand bits, exponents far inside f64's range), adds `s`
+//!   rounded to odd at 53 bits ([`super::round_odd::add_odd`]) and narrows to f32 by
+//!   conversion, rounding to nearest even: 53 >= 24 + 2 bits, so that is the correct
+//!   rounding of the exact value, the fused instruction's bits. A sum that is Inf or NaN
+//!   marks its lane (Inf, NaN or NaR operands; with finite operands a `naive` sum cannot
+//!   overflow, its terms being below `2^64` while the overflow threshold lies `2^103`
+//!   above f32's largest value, and a fused one only with products near `2^127`).
+//!
 //! The kernel is compiled for AVX-512 (16 lanes a register, fused multiply-add), AVX2
 //! (8 lanes, fused multiply-add) and the portable baseline (products in f64), chosen at run
 //! time ([`crate::backend::isa`]); all give the same bits. [`TILE`] lanes make four
