@@ -126,7 +126,7 @@ enum Sums {
     /// To the operand format (`naive`).
     Operand,
     /// To an accumulator format through its plan.
-    Plan(RunRounding),
+    Plan(Box<RunRounding>),
     /// To IEEE binary32: the native f32 add or fused multiply-add.
     Binary32,
 }
@@ -163,7 +163,7 @@ impl NaiveF32 {
         let sums = if is_binary32(acc) {
             Sums::Binary32
         } else {
-            Sums::Plan(RunRounding::accumulator(acc)?)
+            Sums::Plan(Box::new(RunRounding::accumulator(acc)?))
         };
         Some(NaiveF32 { op, sums, fused })
     }
