@@ -22,6 +22,8 @@ ACCUMULATE = [
     ("naive:float<8,23>", "naive:fp32"),
     ("naive:bf16", "naive:bf16"),
     ("naive:fp16", "naive:fp16"),
+    ("fma:float<8,23>", "fma:fp32"),
+    ("fma:bf16", "fma:bf16"),
     ("fma:fp16", "fma:fp16"),
 ]
 

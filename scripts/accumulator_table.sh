@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The accumulator table (RESULTS.md, "FP8 training with fp32, bf16 and fp16 accumulation"):
 # LeNet-5 on Fashion-MNIST with e4m3, e5m2 or split FP8 GEMM operands and every layer's GEMMs
-# (forward and both backward) under f32, naive:fp32, naive:bf16, naive:fp16 and fma:fp16
-# accumulation, as the sweep spec examples/sweeps/accumulators.toml sets out. Runs the
+# (forward and both backward) under f32, naive:fp32, naive:bf16, naive:fp16, fma:fp32,
+# fma:bf16 and fma:fp16 accumulation, as the sweep spec examples/sweeps/accumulators.toml sets out. Runs the
 # spec's unfinished points (WORKERS at a time) into sweeps/accumulators/, then copies each
 # run's per-epoch metrics to results/metrics/accumulators-<run>.csv and the sweep's report
 # to results/sweeps/accumulators/, and writes results/accumulator-table.md. Finished points

@@ -21,7 +21,7 @@ use qcandle::format::rounding::RuleKind;
 use qcandle::format::Rounding;
 use qcandle::quire::gemm_cpu::Bias;
 use qcandle::quire::naive_f32::NaiveF32;
-use qcandle::quire::naive_lanes::{tile, TILE};
+use qcandle::quire::naive_lanes::{tile, Accumulator, Products, TILE};
 use qcandle::quire::round_odd::{add_odd, mul_odd};
 use qcandle::Format;
 
@@ -265,7 +265,20 @@ fn tiles_of_finite_operands_finish_in_registers() {
             let a32: Vec<f32> = a.iter().map(|&v| v as f32).collect();
             let b32: Vec<f32> = b.iter().map(|&v| v as f32).collect();
             let mut acc = [0f32; TILE];
-            let done = tile(&plan, &plan, exact, &a32, &b32, TILE, &mut acc);
+            let products = if exact {
+                Products::RoundedExact
+            } else {
+                Products::Rounded
+            };
+            let done = tile(
+                &plan,
+                Accumulator::Plan(&plan),
+                products,
+                &a32,
+                &b32,
+                TILE,
+                &mut acc,
+            );
             let want = reference(&f, None, &a, &b, (1, k, TILE), &Bias::None);
             assert!(done, "{op} {isa:?}: the tile finished in registers");
             for (j, (&got, &w)) in acc.iter().zip(&want).enumerate() {

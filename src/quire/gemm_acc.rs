@@ -19,6 +19,11 @@
 //!
 //! Where the accumulator is IEEE binary32 (`fp32`, `float<8,23>`), its rounding is the f64
 //! to f32 conversion, which is exactly that rounding (subnormals, overflow to infinity).
+//!
+//! Where the operand format rounds through f32 runs (fp16, e5m2, e4m3, posits with n <= 24
+//! and maxpos² <= 2^125) and the accumulator is binary32, bf16, or such a format, the
+//! vectorised kernel of [`super::naive_f32`] computes the same bits; the loop below serves
+//! the other pairs.
 
 use super::gemm_cpu::{for_rows, Bias, Dims};
 use super::naive_f32::NaiveF32;

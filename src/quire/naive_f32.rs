@@ -21,12 +21,20 @@
 //! operand format `F` and the accumulator `A` apply: products rounded with `F`'s plan (or,
 //! fused, left exact in f64), sums with `A`'s, the output with `F`'s. A sum of a value of `F`
 //! and one of `A` is zero or at least the smaller of their smallest magnitudes, and below
-//! twice the larger maximum, so it stays inside f32's normal range too.
+//! twice the larger maximum, so it stays inside f32's normal range too. The accumulator
+//! may also be IEEE binary32 (`fp32`: the native f32 add, or the fused multiply-add for
+//! `fma`; the bias added in f64 rounded to odd and converted), or a float with f32's
+//! exponent range and at most 22 significand bits (bf16): [`naive_lanes`]'s docs prove
+//! both. `fma:<A>` runs in registers where `A` is binary32 or the operands have at most 12
+//! significand bits (their products are f32 values); otherwise in the row kernel, whose
+//! products are exact in f64 and whose sums are rounded to odd there (narrowed to odd for
+//! a plan accumulator, converted to f32 for binary32).
 
 use super::gemm_cpu::{for_rows, Bias, Dims};
-use super::naive_lanes::{self, TILE};
+use super::naive_lanes::{self, Accumulator, Products, TILE};
 use super::round_odd::{add_odd, mul_odd};
 use crate::backend::f32_plan::{F32Plan, RunRounder};
+use crate::format::float::{Overflow, Specials};
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::Format;
 
@@ -54,6 +62,9 @@ struct RunRounding {
 }
 
 impl RunRounding {
+    /// The rounding of an operand format (or an accumulator of the same reach): posits with
+    /// n <= 24 and maxpos^2 <= 2^125, floats with at most 21 mantissa bits whose squared
+    /// range lies inside f32's normal range.
     fn new(format: &Format) -> Option<Self> {
         let (fits, significand_bits) = match format {
             Format::Posit(p) => (
@@ -70,6 +81,26 @@ impl RunRounding {
         if !fits {
             return None;
         }
+        Self::with_plan(format, significand_bits)
+    }
+
+    /// The rounding of an accumulator format: those of [`RunRounding::new`], and floats with
+    /// at most 21 mantissa bits, values inside f32's range and overflow to infinity (bf16,
+    /// `float<8,m>`; see the module docs).
+    fn accumulator(format: &Format) -> Option<Self> {
+        match format {
+            Format::Float(f)
+                if f.man() <= 21
+                    && f.max_value() <= f64::from(f32::MAX)
+                    && f.overflow() == Overflow::Infinity =>
+            {
+                Self::with_plan(format, f.man() + 1)
+            }
+            _ => Self::new(format),
+        }
+    }
+
+    fn with_plan(format: &Format, significand_bits: u32) -> Option<Self> {
         Some(RunRounding {
             plan: F32Plan::new(format, RuleKind::NearestEven)?,
             format: *format,
@@ -90,11 +121,27 @@ impl RunRounding {
     }
 }
 
+/// How a kernel rounds its sums.
+enum Sums {
+    /// To the operand format (`naive`).
+    Operand,
+    /// To an accumulator format through its plan.
+    Plan(Box<RunRounding>),
+    /// To IEEE binary32: the native f32 add or fused multiply-add.
+    Binary32,
+}
+
+/// Whether `format` is IEEE binary32 (`fp32`, `float<8,23>` with subnormals, Inf and NaN).
+pub fn is_binary32(format: &Format) -> bool {
+    matches!(format, Format::Float(f)
+        if f.exp() == 8 && f.man() == 23 && f.subnormals() && f.bias() == 127
+            && f.specials() == Specials::Ieee && f.overflow() == Overflow::Infinity)
+}
+
 /// The row kernel of one operand format and one accumulator format.
 pub struct NaiveF32 {
     op: RunRounding,
-    /// The accumulator's rounding; `None` when it is the operand format's.
-    sum: Option<RunRounding>,
+    sums: Sums,
     /// Products left exact and added with one rounding (`fma`).
     fused: bool,
 }
@@ -104,7 +151,7 @@ impl NaiveF32 {
     pub fn new(format: &Format) -> Option<Self> {
         Some(NaiveF32 {
             op: RunRounding::new(format)?,
-            sum: None,
+            sums: Sums::Operand,
             fused: false,
         })
     }
@@ -112,25 +159,45 @@ impl NaiveF32 {
     /// The kernel of `naive:<acc>` (`fused` false) or `fma:<acc>` (`fused` true, products
     /// of `op` exact in f64) for operands in `op`, where it applies.
     pub fn with_accumulator(op: &Format, acc: &Format, fused: bool) -> Option<Self> {
-        Some(NaiveF32 {
-            op: RunRounding::new(op)?,
-            sum: Some(RunRounding::new(acc)?),
-            fused,
-        })
+        let op = RunRounding::new(op)?;
+        let sums = if is_binary32(acc) {
+            Sums::Binary32
+        } else {
+            Sums::Plan(Box::new(RunRounding::accumulator(acc)?))
+        };
+        Some(NaiveF32 { op, sums, fused })
     }
 
-    fn sum(&self) -> &RunRounding {
-        self.sum.as_ref().unwrap_or(&self.op)
+    /// The plan rounding of the sums (`None` for binary32).
+    fn sum_plan(&self) -> Option<&RunRounding> {
+        match &self.sums {
+            Sums::Operand => Some(&self.op),
+            Sums::Plan(r) => Some(r),
+            Sums::Binary32 => None,
+        }
+    }
+
+    /// `v` (an f64 rounded to odd, or exact) rounded to the accumulator format.
+    fn round_sum(&self, v: f64) -> f64 {
+        match self.sum_plan() {
+            Some(r) => r.format.round_rule(v, NearestEven, 0),
+            None => f64::from(v as f32),
+        }
+    }
+
+    /// Whether operands of the operand format have products that are f32 values.
+    fn exact_products(&self) -> bool {
+        self.op.significand_bits <= 12
     }
 
     /// `out (m x n) = A (m x k) · B (k x n) [+ bias]` under this kernel's rule, `a`, `b`
     /// and the bias row-major on the formats' grids (`parallel`: rows on the rayon pool).
     ///
-    /// Without `fma`, the sums run in registers, [`TILE`] columns at a time
-    /// ([`naive_lanes::tile`]); a tile the register kernel leaves behind (NaR, NaN, Inf)
-    /// is summed by the scalar definition; the bias and the output rounding follow on the
-    /// row. Operands that are not f32 values (off the grid) take the row kernel
-    /// ([`NaiveF32::row`]) instead, as `fma` does.
+    /// The sums run in registers, [`TILE`] columns at a time ([`naive_lanes::tile`]); a
+    /// tile the register kernel leaves behind (NaR, NaN, Inf) is summed by the scalar
+    /// definition; the bias and the output rounding follow on the row. Operands that are
+    /// not f32 values (off the grid), and `fma` into a plan accumulator with operands of
+    /// more than 12 significand bits, take the row kernel ([`NaiveF32::row`]) instead.
     pub fn gemm(
         &self,
         a: &[f64],
@@ -142,7 +209,9 @@ impl NaiveF32 {
     ) {
         assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
         let is_f32 = |v: &f64| v.is_nan() || f64::from(*v as f32) == *v;
-        let registers = !self.fused && a[..m * k].iter().chain(&b[..k * n]).all(is_f32);
+        let fused_lanes = matches!(self.sums, Sums::Binary32) || self.exact_products();
+        let registers =
+            (!self.fused || fused_lanes) && a[..m * k].iter().chain(&b[..k * n]).all(is_f32);
         let bias_of = |i: usize| -> Option<Vec<f64>> {
             match bias {
                 Bias::None => None,
@@ -166,6 +235,17 @@ impl NaiveF32 {
             }
         }
         let af: Vec<f32> = a[..m * k].iter().map(|&v| v as f32).collect();
+        let accumulator = match self.sum_plan() {
+            Some(r) => Accumulator::Plan(&r.plan),
+            None => Accumulator::Binary32,
+        };
+        let products = if self.fused {
+            Products::Fused
+        } else if self.exact_products() {
+            Products::RoundedExact
+        } else {
+            Products::Rounded
+        };
         let row = |i: usize, dst: &mut [f64]| {
             let x = &af[i * k..i * k + k];
             let xs = &a[i * k..i * k + k];
@@ -175,8 +255,8 @@ impl NaiveF32 {
                 let width = TILE.min(n - col);
                 let done = naive_lanes::tile(
                     &self.op.plan,
-                    &self.sum().plan,
-                    self.op.significand_bits <= 12,
+                    accumulator,
+                    products,
                     x,
                     &bf[col..],
                     stride,
@@ -199,10 +279,15 @@ impl NaiveF32 {
     /// One output's sum by the definition in f64 (each operation rounded to odd, then to
     /// the format): `xs` against `b[0], b[stride], ...`.
     fn scalar_sum(&self, xs: &[f64], b: &[f64], stride: usize) -> f64 {
-        let (op, sum) = (self.op.format, self.sum().format);
-        let round = |f: &Format, v: f64| f.round_rule(v, NearestEven, 0);
+        let op = self.op.format;
         xs.iter().enumerate().fold(0.0, |c, (t, &x)| {
-            round(&sum, add_odd(c, round(&op, mul_odd(x, b[t * stride]))))
+            let y = b[t * stride];
+            let term = if self.fused {
+                x * y
+            } else {
+                op.round_rule(mul_odd(x, y), NearestEven, 0)
+            };
+            self.round_sum(add_odd(c, term))
         })
     }
 
@@ -211,12 +296,21 @@ impl NaiveF32 {
     fn finish(&self, mut acc: Vec<f32>, bias: Option<&[f64]>, out: &mut [f64]) {
         let mut tmp = vec![0f32; acc.len()];
         if let Some(bias) = bias {
-            for ((s, &c), &v) in tmp.iter_mut().zip(&acc).zip(bias) {
-                *s = to_f32_odd(add_odd(c as f64, v));
+            match self.sum_plan() {
+                Some(sum) => {
+                    for ((s, &c), &v) in tmp.iter_mut().zip(&acc).zip(bias) {
+                        *s = to_f32_odd(add_odd(c as f64, v));
+                    }
+                    sum.round(&tmp, &mut acc);
+                }
+                None => {
+                    for (c, &v) in acc.iter_mut().zip(bias) {
+                        *c = add_odd(*c as f64, v) as f32;
+                    }
+                }
             }
-            self.sum().round(&tmp, &mut acc);
         }
-        if self.sum.is_some() {
+        if !matches!(self.sums, Sums::Operand) {
             // The output in the operand format.
             tmp.copy_from_slice(&acc);
             self.op.round(&tmp, &mut acc);
@@ -235,12 +329,19 @@ impl NaiveF32 {
         let mut acc = vec![0f32; n];
         let mut tmp = vec![0f32; n];
         let mut prod = vec![0f32; n];
+        let sum = self.sum_plan();
+        // Binary32 sums: the f64 sum rounded to odd, narrowed by the f32 conversion (the
+        // correct rounding); plan sums: narrowed to odd, then rounded by the plan.
+        let narrow = |v: f64| match sum {
+            Some(_) => to_f32_odd(v),
+            None => v as f32,
+        };
         for (t, &x) in a.iter().enumerate() {
             let brow = &b[t * n..t * n + n];
             // Products of two such values are exact in f64 (at most 2 x 22 significand bits).
             if self.fused {
                 for ((s, &c), &y) in tmp.iter_mut().zip(&acc).zip(brow) {
-                    *s = to_f32_odd(add_odd(c as f64, x * y));
+                    *s = narrow(add_odd(c as f64, x * y));
                 }
             } else {
                 for (p, &y) in tmp.iter_mut().zip(brow) {
@@ -248,10 +349,13 @@ impl NaiveF32 {
                 }
                 self.op.round(&tmp, &mut prod);
                 for ((s, &c), &p) in tmp.iter_mut().zip(&acc).zip(&prod) {
-                    *s = to_f32_odd(add_odd(c as f64, p as f64));
+                    *s = narrow(add_odd(c as f64, p as f64));
                 }
             }
-            self.sum().round(&tmp, &mut acc);
+            match sum {
+                Some(sum) => sum.round(&tmp, &mut acc),
+                None => acc.copy_from_slice(&tmp),
+            }
         }
         self.finish(acc, bias, out);
     }
