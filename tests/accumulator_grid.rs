@@ -17,23 +17,14 @@
 //! beyond it, bf16 sums do change outputs.
 
 mod common;
+#[path = "common/operands.rs"]
+mod operands;
 
 use common::SplitMix;
-use qcandle::format::rounding::Rounding;
+use operands::{fmt, round};
 use qcandle::quire::gemm_acc::naive_sum_gemm;
 use qcandle::quire::gemm_cpu::Bias;
 use qcandle::Format;
-
-fn fmt(s: &str) -> Format {
-    match s {
-        "fp32" => Format::float(8, 23).expect("binary32"),
-        _ => s.parse().expect("a format"),
-    }
-}
-
-fn round(f: &Format, x: f64) -> f64 {
-    f.round(x, Rounding::NearestEven, 0)
-}
 
 /// Significand bits (with the implicit one) of a float format.
 fn significand_bits(f: &Format) -> i32 {

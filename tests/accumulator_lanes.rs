@@ -18,31 +18,22 @@ mod common;
 mod exact;
 #[path = "common/isa_cap.rs"]
 mod isa_cap;
+#[path = "common/operands.rs"]
+mod operands;
 
 use common::{Mismatches, SplitMix};
 use exact::{f64_units, ref_odd};
 use isa_cap::on_every_isa;
 use num_bigint::BigInt;
 use num_traits::Zero;
+use operands::{fmt, round, values};
 use qcandle::backend::f32_plan::F32Plan;
 use qcandle::format::rounding::RuleKind;
-use qcandle::format::Rounding;
 use qcandle::quire::gemm_acc::{fma_gemm, naive_sum_gemm};
 use qcandle::quire::gemm_cpu::Bias;
 use qcandle::quire::naive_f32::NaiveF32;
 use qcandle::quire::naive_lanes::{tile, Accumulator, Products, TILE};
 use qcandle::Format;
-
-fn fmt(s: &str) -> Format {
-    match s {
-        "fp32" => Format::float(8, 23).expect("binary32"),
-        _ => s.parse().expect("a format"),
-    }
-}
-
-fn round(f: &Format, x: f64) -> f64 {
-    f.round(x, Rounding::NearestEven, 0)
-}
 
 /// The operand formats, and the accumulators each is summed in.
 const OPERANDS: &[&str] = &["e4m3", "e5m2", "fp16", "posit<8,0>", "posit<16,1>"];
@@ -169,30 +160,6 @@ fn rules() -> Vec<(String, Rule)> {
         }
     }
     rules
-}
-
-/// Values of `format` over its range: random magnitudes around 1, values near the smallest
-/// and largest magnitudes, zeros, and both signs.
-fn values(format: &Format, count: usize, seed: u64) -> Vec<f64> {
-    let max = format.max_finite().unwrap();
-    let min = format.min_positive().unwrap();
-    let mut rng = SplitMix(seed);
-    (0..count)
-        .map(|i| {
-            let state = rng.next_u64();
-            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
-            let v = match i % 11 {
-                0 => max * u,
-                1 => min * (1.0 + 3.0 * u),
-                2 => 0.0,
-                3 => max,
-                4 => min,
-                _ => (2.0 * u - 1.0) * 4.0f64.powf(6.0 * u - 3.0),
-            };
-            let v = if state >> 63 == 1 { -v } else { v };
-            round(format, v)
-        })
-        .collect()
 }
 
 /// The GEMM of `rule` against the definition on `a`, `b` with no bias, a bias per column

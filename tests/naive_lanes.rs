@@ -13,9 +13,12 @@
 mod common;
 #[path = "common/isa_cap.rs"]
 mod isa_cap;
+#[path = "common/operands.rs"]
+mod operands;
 
 use common::SplitMix;
 use isa_cap::on_every_isa;
+use operands::values;
 use qcandle::backend::f32_plan::F32Plan;
 use qcandle::format::rounding::RuleKind;
 use qcandle::format::Rounding;
@@ -27,30 +30,6 @@ use qcandle::Format;
 
 fn fmt(s: &str) -> Format {
     s.parse().expect("a format")
-}
-
-/// Values of `format` over its range: random magnitudes around 1, values near the smallest
-/// and largest magnitudes, zeros, and both signs.
-fn values(format: &Format, count: usize, seed: u64) -> Vec<f64> {
-    let max = format.max_finite().unwrap();
-    let min = format.min_positive().unwrap();
-    let mut rng = SplitMix(seed);
-    (0..count)
-        .map(|i| {
-            let state = rng.next_u64();
-            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
-            let v = match i % 11 {
-                0 => max * u,
-                1 => min * (1.0 + 3.0 * u),
-                2 => 0.0,
-                3 => max,
-                4 => min,
-                _ => (2.0 * u - 1.0) * 4.0f64.powf(6.0 * u - 3.0),
-            };
-            let v = if state >> 63 == 1 { -v } else { v };
-            format.round(v, Rounding::NearestEven, 0)
-        })
-        .collect()
 }
 
 /// The definition, one output at a time (see the file docs); `acc` `None` for `naive`.
