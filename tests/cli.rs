@@ -318,8 +318,8 @@ fn train_writes_a_run_that_compare_reads_and_a_second_call_resumes() {
 }
 
 /// Runs `qcandle train` of a small MLP in `dir` (default `--out`) with `extra` arguments;
-/// returns the metrics CSV without the seconds column.
-fn train_in(dir: &Path, extra: &[&str]) -> String {
+/// returns its stdout, the metrics CSV.
+fn train_csv(dir: &Path, extra: &[&str]) -> String {
     let mut args = vec![
         "train",
         "--model",
@@ -337,7 +337,12 @@ fn train_in(dir: &Path, extra: &[&str]) -> String {
     args.extend(extra);
     let o = qcandle_in(Some(dir), &args);
     assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    let csv = String::from_utf8(o.stdout).unwrap();
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// [`train_csv`] without the seconds column (the last).
+fn train_in(dir: &Path, extra: &[&str]) -> String {
+    let csv = train_csv(dir, extra);
     let without_seconds = csv.lines().map(|l| l.rsplit_once(',').unwrap().0);
     without_seconds.collect::<Vec<_>>().join("\n")
 }
@@ -688,26 +693,9 @@ fn ptq_takes_a_format_with_accumulate_settings_as_its_rows_and_refuses_rows_that
     }
 }
 
-/// `train`'s stdout (the metrics CSV) without its `seconds` column.
+/// `train`'s stdout (the metrics CSV) without its `seconds` column, wherever it stands.
 fn metrics_without_seconds(dir: &Path, extra: &[&str]) -> Vec<Vec<String>> {
-    let mut args = vec![
-        "train",
-        "--model",
-        "mlp",
-        "--data",
-        "embedded",
-        "--train-limit",
-        "256",
-        "--epochs",
-        "1",
-        "--batch",
-        "64",
-        "--quiet",
-    ];
-    args.extend(extra);
-    let o = qcandle_in(Some(dir), &args);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    let csv = String::from_utf8(o.stdout).unwrap();
+    let csv = train_csv(dir, extra);
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     let seconds = header.iter().position(|h| *h == "seconds").unwrap();
     csv.lines()
