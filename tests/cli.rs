@@ -8,6 +8,7 @@ mod cli;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::process::Output;
 
 use candle_core::{DType, Device, Tensor};
 use cli::{assert_clean_failure, qcandle, qcandle_in, stderr};
@@ -16,6 +17,19 @@ use qcandle::{quantize, Quant};
 fn sample() -> Tensor {
     let v: Vec<f32> = (0..60).map(|i| (i as f32 - 30.0) * 0.173).collect();
     Tensor::from_vec(v, (6, 10), &Device::Cpu).unwrap()
+}
+
+/// Asserts that the tool, run with `args`, refused them as a user error (status 1, or clap's
+/// usage status 2) whose message contains `needle`, without a panic.
+#[track_caller]
+fn assert_refused(o: &Output, args: &[&str], needle: &str) {
+    assert!(
+        matches!(o.status.code(), Some(1 | 2)),
+        "{args:?}: {}",
+        stderr(o)
+    );
+    assert!(stderr(o).contains(needle), "{args:?}: {}", stderr(o));
+    assert!(!stderr(o).contains("panicked"), "{args:?}");
 }
 
 #[test]
@@ -426,13 +440,7 @@ fn train_and_compare_refuse_bad_input_with_clear_errors() {
     for (args, needle) in cases {
         let o = qcandle(&args);
         // 1: our errors; 2: clap's usage errors.
-        assert!(
-            matches!(o.status.code(), Some(1 | 2)),
-            "{args:?}: {}",
-            stderr(&o)
-        );
-        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
-        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+        assert_refused(&o, &args, needle);
     }
 }
 
@@ -582,13 +590,7 @@ fn ptq_refuses_bad_models_and_formats_with_clear_errors() {
     ];
     for (args, needle) in cases {
         let o = qcandle(&args);
-        assert!(
-            matches!(o.status.code(), Some(1 | 2)),
-            "{args:?}: {}",
-            stderr(&o)
-        );
-        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
-        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+        assert_refused(&o, &args, needle);
     }
 }
 
@@ -765,12 +767,6 @@ fn the_loss_scale_flag_replaces_the_configs_and_bad_values_are_clear_errors() {
     ];
     for (args, needle) in cases {
         let o = qcandle_in(Some(dir.path()), &args);
-        assert!(
-            matches!(o.status.code(), Some(1 | 2)),
-            "{args:?}: {}",
-            stderr(&o)
-        );
-        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
-        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+        assert_refused(&o, &args, needle);
     }
 }
