@@ -263,10 +263,6 @@ macro_rules! adam_api {
         }
 
         impl LpOptimizer for $name {
-            fn step(&mut self, grads: &GradStore) -> Result<()> {
-                $name::step(self, grads)
-            }
-
             fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
                 $name::scaled_step(self, grads, scale, skip)
             }

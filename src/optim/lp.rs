@@ -157,10 +157,6 @@ impl<O: Optimizer> Optimizer for OptimLp<O> {
 }
 
 impl<O: Optimizer> LpOptimizer for OptimLp<O> {
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        Self::step(self, grads)
-    }
-
     fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
         Self::scaled_step(self, grads, scale, skip)
     }

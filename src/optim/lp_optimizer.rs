@@ -12,13 +12,17 @@ use candle_core::{Result, Tensor, Var};
 /// tensors (see the [module docs](super) for the rules and the state's entry names).
 ///
 /// Implemented by [`super::LpSgd`], [`super::LpAdam`], [`super::LpAdamW`] and
-/// [`super::OptimLp`], each method by the type's inherent method of the same name: code that
+/// [`super::OptimLp`], each required method by the type's inherent method of the same name
+/// (`step` and `backward_step` are provided, the same as the inherent ones): code that
 /// holds a concrete optimizer calls those without importing this trait, and without clashing
 /// with [`candle_nn::Optimizer`]'s `step` where both traits are in scope. Object safe: a
 /// `Box<dyn LpOptimizer>` holds any of them.
 pub trait LpOptimizer {
     /// One step over every var that has a gradient in `grads`; the others are left alone.
-    fn step(&mut self, grads: &GradStore) -> Result<()>;
+    /// [`LpOptimizer::scaled_step`] with scale 1 and no check.
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.scaled_step(grads, 1.0, false).map(|_| ())
+    }
 
     /// One step on `grads`, the gradients of a loss multiplied by `scale` (loss scaling, see
     /// [`super::loss_scale`]): each gradient is rounded with the parameter's `gradient`

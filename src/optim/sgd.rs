@@ -205,10 +205,6 @@ impl candle_nn::Optimizer for LpSgd {
 }
 
 impl LpOptimizer for LpSgd {
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        LpSgd::step(self, grads)
-    }
-
     fn scaled_step(&mut self, grads: &GradStore, scale: f32, skip: bool) -> Result<bool> {
         LpSgd::scaled_step(self, grads, scale, skip)
     }
