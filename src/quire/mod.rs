@@ -23,6 +23,7 @@
 pub mod accumulate;
 pub mod accumulator;
 pub mod gemm_acc;
+pub mod gemm_checked;
 pub mod gemm_cpu;
 #[cfg(feature = "cuda")]
 pub mod gemm_cuda;
