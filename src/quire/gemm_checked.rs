@@ -85,7 +85,7 @@ use rayon::prelude::*;
 use super::accumulator::Quire;
 use super::gemm_cpu::{dgemm_strided, for_rows, Bias, Dims, Strided};
 use super::quire_i16::Operand;
-use crate::backend::f32_plan::{F32Plan, SHAPE_POSIT};
+use crate::backend::f32_plan::{F32Plan, NearestLanes, SHAPE_POSIT};
 use crate::format::grid::pow2;
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::{Format, Posit};
@@ -151,13 +151,19 @@ pub fn gemm_f64(
 ) -> usize {
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    let (a, b) = (&a[..m * k], &b[..k * n]);
+    let (a_norms, b_norms) = join(
+        parallel,
+        || norms(a, (m, k), true),
+        || norms(b, (k, n), false),
+    );
     let ops = Prepared {
-        a: Strided::new(&a[..m * k], k, 1),
-        b: Strided::new(&b[..k * n], n, 1),
-        a_norms: norms(&a[..m * k], (m, k), true, parallel),
-        b_norms: norms(&b[..k * n], (k, n), false, parallel),
+        a: Strided::new(a, k, 1),
+        b: Strided::new(b, n, 1),
+        a_norms,
+        b_norms,
     };
-    run(posit, &ops, dims, bias, &mut out[..m * n], parallel)
+    run(posit, &ops, dims, bias, &mut out[..m * n], None, parallel)
 }
 
 /// `round(A · B + bias)` (`m x n`, row-major f32) for f32 operands not yet rounded to the
@@ -173,22 +179,14 @@ pub fn gemm_f32(
 ) -> (Vec<f32>, usize) {
     let (m, k, n) = dims;
     assert!(a.data.len() >= m * k && b.data.len() >= k * n);
-    let format = Format::Posit(posit);
     // `A` (m x k): stored as is, or as its transpose (k x m). `B` (k x n): as is, or as
     // its transpose (n x k). The norms run along A's rows and B's columns.
-    let (av, a_norms) = prepare(
-        &format,
-        &a.data[..m * k],
-        if a.transposed { (k, m) } else { (m, k) },
-        !a.transposed,
+    let a_shape = if a.transposed { (k, m) } else { (m, k) };
+    let b_shape = if b.transposed { (n, k) } else { (k, n) };
+    let ((av, a_norms), (bv, b_norms)) = join(
         parallel,
-    );
-    let (bv, b_norms) = prepare(
-        &format,
-        &b.data[..k * n],
-        if b.transposed { (n, k) } else { (k, n) },
-        b.transposed,
-        parallel,
+        || prepare(posit, &a.data[..m * k], a_shape, !a.transposed),
+        || prepare(posit, &b.data[..k * n], b_shape, b.transposed),
     );
     let ops = Prepared {
         a: if a.transposed {
@@ -205,72 +203,101 @@ pub fn gemm_f32(
         b_norms,
     };
     let mut sums = vec![0.0; m * n];
-    let fallbacks = run(posit, &ops, dims, bias, &mut sums, parallel);
-    let out = sums
-        .par_iter()
-        .with_min_len(4096)
-        .map(|&v| v as f32)
-        .collect();
+    let mut out = vec![0f32; m * n];
+    let fallbacks = run(posit, &ops, dims, bias, &mut sums, Some(&mut out), parallel);
     (out, fallbacks)
 }
 
-/// The operand `src` (`rows x cols` row-major) rounded to `format` in f64, and the 2-norm
+/// `(f(), g())`, on the rayon pool when `parallel`.
+fn join<A: Send, B: Send>(
+    parallel: bool,
+    f: impl FnOnce() -> A + Send,
+    g: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    if parallel {
+        rayon::join(f, g)
+    } else {
+        (f(), g())
+    }
+}
+
+/// The operand `src` (`rows x cols` row-major) rounded to the posit in f64, and the 2-norm
 /// of each row (`along_rows`) or each column.
 fn prepare(
-    format: &Format,
+    posit: Posit,
     src: &[f32],
-    (rows, cols): (usize, usize),
+    shape: (usize, usize),
     along_rows: bool,
-    parallel: bool,
 ) -> (Vec<f64>, Vec<f64>) {
-    let values: Vec<f64> = {
-        let Format::Posit(p) = format else {
-            unreachable!("posit operands")
-        };
-        let mut rounded = vec![0f32; src.len()];
-        let fast = values_are_f32(*p)
-            && crate::backend::cpu::quantize_slice(
+    let plan = if values_are_f32(posit) {
+        F32Plan::shared(&Format::Posit(posit), RuleKind::NearestEven)
+    } else {
+        None
+    };
+    let round = |x: f32| posit.round(f64::from(x), NearestEven, 0);
+    let mut values = vec![0.0; src.len()];
+    let fill = |(src, dst): (&[f32], &mut [f64])| match &plan {
+        // The quantize kernel's f32 plan (the same values as `Posit::round`), then widened.
+        Some(_) => {
+            let mut rounded = vec![0f32; src.len()];
+            let done = crate::backend::cpu::quantize_slice(
                 Some(src),
                 &mut rounded,
                 &[src.len()],
-                format,
+                &Format::Posit(posit),
                 crate::format::Rounding::NearestEven,
                 None,
-            )
-            .is_ok();
-        if fast {
-            rounded
-                .par_iter()
-                .with_min_len(4096)
-                .map(|&v| f64::from(v))
-                .collect()
-        } else {
-            src.par_iter()
-                .with_min_len(4096)
-                .map(|&x| p.round(f64::from(x), NearestEven, 0))
-                .collect()
+            );
+            if done.is_ok() {
+                for (d, &x) in dst.iter_mut().zip(&rounded) {
+                    *d = f64::from(x);
+                }
+            } else {
+                for (d, &x) in dst.iter_mut().zip(src) {
+                    *d = round(x);
+                }
+            }
+        }
+        None => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = round(x);
+            }
         }
     };
-    let n = norms(&values, (rows, cols), along_rows, parallel);
-    (values, n)
+    if src.len() <= BLOCK {
+        fill((src, &mut values));
+    } else {
+        src.par_chunks(BLOCK)
+            .zip(values.par_chunks_mut(BLOCK))
+            .for_each(fill);
+    }
+    let norms = norms(&values, shape, along_rows);
+    (values, norms)
 }
+
+/// Elements per parallel block of the operand passes: smaller operands are one block, on
+/// the calling thread (a hand-off to the pool costs more than the pass).
+const BLOCK: usize = 1 << 16;
 
 /// The 2-norm `sqrt(Σ v²)` of each row (`along_rows`) or each column of `v` (`rows x cols`,
 /// row-major), summed in any order (see the module docs); NaN or Inf where a value is not
-/// finite.
-fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool, parallel: bool) -> Vec<f64> {
+/// finite. Blocks of rows run in parallel where the matrix is large.
+fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -> Vec<f64> {
     if rows == 0 || cols == 0 {
         return vec![0.0; if along_rows { rows } else { cols }];
     }
-    if along_rows {
-        let norm = |r: &[f64]| r.iter().map(|x| x * x).sum::<f64>().sqrt();
-        if parallel {
-            v.par_chunks(cols).with_min_len(64).map(norm).collect()
+    let v = &v[..rows * cols];
+    let block_len = (BLOCK / cols).max(1) * cols;
+    let sums = if along_rows {
+        let row_sums =
+            |block: &[f64]| -> Vec<f64> { block.chunks(cols).map(sum_of_squares).collect() };
+        if v.len() <= block_len {
+            row_sums(v)
         } else {
-            v.chunks(cols).map(norm).collect()
+            v.par_chunks(block_len).flat_map_iter(row_sums).collect()
         }
     } else {
-        let add_rows = |block: &[f64]| {
+        let column_sums = |block: &[f64]| {
             let mut acc = vec![0.0; cols];
             for r in block.chunks(cols) {
                 for (s, x) in acc.iter_mut().zip(r) {
@@ -279,29 +306,47 @@ fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool, parallel: bo
             }
             acc
         };
-        let sums = if parallel && rows * cols >= 1 << 16 {
-            v.par_chunks(cols * rows.div_ceil(rayon::current_num_threads()).max(1))
-                .map(add_rows)
+        if v.len() <= block_len {
+            column_sums(v)
+        } else {
+            v.par_chunks(block_len)
+                .map(column_sums)
                 .reduce_with(|mut x, y| {
                     x.iter_mut().zip(&y).for_each(|(s, t)| *s += t);
                     x
                 })
                 .unwrap_or_else(|| vec![0.0; cols])
-        } else {
-            add_rows(v)
-        };
-        sums.into_iter().map(f64::sqrt).collect()
-    }
+        }
+    };
+    sums.into_iter().map(f64::sqrt).collect()
 }
 
-/// The f64 GEMM, the check and the exact fallbacks into `out` (`m x n`); returns the
-/// number of fallbacks.
+/// `Σ x²` in eight interleaved partial sums (any order serves the bound; this one
+/// vectorises).
+fn sum_of_squares(v: &[f64]) -> f64 {
+    let (groups, tail) = v.as_chunks::<8>();
+    let mut acc = [0.0; 8];
+    for g in groups {
+        for l in 0..8 {
+            acc[l] += g[l] * g[l];
+        }
+    }
+    let mut total = acc.iter().sum::<f64>();
+    for x in tail {
+        total += x * x;
+    }
+    total
+}
+
+/// The f64 GEMM into `out` (`m x n`), the check and the exact fallbacks in place, and each
+/// row also as f32 into `out32` where given; returns the number of fallbacks.
 fn run(
     posit: Posit,
     ops: &Prepared,
     dims: Dims,
     bias: Bias,
     out: &mut [f64],
+    out32: Option<&mut [f32]>,
     parallel: bool,
 ) -> usize {
     let (m, k, n) = dims;
@@ -322,81 +367,243 @@ fn run(
     let c = (k + 1) as f64 * pow2(-52);
     let ends = Ends::new(posit);
     let maxpos = posit.max_pos();
+    // |bias| per column (zeros without a column bias) and per row.
+    let col_bias: Vec<f64> = match bias {
+        Bias::PerCol(v) => v[..n].iter().map(|x| x.abs()).collect(),
+        _ => vec![0.0; n],
+    };
+    let row_bias = |i: usize| match bias {
+        Bias::PerRow(v) => v[i].abs(),
+        _ => 0.0,
+    };
     let fallbacks = AtomicUsize::new(0);
     let row = |i: usize, dst: &mut [f64]| {
         let na = ops.a_norms[i];
+        let rb = row_bias(i);
+        // The bound of output (i, j) (see the module docs): not finite for NaR.
+        let bound = |j: usize| c * (na * ops.b_norms[j] + (col_bias[j] + rb));
         let mut count = 0;
-        let mut decide = |j: usize, o: &mut f64, decided: Option<f64>, nar: bool| {
-            *o = if nar {
+        // The scalar decision, for what the vector pass leaves: NaR, or the two ends'
+        // roundings (the exact sum where they differ).
+        let mut settle = |j: usize, o: &mut f64, lo: f64, hi: f64| {
+            let e = bound(j);
+            *o = if !e.is_finite() {
                 f64::NAN
-            } else if let Some(v) = decided {
-                v
             } else {
-                count += 1;
-                exact_output(posit, ops, i, j, k, bias.at(i, j))
+                let (rl, rh) = (
+                    posit.round(lo, NearestEven, 0),
+                    posit.round(hi, NearestEven, 0),
+                );
+                if rl == rh {
+                    rl
+                } else {
+                    count += 1;
+                    exact_output(posit, ops, i, j, k, bias.at(i, j))
+                }
             };
         };
         match &ends {
             Ends::F32(plan) => {
                 let lanes = plan.lanes();
-                for (j, o) in dst.iter_mut().enumerate() {
-                    let bias_v = bias.at(i, j).unwrap_or(0.0);
-                    let e = c * (na * ops.b_norms[j] + bias_v.abs());
-                    let (lo, hi) = ends_f32(*o, e, maxpos);
-                    let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(lo);
-                    let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(hi);
-                    let decided = if slow_l | slow_h {
-                        let (rl, rh) = (
-                            posit.round(f64::from(lo), NearestEven, 0),
-                            posit.round(f64::from(hi), NearestEven, 0),
-                        );
-                        (rl == rh).then_some(rl)
-                    } else {
-                        (pl == ph).then_some(f64::from(f32::from_bits(pl)))
-                    };
-                    decide(j, o, decided, !e.is_finite());
+                let consts = GroupConsts { na, rb, c, maxpos };
+                for (g, chunk) in dst.chunks_mut(GROUP).enumerate() {
+                    let j0 = g * GROUP;
+                    let len = chunk.len();
+                    // A short last group is padded with zero sums and bounds (exact zeros).
+                    let mut sums = [0.0; GROUP];
+                    let mut nb = [0.0; GROUP];
+                    let mut cb = [0.0; GROUP];
+                    sums[..len].copy_from_slice(chunk);
+                    nb[..len].copy_from_slice(&ops.b_norms[j0..j0 + len]);
+                    cb[..len].copy_from_slice(&col_bias[j0..j0 + len]);
+                    let group = check_group(&lanes, &consts, &sums, &nb, &cb);
+                    for (l, o) in chunk.iter_mut().enumerate() {
+                        if group.flagged[l] == 0 {
+                            *o = f64::from(f32::from_bits(group.rounded[l]));
+                        } else {
+                            let (lo, hi) = (group.lo[l], group.hi[l]);
+                            settle(j0 + l, o, f64::from(lo), f64::from(hi));
+                        }
+                    }
                 }
             }
             Ends::F64 => {
                 for (j, o) in dst.iter_mut().enumerate() {
-                    let bias_v = bias.at(i, j).unwrap_or(0.0);
-                    let e = c * (na * ops.b_norms[j] + bias_v.abs());
+                    let e = bound(j);
                     let (lo, hi) = if e > 0.0 {
                         ((*o - e).next_down(), (*o + e).next_up())
                     } else {
                         (*o, *o)
                     };
-                    let rl = posit.round(lo, NearestEven, 0);
-                    let rh = posit.round(hi, NearestEven, 0);
-                    decide(j, o, (rl == rh).then_some(rl), !e.is_finite());
+                    settle(j, o, lo, hi);
                 }
             }
         }
         fallbacks.fetch_add(count, Ordering::Relaxed);
     };
-    for_rows(out, m, n, parallel, row);
+    // Rows per parallel task: at least ROW_TASK outputs each.
+    let min_rows = ROW_TASK.div_ceil(n).max(1);
+    match out32 {
+        None if parallel => out[..m * n]
+            .par_chunks_mut(n)
+            .enumerate()
+            .with_min_len(min_rows)
+            .for_each(|(i, r)| row(i, r)),
+        None => for_rows(out, m, n, false, row),
+        Some(o) => {
+            let job = |(i, (sums, dst)): (usize, (&mut [f64], &mut [f32]))| {
+                row(i, sums);
+                for (d, &v) in dst.iter_mut().zip(sums.iter()) {
+                    *d = v as f32;
+                }
+            };
+            let (sums, o) = (&mut out[..m * n], &mut o[..m * n]);
+            if parallel {
+                sums.par_chunks_mut(n)
+                    .zip(o.par_chunks_mut(n))
+                    .enumerate()
+                    .with_min_len(min_rows)
+                    .for_each(job);
+            } else {
+                sums.chunks_mut(n)
+                    .zip(o.chunks_mut(n))
+                    .enumerate()
+                    .for_each(job);
+            }
+        }
+    }
     fallbacks.into_inner()
+}
+
+/// Outputs per parallel task of the check, at least (smaller GEMMs check on one thread).
+const ROW_TASK: usize = 1 << 13;
+
+/// Outputs per group of the vectorised check (one AVX-512 vector of f32).
+const GROUP: usize = 16;
+
+/// What a row's groups share: the row's norm and bias magnitude, `C` and maxpos.
+struct GroupConsts {
+    na: f64,
+    rb: f64,
+    c: f64,
+    maxpos: f64,
+}
+
+/// One group's check: the f32 ends, the rounding where both ends agree, and a flag where
+/// the scalar decision must settle the output (the ends differ, an end needs the plan's
+/// general path, or the bound is not finite: NaR).
+struct Group {
+    lo: [f32; GROUP],
+    hi: [f32; GROUP],
+    rounded: [u32; GROUP],
+    flagged: [u32; GROUP],
+}
+
+/// [`Group`] of the sums `s` with column norms `nb` and column bias magnitudes `cb`, on the
+/// widest instruction set this CPU runs (every path computes the same values: no fused
+/// operations are formed).
+fn check_group(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    match crate::backend::isa::active() {
+        // SAFETY: `isa::active` names only instruction sets this CPU has.
+        #[cfg(target_arch = "x86_64")]
+        crate::backend::isa::Isa::Avx512 => unsafe { check_group_avx512(lanes, k, s, nb, cb) },
+        #[cfg(target_arch = "x86_64")]
+        crate::backend::isa::Isa::Avx2 => unsafe { check_group_avx2(lanes, k, s, nb, cb) },
+        _ => check_group_body(lanes, k, s, nb, cb),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+fn check_group_avx512(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    check_group_body(lanes, k, s, nb, cb)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn check_group_avx2(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    check_group_body(lanes, k, s, nb, cb)
+}
+
+#[inline(always)]
+fn check_group_body(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    let mut g = Group {
+        lo: [0.0; GROUP],
+        hi: [0.0; GROUP],
+        rounded: [0; GROUP],
+        flagged: [0; GROUP],
+    };
+    for l in 0..GROUP {
+        let e = k.c * (k.na * nb[l] + (cb[l] + k.rb));
+        let (lo, hi) = ends_f32(s[l], e, k.maxpos);
+        let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(lo);
+        let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(hi);
+        g.lo[l] = lo;
+        g.hi[l] = hi;
+        g.rounded[l] = pl;
+        // `e` is NaN or infinite exactly where `e - e` is not 0.
+        g.flagged[l] = (slow_l | slow_h | (pl != ph) | ((e - e) != 0.0)) as u32;
+    }
+    g
 }
 
 /// The interval `[ŝ - e, ŝ + e]` widened outward to f32 ends, clamped to ±maxpos (see the
 /// module docs); `ŝ` itself where `e = 0`.
 #[inline(always)]
 fn ends_f32(s: f64, e: f64, maxpos: f64) -> (f32, f32) {
-    let lo = (s - e).clamp(-maxpos, maxpos);
-    let hi = (s + e).clamp(-maxpos, maxpos);
+    let lo = (s - e).max(-maxpos).min(maxpos);
+    let hi = (s + e).max(-maxpos).min(maxpos);
     let (l, h) = (lo as f32, hi as f32);
     let widen = e > 0.0;
-    let l = if widen && f64::from(l) >= lo {
-        l.next_down()
+    let l = if widen & (f64::from(l) >= lo) {
+        step_down(l)
     } else {
         l
     };
-    let h = if widen && f64::from(h) <= hi {
-        h.next_up()
+    let h = if widen & (f64::from(h) <= hi) {
+        -step_down(-h)
     } else {
         h
     };
     (l, h)
+}
+
+/// The next f32 below a finite `x` (branch-free, so that the check vectorises).
+#[inline(always)]
+fn step_down(x: f32) -> f32 {
+    let b = x.to_bits();
+    let bits = if x > 0.0 {
+        b.wrapping_sub(1)
+    } else if x < 0.0 {
+        b.wrapping_add(1)
+    } else {
+        0x8000_0001 // below ±0: the negative subnormal nearest zero
+    };
+    f32::from_bits(bits)
 }
 
 /// Output `(i, j)` summed exactly and rounded once: the products in i128 chunks of at most
