@@ -149,21 +149,70 @@ pub fn gemm_f64(
     out: &mut [f64],
     parallel: bool,
 ) -> usize {
+    let (a, b) = (F64Operand::rows(a), F64Operand::rows(b));
+    gemm_f64_layout(posit, a, b, dims, bias, out, parallel)
+}
+
+/// An f64 operand on the posit's grid and how it is stored.
+#[derive(Debug, Clone, Copy)]
+pub struct F64Operand<'a> {
+    /// The values, row-major.
+    pub data: &'a [f64],
+    /// Whether `data` holds the operand's transpose (`k x m` for `A`, `n x k` for `B`).
+    pub transposed: bool,
+}
+
+impl<'a> F64Operand<'a> {
+    /// An operand stored as it is (row-major, not transposed).
+    pub fn rows(data: &'a [f64]) -> Self {
+        F64Operand {
+            data,
+            transposed: false,
+        }
+    }
+}
+
+/// [`gemm_f64`] with each operand in either layout (read in place, no transposed copy).
+pub fn gemm_f64_layout(
+    posit: Posit,
+    a: F64Operand,
+    b: F64Operand,
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) -> usize {
     let (m, k, n) = dims;
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    let (a, b) = (&a[..m * k], &b[..k * n]);
+    assert!(a.data.len() >= m * k && b.data.len() >= k * n && out.len() >= m * n);
+    let (av, bv) = (&a.data[..m * k], &b.data[..k * n]);
+    // The norms run along A's rows and B's columns, whichever way each is stored.
     let (a_norms, b_norms) = join(
         parallel,
-        || norms(a, (m, k), true),
-        || norms(b, (k, n), false),
+        || {
+            norms(
+                av,
+                if a.transposed { (k, m) } else { (m, k) },
+                !a.transposed,
+            )
+        },
+        || norms(bv, if b.transposed { (n, k) } else { (k, n) }, b.transposed),
     );
     let ops = Prepared {
-        a: Strided::new(a, k, 1),
-        b: Strided::new(b, n, 1),
+        a: view(av, a.transposed, (m, k)),
+        b: view(bv, b.transposed, (k, n)),
         a_norms,
         b_norms,
     };
     run(posit, &ops, dims, bias, &mut out[..m * n], None, parallel)
+}
+
+/// The `rows x cols` operand stored in `data` as it is or transposed, as a strided view.
+fn view(data: &[f64], transposed: bool, (rows, cols): (usize, usize)) -> Strided<'_> {
+    if transposed {
+        Strided::new(data, 1, rows)
+    } else {
+        Strided::new(data, cols, 1)
+    }
 }
 
 /// `round(A · B + bias)` (`m x n`, row-major f32) for f32 operands not yet rounded to the
@@ -189,16 +238,8 @@ pub fn gemm_f32(
         || prepare(posit, &b.data[..k * n], b_shape, b.transposed),
     );
     let ops = Prepared {
-        a: if a.transposed {
-            Strided::new(&av, 1, m)
-        } else {
-            Strided::new(&av, k, 1)
-        },
-        b: if b.transposed {
-            Strided::new(&bv, 1, k)
-        } else {
-            Strided::new(&bv, n, 1)
-        },
+        a: view(&av, a.transposed, (m, k)),
+        b: view(&bv, b.transposed, (k, n)),
         a_norms,
         b_norms,
     };

@@ -247,6 +247,38 @@ impl GemmRule {
     }
 }
 
+impl GemmRule {
+    /// [`GemmRule::gemm`] with `B` given as its transpose `bt` (`n x k`, row-major): read in
+    /// place by the checked f64 quire ([`super::gemm_checked`]), transposed first for the
+    /// other kernels.
+    pub fn gemm_bt(
+        &self,
+        a: &[f64],
+        bt: &[f64],
+        dims: Dims,
+        bias: Bias,
+        out: &mut [f64],
+        parallel: bool,
+    ) {
+        let (_, k, n) = dims;
+        if let GemmRule::Quire(p) = self {
+            if accumulator_for(*p, k + bias_terms(&bias)) == Accumulator::F64Checked {
+                let (a, b) = (
+                    gemm_checked::F64Operand::rows(a),
+                    gemm_checked::F64Operand {
+                        data: bt,
+                        transposed: true,
+                    },
+                );
+                gemm_checked::gemm_f64_layout(*p, a, b, dims, bias, out, parallel);
+                return;
+            }
+        }
+        let b = super::layer_io::transpose(bt, n, k);
+        self.gemm(a, &b, dims, bias, out, parallel);
+    }
+}
+
 /// The number of bias terms (0 or 1).
 fn bias_terms(bias: &Bias) -> usize {
     usize::from(!matches!(bias, Bias::None))
