@@ -606,8 +606,7 @@ fn check_group_body(
         g.lo[l] = lo;
         g.hi[l] = hi;
         g.rounded[l] = pl;
-        // `e` is NaN or infinite exactly where `e - e` is not 0.
-        g.flagged[l] = (slow_l | slow_h | (pl != ph) | ((e - e) != 0.0)) as u32;
+        g.flagged[l] = (slow_l | slow_h | (pl != ph) | !e.is_finite()) as u32;
     }
     g
 }
