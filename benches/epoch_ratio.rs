@@ -7,8 +7,11 @@
 //!
 //! Run: `cargo bench --bench epoch_ratio` (float32 against posit<16,1> on `lenet5-unpadded`,
 //! batch 128, Adam lr 1e-3: the recipe of `qcandle train --epochs 1`), or name the model
-//! and configs: `cargo bench --bench epoch_ratio -- lenet5 float32 'posit<16,1>' bf16`. Needs the
-//! full Fashion-MNIST (`apt-get install dataset-fashion-mnist`).
+//! and configs: `cargo bench --bench epoch_ratio -- lenet5 float32 'posit<16,1>' bf16`. A config
+//! is a preset, a format or a config file (`examples/configs/quire-posit_16_1.toml`: every
+//! layer in posit<16,1> quire arithmetic). An argument `images=N` runs the epoch on the first
+//! `N` training images only (`N / 128` steps), for slow configs. Needs the full
+//! Fashion-MNIST (`apt-get install dataset-fashion-mnist`).
 
 /// The tool's CPU thread settings, applied before the first candle op.
 #[path = "../src/bin/qcandle/threads.rs"]
@@ -22,13 +25,20 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     threads::tune_cpu_threads();
-    let args = epochs::bench_args();
+    let all = epochs::bench_args();
+    let limit = all
+        .iter()
+        .find_map(|a| a.strip_prefix("images=").and_then(|n| n.parse().ok()));
+    let args: Vec<String> = all
+        .into_iter()
+        .filter(|a| !a.starts_with("images="))
+        .collect();
     let model = args.first().cloned().unwrap_or("lenet5-unpadded".into());
     let mut configs: Vec<String> = args.iter().skip(1).cloned().collect();
     if configs.is_empty() {
         configs = vec!["float32".into(), "posit<16,1>".into()];
     }
-    match run(&model, &configs) {
+    match run(&model, &configs, limit) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("epoch_ratio: {e:#}");
@@ -37,8 +47,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(model: &str, configs: &[String]) -> anyhow::Result<()> {
-    let batches = epochs::epoch_batches(None)?;
+fn run(model: &str, configs: &[String], limit: Option<usize>) -> anyhow::Result<()> {
+    let batches = epochs::epoch_batches(limit)?;
     let mut trainers = configs
         .iter()
         .map(|name| epochs::trainer(model, name))

@@ -593,6 +593,29 @@ fn conv_layers_equal_the_reference_in_every_rule() {
             padding: 2,
             dilation: 1,
         },
+        // Unit stride with padding (the input gradient's run copies, clipped both sides).
+        Conv {
+            n: 2,
+            c: 2,
+            h: 6,
+            w: 5,
+            oc: 3,
+            k: 3,
+            stride: 1,
+            padding: 2,
+            dilation: 1,
+        },
+        Conv {
+            n: 1,
+            c: 2,
+            h: 5,
+            w: 7,
+            oc: 2,
+            k: 3,
+            stride: 1,
+            padding: 1,
+            dilation: 2,
+        },
     ];
     let mut m = Mismatches::default();
     let mut checked = 0;

@@ -16,7 +16,9 @@ use exact::{compare, p, same, t2, tensor, values, Draw, Gemm, Ref, Term};
 use candle_core::{DType, Device, Tensor};
 use num_bigint::BigInt;
 use num_traits::Zero;
-use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
+use qcandle::quire::gemm_cpu::{
+    accumulator_exact, accumulator_for, quire_gemm, quire_gemm_with, Accumulator, Bias,
+};
 use qcandle::quire::{conv2d, linear, matmul, quire_matmul, Accumulation};
 use qcandle::Format;
 
@@ -76,28 +78,36 @@ fn accumulator_for_picks_the_narrowest_exact_path() {
     assert_eq!(accumulator_for(p(8, 0), (1 << 29) - 1), I16);
     // posit<7,1>: s = 10, too wide for i16 operands, f64 while terms < 2^13.
     assert_eq!(accumulator_for(p(7, 1), (1 << 13) - 1), F64);
-    assert_eq!(accumulator_for(p(8, 0), 1 << 29), I128);
+    // Past the exact f64 paths: the checked f64 GEMM, up to 2^32 terms.
+    assert_eq!(accumulator_for(p(7, 1), 1 << 13), F64Checked);
+    assert_eq!(accumulator_for(p(8, 0), 1 << 29), F64Checked);
     // posit<8,1>: s = 12, f64 for fewer than 32 terms.
     assert_eq!(accumulator_for(p(8, 1), 31), F64);
-    assert_eq!(accumulator_for(p(8, 1), 32), I128);
-    // posit<8,2>: s = 24, i128 up to 2^30 terms.
-    assert_eq!(accumulator_for(p(8, 2), 1), I128);
-    assert_eq!(accumulator_for(p(8, 2), (1 << 30) - 1), I128);
-    assert_eq!(accumulator_for(p(8, 2), 1 << 30), Wide);
-    // posit<16,1>: s = 28, i128 below 2^14 terms.
-    assert_eq!(accumulator_for(p(16, 1), 1), I128);
-    assert_eq!(accumulator_for(p(16, 1), (1 << 14) - 1), I128);
-    assert_eq!(accumulator_for(p(16, 1), 1 << 14), Wide);
-    // posit<16,2>: s = 56, 2s > 62: always a quire.
-    assert_eq!(accumulator_for(p(16, 2), 1), Wide);
-    assert_eq!(accumulator_for(p(32, 2), 1), Wide);
-    assert_eq!(accumulator_for(p(16, 5), 1), Wide);
+    assert_eq!(accumulator_for(p(8, 1), 32), F64Checked);
+    assert_eq!(accumulator_for(p(8, 2), 1), F64Checked);
+    assert_eq!(accumulator_for(p(16, 1), 1), F64Checked);
+    assert_eq!(accumulator_for(p(16, 1), 1 << 14), F64Checked);
+    assert_eq!(accumulator_for(p(16, 2), 1), F64Checked);
+    assert_eq!(accumulator_for(p(32, 2), 1), F64Checked);
+    assert_eq!(accumulator_for(p(16, 5), 1), F64Checked);
+    // Beyond 2^32 terms: i128 while the sum fits 126 bits (posit<8,1>: 48 + 33 bits), else
+    // the quire (posit<8,2>: 96 + 33 bits; posit<16,1>: 112 + 33).
+    assert_eq!(accumulator_for(p(8, 1), (1 << 32) + 1), I128);
+    assert_eq!(accumulator_for(p(8, 2), (1 << 32) + 1), Wide);
+    assert_eq!(accumulator_for(p(16, 1), (1 << 32) + 1), Wide);
     // Zero terms count as one.
     assert_eq!(accumulator_for(p(8, 0), 0), I16);
+    // Which accumulators are exact for a format and a number of terms.
+    assert!(accumulator_exact(I128, p(16, 1), 1 << 20));
+    assert!(!accumulator_exact(I128, p(16, 2), 1));
+    assert!(!accumulator_exact(F64, p(16, 1), 1));
+    assert!(!accumulator_exact(I16, p(8, 1), 1));
+    assert!(accumulator_exact(Wide, p(32, 2), 1 << 40));
 }
 
-/// `quire_gemm` on every accumulator path (asserting the path), with and without biases per
-/// row and per column, serial and parallel, with NaR rows and columns in some cases.
+/// Every accumulator path (`quire_gemm_with`, each case's path forced) and `quire_gemm`
+/// (the path it picks), with and without biases per row and per column, serial and
+/// parallel, with NaR rows and columns in some cases.
 #[test]
 fn quire_gemm_matches_reference_on_every_accumulator_path() {
     use Accumulator::*;
@@ -111,16 +121,23 @@ fn quire_gemm_matches_reference_on_every_accumulator_path() {
         (7, 1, 4, 100, 5, F64),
         (8, 1, 5, 30, 6, F64),
         (8, 1, 5, 40, 6, I128),
+        (8, 1, 5, 40, 6, F64Checked),
         (8, 2, 9, 50, 11, I128),
+        (8, 2, 9, 50, 11, F64Checked),
         (16, 1, 12, 70, 5, I128),
+        (16, 1, 12, 70, 5, F64Checked),
         (16, 1, 2, 20_000, 3, Wide),
+        (16, 1, 2, 20_000, 3, F64Checked),
         (16, 2, 8, 60, 7, Wide),
+        (16, 2, 8, 60, 7, F64Checked),
         (12, 3, 4, 25, 6, Wide),
+        (12, 3, 4, 25, 6, F64Checked),
         (6, 0, 3, 200, 4, I16),
         (10, 1, 6, 10, 6, I128),
         (6, 0, 6, 2, 6, I16),
         (16, 5, 3, 30, 4, Wide),
         (32, 2, 3, 30, 4, Wide),
+        (32, 2, 3, 30, 4, F64Checked),
     ];
     for (ci, &(pn, pes, m, k, n, path)) in cases.iter().enumerate() {
         let r = Ref::new(pn, pes);
@@ -142,13 +159,6 @@ fn quire_gemm_matches_reference_on_every_accumulator_path() {
                     g.b[rng.below(k as u64) as usize * n + 2] = r.nar();
                 }
             }
-            let terms = k + usize::from(g.bias.is_some());
-            assert_eq!(
-                accumulator_for(r.posit(), terms),
-                path,
-                "case {ci}: {} with {terms} terms",
-                r.name()
-            );
             seen.push(path);
             let a: Vec<f64> = g.a.iter().map(|&p| r.value(p)).collect();
             let b: Vec<f64> = g.b.iter().map(|&p| r.value(p)).collect();
@@ -162,12 +172,17 @@ fn quire_gemm_matches_reference_on_every_accumulator_path() {
                 _ => Bias::None,
             };
             let want = g.expected(&r);
-            for parallel in [false, true] {
+            for (parallel, forced) in [(false, true), (true, true), (true, false)] {
                 let mut out = vec![0.0; m * n];
-                quire_gemm(r.posit(), &a, &b, (m, k, n), bias, &mut out, parallel);
+                if forced {
+                    quire_gemm_with(path, r.posit(), &a, &b, (m, k, n), bias, &mut out, parallel)
+                        .expect("an exact path");
+                } else {
+                    quire_gemm(r.posit(), &a, &b, (m, k, n), bias, &mut out, parallel);
+                }
                 compare(&mut mm, &out, &want, |o| {
                     format!(
-                        "case {ci} {} ({m}x{k}x{n}, {path:?}) variant {variant} parallel {parallel} out[{}][{}]",
+                        "case {ci} {} ({m}x{k}x{n}, {path:?} forced {forced}) variant {variant} parallel {parallel} out[{}][{}]",
                         r.name(),
                         o / n,
                         o % n
@@ -189,14 +204,16 @@ fn quire_gemm_matches_reference_on_every_accumulator_path() {
             }
         }
     }
-    for path in [I16, F64, I128, Wide] {
+    for path in [I16, F64, F64Checked, I128, Wide] {
         assert!(seen.contains(&path), "{path:?} not covered");
     }
     mm.assert_none("quire_gemm vs reference");
 }
 
-/// posit<16,1> at the I128 limit: 16383 maxpos² terms (the largest sum the i128 path takes),
-/// then the same with a bias (16384 terms: Wide); each also cancelled down to one minpos².
+/// posit<16,1> at the I128 limit: 16383 maxpos² terms (the largest sum the i128 path takes
+/// in one chunk), then the same with a bias (16384 terms: Wide, i128 chunks gathered in a
+/// quire); each also cancelled down to one minpos²; the checked f64 path (`quire_gemm`) on
+/// the same sums.
 #[test]
 fn quire_gemm_i128_and_wide_paths_meet_at_2_pow_14_terms_for_posit16_1() {
     let r = Ref::new(16, 1);
@@ -205,61 +222,60 @@ fn quire_gemm_i128_and_wide_paths_meet_at_2_pow_14_terms_for_posit16_1() {
     let mut mm = Mismatches::default();
     for (k, bias) in [(16383usize, false), (16383, true), (16384, false)] {
         let terms = k + usize::from(bias);
-        let path = accumulator_for(posit, terms);
-        assert_eq!(
-            path,
-            if terms < 1 << 14 {
-                Accumulator::I128
-            } else {
-                Accumulator::Wide
-            }
-        );
-        // Row 0: all maxpos·maxpos (saturates); row 1: -maxpos·maxpos.
-        // Row 2: half +maxpos², half -maxpos², one minpos·minpos: exactly minpos².
-        let m = 3;
-        let mut a = vec![maxpos; m * k];
-        for t in 0..k {
-            a[k + t] = -maxpos;
-            a[2 * k + t] = if t % 2 == 0 { maxpos } else { -maxpos };
-        }
-        let mut b = vec![maxpos; k];
-        a[2 * k + k - 1] = minpos;
-        b[k - 1] = minpos;
-        // With an odd k the row-2 pairs are (k - 1) / 2 each way when the last one is minpos².
-        let bias_v = [0.0];
-        let bias_b = if bias {
-            Bias::PerCol(&bias_v)
-        } else {
-            Bias::None
-        };
-        let mut out = vec![0.0; m];
-        quire_gemm(posit, &a, &b, (m, k, 1), bias_b, &mut out, false);
-        let pattern_of = |x: f64| match x {
-            x if x == maxpos => r.maxp(),
-            x if x == -maxpos => r.neg(r.maxp()),
-            x if x == minpos => 1,
-            _ => unreachable!(),
-        };
-        let exact = |row: usize| -> BigInt {
-            let mut sum = BigInt::zero();
+        assert_eq!(accumulator_for(posit, terms), Accumulator::F64Checked);
+        for path in [
+            Accumulator::I128,
+            Accumulator::Wide,
+            Accumulator::F64Checked,
+        ] {
+            // Row 0: all maxpos·maxpos (saturates); row 1: -maxpos·maxpos.
+            // Row 2: half +maxpos², half -maxpos², one minpos·minpos: exactly minpos².
+            let m = 3;
+            let mut a = vec![maxpos; m * k];
             for t in 0..k {
-                let (x, y) = (a[row * k + t], b[t]);
-                let ux = r.minpos_units(pattern_of(x)).unwrap();
-                let uy = r.minpos_units(pattern_of(y)).unwrap();
-                sum += ux * uy;
+                a[k + t] = -maxpos;
+                a[2 * k + t] = if t % 2 == 0 { maxpos } else { -maxpos };
             }
-            sum
-        };
-        for (row, &got) in out.iter().enumerate() {
-            let want = r.value(r.round(&exact(row)));
-            mm.check(same(got, want), || {
-                format!("k = {k}, bias {bias} ({path:?}): row {row} {got:e} vs {want:e}")
-            });
+            let mut b = vec![maxpos; k];
+            a[2 * k + k - 1] = minpos;
+            b[k - 1] = minpos;
+            // With an odd k the row-2 pairs are (k - 1) / 2 each way when the last one is minpos².
+            let bias_v = [0.0];
+            let bias_b = if bias {
+                Bias::PerCol(&bias_v)
+            } else {
+                Bias::None
+            };
+            let mut out = vec![0.0; m];
+            quire_gemm_with(path, posit, &a, &b, (m, k, 1), bias_b, &mut out, false)
+                .expect("exact");
+            let pattern_of = |x: f64| match x {
+                x if x == maxpos => r.maxp(),
+                x if x == -maxpos => r.neg(r.maxp()),
+                x if x == minpos => 1,
+                _ => unreachable!(),
+            };
+            let exact = |row: usize| -> BigInt {
+                let mut sum = BigInt::zero();
+                for t in 0..k {
+                    let (x, y) = (a[row * k + t], b[t]);
+                    let ux = r.minpos_units(pattern_of(x)).unwrap();
+                    let uy = r.minpos_units(pattern_of(y)).unwrap();
+                    sum += ux * uy;
+                }
+                sum
+            };
+            for (row, &got) in out.iter().enumerate() {
+                let want = r.value(r.round(&exact(row)));
+                mm.check(same(got, want), || {
+                    format!("k = {k}, bias {bias} ({path:?}): row {row} {got:e} vs {want:e}")
+                });
+            }
+            if k % 2 == 1 {
+                assert_eq!(out[2], minpos, "k = {k}: cancels to minpos² -> minpos");
+            }
+            assert_eq!((out[0], out[1]), (maxpos, -maxpos), "k = {k}");
         }
-        if k % 2 == 1 {
-            assert_eq!(out[2], minpos, "k = {k}: cancels to minpos² -> minpos");
-        }
-        assert_eq!((out[0], out[1]), (maxpos, -maxpos), "k = {k}");
     }
     mm.assert_none("i128/wide limit");
 }

@@ -1,11 +1,12 @@
 //! The i128 quire GEMM beyond 2^14 terms in posit<16,1> (chunked i128 sums gathered in a
 //! quire) against a `Quire` per output, bit for bit: sums of maxpos² that would overflow a
 //! single i128, cancellations down to minpos², NaR operands and biases, tiles of one to
-//! four columns.
+//! four columns; the checked f64 path, which `quire_gemm` picks for these sums, on the same
+//! inputs.
 
 use qcandle::format::rounding::NearestEven;
 use qcandle::format::{Format, Posit};
-use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
+use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, quire_gemm_with, Accumulator, Bias};
 use qcandle::quire::Quire;
 
 fn posit16_1() -> Posit {
@@ -28,7 +29,7 @@ fn chunked_i128_sums_equal_the_quire() {
         state >> 33
     };
     let (m, k, n) = (3, 40_000, 5);
-    assert_eq!(accumulator_for(posit, k), Accumulator::Wide);
+    assert_eq!(accumulator_for(posit, k), Accumulator::F64Checked);
     let mut a = vec![0.0; m * k];
     let mut b = vec![0.0; k * n];
     for (idx, v) in a.iter_mut().enumerate() {
@@ -62,8 +63,21 @@ fn chunked_i128_sums_equal_the_quire() {
     for bias in [Bias::None, Bias::PerRow(&row_bias), Bias::PerCol(&col_bias)] {
         for n in 1..=n {
             let bn: Vec<f64> = (0..k).flat_map(|t| b[t * 5..t * 5 + n].to_vec()).collect();
+            // The chunked i128 path (forced) and the path `quire_gemm` picks (checked f64).
             let mut got = vec![0.0; m * n];
-            quire_gemm(posit, &a, &bn, (m, k, n), bias, &mut got, true);
+            quire_gemm_with(
+                Accumulator::Wide,
+                posit,
+                &a,
+                &bn,
+                (m, k, n),
+                bias,
+                &mut got,
+                true,
+            )
+            .expect("exact");
+            let mut picked = vec![0.0; m * n];
+            quire_gemm(posit, &a, &bn, (m, k, n), bias, &mut picked, true);
             let mut q = Quire::new(posit).expect("quire");
             for i in 0..m {
                 for j in 0..n {
@@ -77,11 +91,15 @@ fn chunked_i128_sums_equal_the_quire() {
                         Bias::PerCol(v) => q.add(v[j]),
                     }
                     let want = q.to_posit();
-                    let g = got[i * n + j];
-                    assert!(
-                        (g.is_nan() && want.is_nan()) || g.to_bits() == want.to_bits(),
-                        "n = {n} ({i},{j}): {g:e} vs {want:e}"
-                    );
+                    for (path, g) in [
+                        ("i128 chunks", got[i * n + j]),
+                        ("picked", picked[i * n + j]),
+                    ] {
+                        assert!(
+                            (g.is_nan() && want.is_nan()) || g.to_bits() == want.to_bits(),
+                            "{path}: n = {n} ({i},{j}): {g:e} vs {want:e}"
+                        );
+                    }
                 }
             }
         }

@@ -443,7 +443,7 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
 }
 
 #[test]
-fn gemm_f32_dispatches_to_the_i16_quire_only() {
+fn gemm_f32_dispatches_to_the_quire_paths_only() {
     let x = [1.5f32, -2.0, 0.25, 3.0];
     let op = Operand::rows(&x);
     let p8: Format = "posit<8,0>".parse().expect("format");
@@ -461,11 +461,19 @@ fn gemm_f32_dispatches_to_the_i16_quire_only() {
         "quire posit<8,0>"
     );
     assert!(got.is_some());
-    for (setting, format) in [
-        ("quire", "posit<16,1>"),
-        ("naive", "posit<8,0>"),
-        ("naive:fp16", "e4m3"),
-    ] {
+    // quire posit<16,1>: the checked f64 GEMM's f32 entry, the same bits as the f64 path.
+    let p16: Format = "posit<16,1>".parse().expect("format");
+    let quire16 = GemmRule::new(&Accumulate::Quire, &p16)
+        .expect("rule")
+        .expect("not f32");
+    let got = quire16
+        .gemm_f32(op, op, (2, 2, 2), Bias::None, false)
+        .expect("an f32 entry");
+    let v = quire16.operands(&x);
+    let mut want = vec![0.0; 4];
+    quire16.gemm(&v, &v, (2, 2, 2), Bias::None, &mut want, false);
+    assert_eq!(got, want.iter().map(|&w| w as f32).collect::<Vec<_>>());
+    for (setting, format) in [("naive", "posit<8,0>"), ("naive:fp16", "e4m3")] {
         let f: Format = format.parse().expect("format");
         let acc: Accumulate = setting.parse().expect("setting");
         let rule = GemmRule::new(&acc, &f).expect("rule").expect("not f32");

@@ -11,12 +11,20 @@
 //! * [`Accumulator::F64`] when `T · 2^4s <= 2^53`: every partial sum is an f64 integer
 //!   multiple of `minpos^2`, so any summation order is exact and the GEMM is an ordinary f64
 //!   GEMM (the `gemm` crate's). posit<8,0> (`s = 6`) is exact this way for `k < 2^29`.
+//! * [`Accumulator::F64Checked`] otherwise, when `2s <= 900` and `T <= 2^32` (every posit
+//!   with a quire, up to 2^32 terms): an ordinary f64 GEMM whose rounding to the posit is
+//!   proved by a rigorous bound on its error, the outputs near a rounding boundary summed
+//!   exactly ([`super::gemm_checked`], whose docs prove it). posit<8,1> (from 32 terms),
+//!   posit<8,2>, posit<16,1> and posit<32,2> take this path.
 //! * [`Accumulator::I128`] when `2s <= 62` and `T · 2^4s < 2^126`: operands become i64
-//!   multiples of minpos and products are summed in i128. posit<8,1>, posit<8,2> and
-//!   posit<16,1> (for `k < 2^14`) take this path.
+//!   multiples of minpos and products are summed in i128.
 //! * [`Accumulator::Wide`] otherwise: a [`Quire`] per output. Where `2s <= 62` (only the
 //!   number of terms is too large) the products are still summed in i128, in chunks of
 //!   `2^(126 - 4s)` terms, and only each chunk's exact sum goes into the quire.
+//!
+//! The last two are no longer picked for any posit with a quire (the checked path applies
+//! first), but stay as exact paths of their own: [`quire_gemm_with`] runs any accumulator
+//! that is exact for the format, and the tests compare them all.
 //!
 //! Each output is then rounded once to the posit format (nearest, ties to the even pattern).
 //! A NaR operand (NaN, or ±Inf, which is no posit value) makes its row or column of
@@ -37,6 +45,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::accumulator::Quire;
+use super::gemm_checked;
 use super::naive_f32::NaiveF32;
 use super::quire_i16;
 use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
@@ -56,8 +65,9 @@ pub enum Bias<'a> {
 }
 
 impl Bias<'_> {
+    /// The bias term of output `(i, j)`, if any.
     #[inline(always)]
-    fn at(&self, i: usize, j: usize) -> Option<f64> {
+    pub(crate) fn at(&self, i: usize, j: usize) -> Option<f64> {
         match self {
             Bias::None => None,
             Bias::PerRow(b) => Some(b[i]),
@@ -78,33 +88,100 @@ pub enum Accumulator {
     I16,
     /// An f64 GEMM, exact because every partial sum fits 53 bits.
     F64,
+    /// An f64 GEMM whose rounding is proved by an error bound, the outputs it cannot decide
+    /// summed exactly ([`super::gemm_checked`]).
+    F64Checked,
     /// i64 operands in units of minpos, i128 sums.
     I128,
     /// A full quire per output.
     Wide,
 }
 
-/// The accumulator that is exact for `posit` and `terms` summed products.
+/// The exact accumulator for `posit` and `terms` summed products: the first of
+/// [`Accumulator::I16`], [`Accumulator::F64`], [`Accumulator::F64Checked`],
+/// [`Accumulator::I128`] and [`Accumulator::Wide`] that applies.
 pub fn accumulator_for(posit: Posit, terms: usize) -> Accumulator {
-    let s = posit.max_scale() as u32;
-    let bits_needed = 4 * s + usize::BITS - terms.max(1).leading_zeros();
+    let bits_needed = bits_needed(posit, terms);
     if super::int_dot::applies(posit.max_scale()) && bits_needed <= 53 {
         Accumulator::I16
     } else if bits_needed <= 53 {
         Accumulator::F64
-    } else if 2 * s <= 62 && bits_needed <= 126 {
+    } else if gemm_checked::applies(posit, terms) {
+        Accumulator::F64Checked
+    } else if 2 * posit.max_scale() <= 62 && bits_needed <= 126 {
         Accumulator::I128
     } else {
         Accumulator::Wide
     }
 }
 
+/// Bits of the largest exact sum of `terms` products, in units of minpos²: `4s` plus the
+/// bit length of `terms` (zero terms count as one).
+fn bits_needed(posit: Posit, terms: usize) -> u32 {
+    4 * posit.max_scale() as u32 + usize::BITS - terms.max(1).leading_zeros()
+}
+
+/// Whether `accumulator` is exact for `posit` and `terms` summed products (the I128 path
+/// takes any number of terms, in chunks; the quire any posit it supports).
+pub fn accumulator_exact(accumulator: Accumulator, posit: Posit, terms: usize) -> bool {
+    let s = posit.max_scale();
+    match accumulator {
+        Accumulator::I16 => super::int_dot::applies(s) && bits_needed(posit, terms) <= 53,
+        Accumulator::F64 => bits_needed(posit, terms) <= 53,
+        Accumulator::F64Checked => gemm_checked::applies(posit, terms),
+        Accumulator::I128 => 2 * s <= 62,
+        Accumulator::Wide => true,
+    }
+}
+
 /// Matrix sizes `(m, k, n)`.
 pub type Dims = (usize, usize, usize);
 
-/// `out (m x n) = round(A · B + bias)` with one exact accumulation per output.
-/// `parallel` spreads rows over the rayon pool (leave it off inside an outer parallel loop).
+/// `out (m x n) = round(A · B + bias)` with one exact accumulation per output, by the
+/// accumulator [`accumulator_for`] picks. `parallel` spreads rows over the rayon pool
+/// (leave it off inside an outer parallel loop).
 pub fn quire_gemm(
+    posit: Posit,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) {
+    let accumulator = accumulator_for(posit, dims.1 + bias.terms());
+    gemm_with(accumulator, posit, a, b, dims, bias, out, parallel);
+}
+
+/// [`quire_gemm`] by the given accumulator (every one gives the same bits where it is
+/// exact); an error where it is not exact for the format and the number of terms
+/// ([`accumulator_exact`]).
+#[allow(clippy::too_many_arguments)]
+pub fn quire_gemm_with(
+    accumulator: Accumulator,
+    posit: Posit,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) -> Result<(), String> {
+    let terms = dims.1 + bias.terms();
+    if !accumulator_exact(accumulator, posit, terms) {
+        return Err(format!(
+            "the {accumulator:?} accumulator is not exact for posit<{},{}> with {terms} terms",
+            posit.n(),
+            posit.es()
+        ));
+    }
+    gemm_with(accumulator, posit, a, b, dims, bias, out, parallel);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with(
+    accumulator: Accumulator,
     posit: Posit,
     a: &[f64],
     b: &[f64],
@@ -116,7 +193,7 @@ pub fn quire_gemm(
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
     let round = |x: f64| posit.round(x, NearestEven, 0);
-    match accumulator_for(posit, k + bias.terms()) {
+    match accumulator {
         Accumulator::F64 => {
             for i in 0..m {
                 for j in 0..n {
@@ -136,6 +213,9 @@ pub fn quire_gemm(
             }
         }
         Accumulator::I16 => quire_i16::gemm_f64(posit, a, b, dims, bias, out, parallel),
+        Accumulator::F64Checked => {
+            gemm_checked::gemm_f64(posit, a, b, dims, bias, out, parallel);
+        }
         Accumulator::I128 => i128_gemm(posit, a, b, dims, bias, out, parallel),
         Accumulator::Wide if 2 * posit.max_scale() <= 62 => {
             i128_gemm(posit, a, b, dims, bias, out, parallel)
@@ -282,14 +362,53 @@ fn not_finite(v: &[f64]) -> bool {
 
 pub(crate) use crate::rows::for_rows;
 
+/// A matrix view on a slice: element `(r, c)` at `data[r * rs + c * cs]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Strided<'a> {
+    data: &'a [f64],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// The view of `data` with row stride `rs` and column stride `cs`.
+    pub(crate) fn new(data: &'a [f64], rs: usize, cs: usize) -> Self {
+        Strided { data, rs, cs }
+    }
+
+    /// Element `(r, c)`.
+    #[inline(always)]
+    pub(crate) fn at(&self, r: usize, c: usize) -> f64 {
+        self.data[r * self.rs + c * self.cs]
+    }
+
+    /// Whether every element of a `rows x cols` matrix lies inside the slice.
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
 /// `out += A · B` in f64, all row-major and contiguous.
-fn dgemm((m, k, n): Dims, a: &[f64], b: &[f64], out: &mut [f64], par: Parallelism) {
+fn dgemm(dims: Dims, a: &[f64], b: &[f64], out: &mut [f64], par: Parallelism) {
+    let (_, k, n) = dims;
+    dgemm_strided(dims, Strided::new(a, k, 1), Strided::new(b, n, 1), out, par)
+}
+
+/// `out += A · B` in f64 (`alpha = beta = 1`): `A` (`m x k`) and `B` (`k x n`) strided
+/// views, `out` row-major and contiguous.
+pub(crate) fn dgemm_strided(
+    (m, k, n): Dims,
+    a: Strided,
+    b: Strided,
+    out: &mut [f64],
+    par: Parallelism,
+) {
     if m == 0 || n == 0 || k == 0 {
         return;
     }
-    // SAFETY: the callers check `a.len() >= m*k`, `b.len() >= k*n` and `out.len() >= m*n`,
-    // so every index the kernel touches is inside the slices, and `out` is borrowed mutably
-    // so it aliases neither input.
+    assert!(a.holds(m, k) && b.holds(k, n) && out.len() >= m * n);
+    // SAFETY: the assertion puts every index the kernel touches inside the slices, and
+    // `out` is borrowed mutably so it aliases neither input.
     unsafe {
         gemm::gemm(
             m,
@@ -299,12 +418,12 @@ fn dgemm((m, k, n): Dims, a: &[f64], b: &[f64], out: &mut [f64], par: Parallelis
             1,
             n as isize,
             true,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
             1.0,
             1.0,
             false,

@@ -173,26 +173,32 @@ impl LayerOp for ConvOp {
             });
             if need_w {
                 let xv = rule.operands(&tensor_f32(x)?);
-                // B (N·P x K): image n's column matrix transposed, at rows n·P..(n+1)·P.
-                let mut bm = vec![0.0; n * p * k];
-                bm.par_chunks_mut(p * k).enumerate().for_each(|(i, dst)| {
-                    let mut cols = vec![0.0; k * p];
-                    im2col(
-                        &xv,
-                        i * image,
-                        [g.height * g.width, g.width, 1],
-                        g,
-                        0.0,
-                        &mut cols,
-                    );
-                    for r in 0..k {
-                        for q in 0..p {
-                            dst[q * k + r] = cols[r * p + q];
+                // Bᵀ (K x N·P): image n's column matrix at columns n·P..(n+1)·P, so that
+                // B (N·P x K) is read transposed in place where the kernel can.
+                let mut cols = vec![0.0; n * k * p];
+                cols.par_chunks_mut((k * p).max(1))
+                    .enumerate()
+                    .for_each(|(i, dst)| {
+                        im2col(
+                            &xv,
+                            i * image,
+                            [g.height * g.width, g.width, 1],
+                            g,
+                            0.0,
+                            dst,
+                        );
+                    });
+                let np = n * p;
+                let mut bt = vec![0.0; k * np];
+                bt.par_chunks_mut(np.max(1))
+                    .enumerate()
+                    .for_each(|(r, dst)| {
+                        for (i, run) in dst.chunks_mut(p.max(1)).enumerate() {
+                            run.copy_from_slice(&cols[(i * k + r) * p..(i * k + r + 1) * p]);
                         }
-                    }
-                });
+                    });
                 let mut out = vec![0.0; oc * k];
-                rule.gemm(&a, &bm, (oc, n * p, k), Bias::None, &mut out, true);
+                rule.gemm_bt(&a, &bt, (oc, np, k), Bias::None, &mut out, true);
                 let shape = [oc, g.channels, g.kernel_h, g.kernel_w];
                 dw = Some(to_tensor(&out, &shape, device)?);
             }
@@ -244,6 +250,32 @@ fn transposed_cols(dy: &[f64], g: &ConvGeom, oc: usize) -> Vec<f64> {
         (v % s == 0 && v / s < out).then_some(v / s)
     };
     let mut rows = t.chunks_mut(h * w);
+    if s == 1 {
+        // Unit stride: for each tap and input row, the input columns with an output pixel
+        // are one run, `x = ox + j·d - p` for `ox` in `0..OW` (clipped to the image).
+        for o in 0..oc {
+            for i in 0..g.kernel_h {
+                for j in 0..g.kernel_w {
+                    let row = rows.next().expect("one row per tap");
+                    let shift = (j * d) as isize - pad as isize;
+                    let x0 = shift.max(0) as usize;
+                    let x1 = (shift + g.out_w as isize).clamp(0, w as isize) as usize;
+                    if x0 >= x1 {
+                        continue;
+                    }
+                    for y in 0..h {
+                        let Some(oy) = out_of(y, i, g.out_h) else {
+                            continue;
+                        };
+                        let ox0 = (x0 as isize - shift) as usize;
+                        let src = &dy[o * g.cols() + oy * g.out_w + ox0..][..x1 - x0];
+                        row[y * w + x0..y * w + x1].copy_from_slice(src);
+                    }
+                }
+            }
+        }
+        return t;
+    }
     for o in 0..oc {
         for i in 0..g.kernel_h {
             for j in 0..g.kernel_w {

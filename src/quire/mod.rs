@@ -4,6 +4,9 @@
 //! * [`gemm_cpu`]: GEMMs on f64 slices: exact (a quire per output, or a narrower
 //!   accumulator where that is provably exact) and naive (rounded after every operation;
 //!   256 x 256 operation tables for 8-bit formats).
+//! * [`gemm_checked`]: the exact GEMM of posit<16,1>, posit<32,2> and the other posits past
+//!   the exact f64 and i16 paths: an f64 GEMM whose rounding is proved by an error bound,
+//!   the outputs near a rounding boundary summed exactly.
 //! * [`ops`]: the same on candle tensors: [`quire_matmul`], [`naive_matmul`], [`linear`]
 //!   and [`conv2d`] (through im2col).
 //! * `gemm_cuda` (feature `cuda`): the launches of the same GEMMs on a CUDA device
@@ -23,6 +26,7 @@
 pub mod accumulate;
 pub mod accumulator;
 pub mod gemm_acc;
+pub mod gemm_checked;
 pub mod gemm_cpu;
 #[cfg(feature = "cuda")]
 pub mod gemm_cuda;

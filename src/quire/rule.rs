@@ -20,6 +20,7 @@ use rayon::prelude::*;
 use super::accumulate::Accumulate;
 use super::accumulator::quire_support;
 use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
+use super::gemm_checked;
 use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims};
 use super::gemm_lns::{lns_gemm, lns_gemm_f32};
 use super::quire_i16::{self, Operand};
@@ -180,8 +181,9 @@ impl GemmRule {
     /// rounded to `F`, each in either layout, as the f32 outputs; the bias (if any) already
     /// rounded. `None` where the rule has no such path (then round with
     /// [`GemmRule::operands`] and call [`GemmRule::gemm`]): today the i16 quire of
-    /// posit<8,0> ([`super::quire_i16`]) and the LNS rules ([`super::gemm_lns`]), the same
-    /// bits as the f64 path.
+    /// posit<8,0> ([`super::quire_i16`]), the checked f64 quire of the other posits
+    /// ([`super::gemm_checked`]) and the LNS rules ([`super::gemm_lns`]), the same bits as
+    /// the f64 path.
     pub fn gemm_f32(
         &self,
         a: Operand,
@@ -195,6 +197,11 @@ impl GemmRule {
                 if accumulator_for(*p, dims.1 + bias_terms(&bias)) == Accumulator::I16 =>
             {
                 quire_i16::gemm_f32(*p, a, b, dims, bias, parallel)
+            }
+            GemmRule::Quire(p)
+                if accumulator_for(*p, dims.1 + bias_terms(&bias)) == Accumulator::F64Checked =>
+            {
+                Some(gemm_checked::gemm_f32(*p, a, b, dims, bias, parallel).0)
             }
             GemmRule::Lns(arith) => Some(lns_gemm_f32(arith, a, b, dims, bias, parallel)),
             _ => None,
@@ -237,6 +244,38 @@ impl GemmRule {
             GemmRule::Fma { op, acc } => fma_gemm(op, acc, a, b, dims, bias, out, parallel),
             GemmRule::Lns(arith) => lns_gemm(arith, a, b, dims, bias, out, parallel),
         }
+    }
+}
+
+impl GemmRule {
+    /// [`GemmRule::gemm`] with `B` given as its transpose `bt` (`n x k`, row-major): read in
+    /// place by the checked f64 quire ([`super::gemm_checked`]), transposed first for the
+    /// other kernels.
+    pub fn gemm_bt(
+        &self,
+        a: &[f64],
+        bt: &[f64],
+        dims: Dims,
+        bias: Bias,
+        out: &mut [f64],
+        parallel: bool,
+    ) {
+        let (_, k, n) = dims;
+        if let GemmRule::Quire(p) = self {
+            if accumulator_for(*p, k + bias_terms(&bias)) == Accumulator::F64Checked {
+                let (a, b) = (
+                    gemm_checked::F64Operand::rows(a),
+                    gemm_checked::F64Operand {
+                        data: bt,
+                        transposed: true,
+                    },
+                );
+                gemm_checked::gemm_f64_layout(*p, a, b, dims, bias, out, parallel);
+                return;
+            }
+        }
+        let b = super::layer_io::transpose(bt, n, k);
+        self.gemm(a, &b, dims, bias, out, parallel);
     }
 }
 

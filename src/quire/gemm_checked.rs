@@ -1,0 +1,687 @@
+//! The quire GEMM as an f64 GEMM checked by an error bound
+//! ([`super::gemm_cpu::Accumulator::F64Checked`]): every output is computed by an ordinary
+//! f64 GEMM, and its posit rounding is taken from there where a rigorous bound on the f64
+//! error proves it equal to the rounding of the exact sum; the few outputs the bound cannot
+//! decide are summed exactly (i128 chunks gathered in a [`Quire`], or a quire).
+//!
+//! # The bound
+//!
+//! Let posit(n, es) have `maxpos = 2^s`. Every posit is an integer multiple of
+//! `minpos = 2^-s` of magnitude at most `2^s`, so every product of two posits is a multiple
+//! of `2^-2s` of magnitude at most `2^2s`. An output is the sum of `T = k + 1` terms: the
+//! `k` products `a_t b_t` and the bias `c` (a posit, or 0).
+//!
+//! The f64 GEMM (`gemm` crate, `dst := 1·dst + 1·A·B` with `dst` holding the bias) forms
+//! each output by some binary tree of additions over the `T` leaves (the bias and the `k`
+//! products), each product either rounded on its own or fused into an addition (FMA); the
+//! multiplications by `alpha = beta = 1` are exact, and its k-blocking only adds partial
+//! sums. Whatever the tree, every leaf passes through at most `T` roundings (its product's
+//! and at most `T - 1` additions'), each a factor `1 + δ`, `|δ| <= u = 2^-53`, provided no
+//! result is subnormal and none overflows. So (Higham, *Accuracy and Stability of Numerical
+//! Algorithms*, 2nd ed., Lemma 3.1 and eq. (3.4)-(3.5))
+//!
+//! ```text
+//! |ŝ - s| <= γ_T · (Σ_t |a_t b_t| + |c|),    γ_T = T·u / (1 - T·u).
+//! ```
+//!
+//! **No subnormals, no overflow.** Every exact product and the bias are multiples of
+//! `2^-2s`. A multiple of `2^-2s` rounded to f64 is again one (below `2^(53-2s)` it is
+//! exact; above, f64's spacing is a power of two of at least `2^-2s`), so by induction every
+//! computed product and partial sum is a multiple of `2^-2s`: zero, or at least `2^-2s` in
+//! magnitude, a normal f64 while `2s <= 1022`. Every partial sum is at most
+//! `(1 + γ_T)·T·2^2s` in magnitude, far below f64's maximum while `T <= 2^32` and
+//! `2s <= 900` (the limits of [`applies`]; every posit with a quire has `2s <= 896`).
+//!
+//! **Bounding the sum of magnitudes.** By Cauchy-Schwarz, `Σ |a_t b_t| <= ‖a‖·‖b‖` with
+//! `a` the output's row of `A` and `b` its column of `B`. The norms are computed once per
+//! row and column: `na = fl(sqrt(fl(Σ a_t²)))`, in any order. The squares are multiples of
+//! `2^-2s` below `2^2s`, so the same argument holds: `fl(Σ a_t²) >= (1 - γ_k)·Σ a_t²`, and
+//! the square root loses at most one more factor `1 - u`. Then, with `p = fl(na·nb)`,
+//!
+//! ```text
+//! ‖a‖·‖b‖ <= p / ((1 - u)³ (1 - γ_k))
+//! ```
+//!
+//! and the computed bound `E = fl(C · fl(p + |c|))` with `C = T·2^-52` (exact) satisfies
+//! `E >= C·(p + |c|)·(1 - u)²`. As `T·u <= 2^-21`, `γ_T <= T·u·(1 + 2^-20)` and the
+//! factors `(1 - u)^-5 (1 - γ_k)^-1 <= 1 + 2^-20`, so `C = 2·T·u` leaves room to spare:
+//! `E >= γ_T·(‖a‖·‖b‖ + |c|) >= |ŝ - s|`. `E` itself cannot underflow: a nonzero `p` is at
+//! least `minpos² = 2^-2s` and `C >= 2^-52`, so `E >= 2^(-2s-52)`, normal for `2s <= 900`.
+//! `E = 0` exactly when every term is zero (a zero row or column of the operands and no
+//! bias), and then `ŝ = s = 0`.
+//!
+//! # The check
+//!
+//! The posit rounding `R` (nearest, ties to the even pattern, saturating at ±maxpos, never
+//! rounding a nonzero value to zero) is monotone: `x <= y` implies `R(x) <= R(y)`. So with
+//! `lo <= ŝ - E <= s <= ŝ + E <= hi`, `R(lo) = R(hi)` implies `R(s) = R(lo)`. The ends are
+//! evaluated outward:
+//!
+//! * **posits whose values are all f32** (n <= 24, as posit<16,1>): `lo` is `fl(ŝ - E)`
+//!   clamped to `[-maxpos, maxpos]` (which changes no rounding), converted to f32 and, unless
+//!   the f32 is already below that f64, stepped one f32 down; `hi` likewise upward. The f64
+//!   subtraction errs by at most half an ulp of its result, and an f32 strictly below an
+//!   f64 lies at or below the f64's lower neighbour, which is at or below the exact
+//!   `ŝ - E`. The two ends are rounded by the format's f32 plan
+//!   ([`crate::backend::f32_plan`], the same bits as [`Posit::round`]).
+//! * **other posits** (posit<32,2>): `lo = next_down(fl(ŝ - E))`, `hi = next_up(fl(ŝ + E))`
+//!   in f64, rounded by [`Posit::round`].
+//!
+//! Where `E = 0` the ends are `ŝ` itself (exact). Where `R(lo) != R(hi)` (a rounding
+//! boundary inside the interval: a sum within `E` of a midpoint between two posits, an
+//! interval straddling zero, a large cancellation), the output is summed exactly. A NaR
+//! operand (NaN or ±Inf) makes its row or column norm, or the bias, non-finite, and so `E`:
+//! those outputs are NaR, and an f64 sum that is not finite never reaches an output (it
+//! fails the check and is summed exactly).
+//!
+//! For posit<16,1> the products are even exact (13-bit significands) and the interval is
+//! about `k·2^-52` relative to the norms, against a posit spacing of at least `2^-12`
+//! relative: the exact path runs for a negligible share of random outputs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+
+use super::accumulator::Quire;
+use super::gemm_cpu::{dgemm_strided, for_rows, Bias, Dims, Strided};
+use super::quire_i16::Operand;
+use crate::backend::f32_plan::{F32Plan, NearestLanes, SHAPE_POSIT};
+use crate::format::grid::pow2;
+use crate::format::rounding::{NearestEven, RuleKind};
+use crate::format::{Format, Posit};
+
+/// The most terms (products and bias) of one output the bound admits.
+pub const MAX_TERMS: usize = 1 << 32;
+
+/// The largest `2s` (`maxpos = 2^s`) the bound admits.
+const MAX_TWO_S: i32 = 900;
+
+/// Whether the checked GEMM applies to `posit` with `terms` summed terms (see the module
+/// docs).
+pub fn applies(posit: Posit, terms: usize) -> bool {
+    2 * posit.max_scale() <= MAX_TWO_S && terms <= MAX_TERMS
+}
+
+/// How the two ends of an output's interval are rounded.
+enum Ends {
+    /// Through the format's f32 plan (every value of the posit is an f32).
+    F32(std::sync::Arc<F32Plan>),
+    /// In f64 by [`Posit::round`].
+    F64,
+}
+
+impl Ends {
+    fn new(posit: Posit) -> Ends {
+        let format = Format::Posit(posit);
+        if values_are_f32(posit) {
+            if let Some(plan) = F32Plan::shared(&format, RuleKind::NearestEven) {
+                return Ends::F32(plan);
+            }
+        }
+        Ends::F64
+    }
+}
+
+/// Whether every value of `posit` is an f32: at most 24 significand bits, and its range
+/// inside f32's normal range.
+fn values_are_f32(posit: Posit) -> bool {
+    posit.n() <= 24 && posit.max_scale() <= 126
+}
+
+/// The GEMM's operands in f64 (on the posit's grid) with the 2-norm of every row of `A`
+/// and every column of `B` (not finite where it holds a NaR).
+struct Prepared<'a> {
+    a: Strided<'a>,
+    b: Strided<'a>,
+    a_norms: Vec<f64>,
+    b_norms: Vec<f64>,
+}
+
+/// `out (m x n) = round(A · B + bias)` for f64 operands on the posit's grid, `a` (`m x k`)
+/// and `b` (`k x n`) row-major; returns how many outputs the bound left to the exact path.
+/// The caller checks [`applies`].
+pub fn gemm_f64(
+    posit: Posit,
+    a: &[f64],
+    b: &[f64],
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) -> usize {
+    let (a, b) = (F64Operand::rows(a), F64Operand::rows(b));
+    gemm_f64_layout(posit, a, b, dims, bias, out, parallel)
+}
+
+/// An f64 operand on the posit's grid and how it is stored.
+#[derive(Debug, Clone, Copy)]
+pub struct F64Operand<'a> {
+    /// The values, row-major.
+    pub data: &'a [f64],
+    /// Whether `data` holds the operand's transpose (`k x m` for `A`, `n x k` for `B`).
+    pub transposed: bool,
+}
+
+impl<'a> F64Operand<'a> {
+    /// An operand stored as it is (row-major, not transposed).
+    pub fn rows(data: &'a [f64]) -> Self {
+        F64Operand {
+            data,
+            transposed: false,
+        }
+    }
+}
+
+/// [`gemm_f64`] with each operand in either layout (read in place, no transposed copy).
+pub fn gemm_f64_layout(
+    posit: Posit,
+    a: F64Operand,
+    b: F64Operand,
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    parallel: bool,
+) -> usize {
+    let (m, k, n) = dims;
+    assert!(a.data.len() >= m * k && b.data.len() >= k * n && out.len() >= m * n);
+    let (av, bv) = (&a.data[..m * k], &b.data[..k * n]);
+    // The norms run along A's rows and B's columns, whichever way each is stored.
+    let (a_norms, b_norms) = join(
+        parallel,
+        || {
+            norms(
+                av,
+                if a.transposed { (k, m) } else { (m, k) },
+                !a.transposed,
+            )
+        },
+        || norms(bv, if b.transposed { (n, k) } else { (k, n) }, b.transposed),
+    );
+    let ops = Prepared {
+        a: view(av, a.transposed, (m, k)),
+        b: view(bv, b.transposed, (k, n)),
+        a_norms,
+        b_norms,
+    };
+    run(posit, &ops, dims, bias, &mut out[..m * n], None, parallel)
+}
+
+/// The `rows x cols` operand stored in `data` as it is or transposed, as a strided view.
+fn view(data: &[f64], transposed: bool, (rows, cols): (usize, usize)) -> Strided<'_> {
+    if transposed {
+        Strided::new(data, 1, rows)
+    } else {
+        Strided::new(data, cols, 1)
+    }
+}
+
+/// `round(A · B + bias)` (`m x n`, row-major f32) for f32 operands not yet rounded to the
+/// posit, each in either layout; the bias already rounded. Also returns how many outputs
+/// the bound left to the exact path. The caller checks [`applies`].
+pub fn gemm_f32(
+    posit: Posit,
+    a: Operand,
+    b: Operand,
+    dims: Dims,
+    bias: Bias,
+    parallel: bool,
+) -> (Vec<f32>, usize) {
+    let (m, k, n) = dims;
+    assert!(a.data.len() >= m * k && b.data.len() >= k * n);
+    // `A` (m x k): stored as is, or as its transpose (k x m). `B` (k x n): as is, or as
+    // its transpose (n x k). The norms run along A's rows and B's columns.
+    let a_shape = if a.transposed { (k, m) } else { (m, k) };
+    let b_shape = if b.transposed { (n, k) } else { (k, n) };
+    let ((av, a_norms), (bv, b_norms)) = join(
+        parallel,
+        || prepare(posit, &a.data[..m * k], a_shape, !a.transposed),
+        || prepare(posit, &b.data[..k * n], b_shape, b.transposed),
+    );
+    let ops = Prepared {
+        a: view(&av, a.transposed, (m, k)),
+        b: view(&bv, b.transposed, (k, n)),
+        a_norms,
+        b_norms,
+    };
+    let mut sums = vec![0.0; m * n];
+    let mut out = vec![0f32; m * n];
+    let fallbacks = run(posit, &ops, dims, bias, &mut sums, Some(&mut out), parallel);
+    (out, fallbacks)
+}
+
+/// `(f(), g())`, on the rayon pool when `parallel`.
+fn join<A: Send, B: Send>(
+    parallel: bool,
+    f: impl FnOnce() -> A + Send,
+    g: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    if parallel {
+        rayon::join(f, g)
+    } else {
+        (f(), g())
+    }
+}
+
+/// The operand `src` (`rows x cols` row-major) rounded to the posit in f64, and the 2-norm
+/// of each row (`along_rows`) or each column.
+fn prepare(
+    posit: Posit,
+    src: &[f32],
+    shape: (usize, usize),
+    along_rows: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let plan = if values_are_f32(posit) {
+        F32Plan::shared(&Format::Posit(posit), RuleKind::NearestEven)
+    } else {
+        None
+    };
+    let round = |x: f32| posit.round(f64::from(x), NearestEven, 0);
+    let mut values = vec![0.0; src.len()];
+    let fill = |(src, dst): (&[f32], &mut [f64])| match &plan {
+        // The quantize kernel's f32 plan (the same values as `Posit::round`), then widened.
+        Some(_) => {
+            let mut rounded = vec![0f32; src.len()];
+            let done = crate::backend::cpu::quantize_slice(
+                Some(src),
+                &mut rounded,
+                &[src.len()],
+                &Format::Posit(posit),
+                crate::format::Rounding::NearestEven,
+                None,
+            );
+            if done.is_ok() {
+                for (d, &x) in dst.iter_mut().zip(&rounded) {
+                    *d = f64::from(x);
+                }
+            } else {
+                for (d, &x) in dst.iter_mut().zip(src) {
+                    *d = round(x);
+                }
+            }
+        }
+        None => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = round(x);
+            }
+        }
+    };
+    if src.len() <= BLOCK {
+        fill((src, &mut values));
+    } else {
+        src.par_chunks(BLOCK)
+            .zip(values.par_chunks_mut(BLOCK))
+            .for_each(fill);
+    }
+    let norms = norms(&values, shape, along_rows);
+    (values, norms)
+}
+
+/// Elements per parallel block of the operand passes: smaller operands are one block, on
+/// the calling thread (a hand-off to the pool costs more than the pass).
+const BLOCK: usize = 1 << 16;
+
+/// The 2-norm `sqrt(Σ v²)` of each row (`along_rows`) or each column of `v` (`rows x cols`,
+/// row-major), summed in any order (see the module docs); NaN or Inf where a value is not
+/// finite. Blocks of rows run in parallel where the matrix is large.
+fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -> Vec<f64> {
+    if rows == 0 || cols == 0 {
+        return vec![0.0; if along_rows { rows } else { cols }];
+    }
+    let v = &v[..rows * cols];
+    let block_len = (BLOCK / cols).max(1) * cols;
+    let sums = if along_rows {
+        let row_sums =
+            |block: &[f64]| -> Vec<f64> { block.chunks(cols).map(sum_of_squares).collect() };
+        if v.len() <= block_len {
+            row_sums(v)
+        } else {
+            v.par_chunks(block_len).flat_map_iter(row_sums).collect()
+        }
+    } else {
+        let column_sums = |block: &[f64]| {
+            let mut acc = vec![0.0; cols];
+            for r in block.chunks(cols) {
+                for (s, x) in acc.iter_mut().zip(r) {
+                    *s += x * x;
+                }
+            }
+            acc
+        };
+        if v.len() <= block_len {
+            column_sums(v)
+        } else {
+            v.par_chunks(block_len)
+                .map(column_sums)
+                .reduce_with(|mut x, y| {
+                    x.iter_mut().zip(&y).for_each(|(s, t)| *s += t);
+                    x
+                })
+                .unwrap_or_else(|| vec![0.0; cols])
+        }
+    };
+    sums.into_iter().map(f64::sqrt).collect()
+}
+
+/// `Σ x²` in eight interleaved partial sums (any order serves the bound; this one
+/// vectorises).
+fn sum_of_squares(v: &[f64]) -> f64 {
+    let (groups, tail) = v.as_chunks::<8>();
+    let mut acc = [0.0; 8];
+    for g in groups {
+        for l in 0..8 {
+            acc[l] += g[l] * g[l];
+        }
+    }
+    let mut total = acc.iter().sum::<f64>();
+    for x in tail {
+        total += x * x;
+    }
+    total
+}
+
+/// The f64 GEMM into `out` (`m x n`), the check and the exact fallbacks in place, and each
+/// row also as f32 into `out32` where given; returns the number of fallbacks.
+fn run(
+    posit: Posit,
+    ops: &Prepared,
+    dims: Dims,
+    bias: Bias,
+    out: &mut [f64],
+    out32: Option<&mut [f32]>,
+    parallel: bool,
+) -> usize {
+    let (m, k, n) = dims;
+    if m == 0 || n == 0 {
+        return 0;
+    }
+    for i in 0..m {
+        for (j, o) in out[i * n..i * n + n].iter_mut().enumerate() {
+            *o = bias.at(i, j).unwrap_or(0.0);
+        }
+    }
+    let par = if parallel && m * n * k >= 1 << 15 {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    dgemm_strided(dims, ops.a, ops.b, out, par);
+    let c = (k + 1) as f64 * pow2(-52);
+    let ends = Ends::new(posit);
+    let maxpos = posit.max_pos();
+    // |bias| per column (zeros without a column bias) and per row.
+    let col_bias: Vec<f64> = match bias {
+        Bias::PerCol(v) => v[..n].iter().map(|x| x.abs()).collect(),
+        _ => vec![0.0; n],
+    };
+    let row_bias = |i: usize| match bias {
+        Bias::PerRow(v) => v[i].abs(),
+        _ => 0.0,
+    };
+    let fallbacks = AtomicUsize::new(0);
+    let row = |i: usize, dst: &mut [f64]| {
+        let na = ops.a_norms[i];
+        let rb = row_bias(i);
+        // The bound of output (i, j) (see the module docs): not finite for NaR.
+        let bound = |j: usize| c * (na * ops.b_norms[j] + (col_bias[j] + rb));
+        let mut count = 0;
+        // The scalar decision, for what the vector pass leaves: NaR, or the two ends'
+        // roundings (the exact sum where they differ).
+        let mut settle = |j: usize, o: &mut f64, lo: f64, hi: f64| {
+            let e = bound(j);
+            *o = if !e.is_finite() {
+                f64::NAN
+            } else {
+                let (rl, rh) = (
+                    posit.round(lo, NearestEven, 0),
+                    posit.round(hi, NearestEven, 0),
+                );
+                if rl == rh {
+                    rl
+                } else {
+                    count += 1;
+                    exact_output(posit, ops, i, j, k, bias.at(i, j))
+                }
+            };
+        };
+        match &ends {
+            Ends::F32(plan) => {
+                let lanes = plan.lanes();
+                let consts = GroupConsts { na, rb, c, maxpos };
+                for (g, chunk) in dst.chunks_mut(GROUP).enumerate() {
+                    let j0 = g * GROUP;
+                    let len = chunk.len();
+                    // A short last group is padded with zero sums and bounds (exact zeros).
+                    let mut sums = [0.0; GROUP];
+                    let mut nb = [0.0; GROUP];
+                    let mut cb = [0.0; GROUP];
+                    sums[..len].copy_from_slice(chunk);
+                    nb[..len].copy_from_slice(&ops.b_norms[j0..j0 + len]);
+                    cb[..len].copy_from_slice(&col_bias[j0..j0 + len]);
+                    let group = check_group(&lanes, &consts, &sums, &nb, &cb);
+                    for (l, o) in chunk.iter_mut().enumerate() {
+                        if group.flagged[l] == 0 {
+                            *o = f64::from(f32::from_bits(group.rounded[l]));
+                        } else {
+                            let (lo, hi) = (group.lo[l], group.hi[l]);
+                            settle(j0 + l, o, f64::from(lo), f64::from(hi));
+                        }
+                    }
+                }
+            }
+            Ends::F64 => {
+                for (j, o) in dst.iter_mut().enumerate() {
+                    let e = bound(j);
+                    let (lo, hi) = if e > 0.0 {
+                        ((*o - e).next_down(), (*o + e).next_up())
+                    } else {
+                        (*o, *o)
+                    };
+                    settle(j, o, lo, hi);
+                }
+            }
+        }
+        fallbacks.fetch_add(count, Ordering::Relaxed);
+    };
+    // Rows per parallel task: at least ROW_TASK outputs each.
+    let min_rows = ROW_TASK.div_ceil(n).max(1);
+    match out32 {
+        None if parallel => out[..m * n]
+            .par_chunks_mut(n)
+            .enumerate()
+            .with_min_len(min_rows)
+            .for_each(|(i, r)| row(i, r)),
+        None => for_rows(out, m, n, false, row),
+        Some(o) => {
+            let job = |(i, (sums, dst)): (usize, (&mut [f64], &mut [f32]))| {
+                row(i, sums);
+                for (d, &v) in dst.iter_mut().zip(sums.iter()) {
+                    *d = v as f32;
+                }
+            };
+            let (sums, o) = (&mut out[..m * n], &mut o[..m * n]);
+            if parallel {
+                sums.par_chunks_mut(n)
+                    .zip(o.par_chunks_mut(n))
+                    .enumerate()
+                    .with_min_len(min_rows)
+                    .for_each(job);
+            } else {
+                sums.chunks_mut(n)
+                    .zip(o.chunks_mut(n))
+                    .enumerate()
+                    .for_each(job);
+            }
+        }
+    }
+    fallbacks.into_inner()
+}
+
+/// Outputs per parallel task of the check, at least (smaller GEMMs check on one thread).
+const ROW_TASK: usize = 1 << 13;
+
+/// Outputs per group of the vectorised check (one AVX-512 vector of f32).
+const GROUP: usize = 16;
+
+/// What a row's groups share: the row's norm and bias magnitude, `C` and maxpos.
+struct GroupConsts {
+    na: f64,
+    rb: f64,
+    c: f64,
+    maxpos: f64,
+}
+
+/// One group's check: the f32 ends, the rounding where both ends agree, and a flag where
+/// the scalar decision must settle the output (the ends differ, an end needs the plan's
+/// general path, or the bound is not finite: NaR).
+struct Group {
+    lo: [f32; GROUP],
+    hi: [f32; GROUP],
+    rounded: [u32; GROUP],
+    flagged: [u32; GROUP],
+}
+
+/// [`Group`] of the sums `s` with column norms `nb` and column bias magnitudes `cb`, on the
+/// widest instruction set this CPU runs (every path computes the same values: no fused
+/// operations are formed).
+fn check_group(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    match crate::backend::isa::active() {
+        // SAFETY: `isa::active` names only instruction sets this CPU has.
+        #[cfg(target_arch = "x86_64")]
+        crate::backend::isa::Isa::Avx512 => unsafe { check_group_avx512(lanes, k, s, nb, cb) },
+        #[cfg(target_arch = "x86_64")]
+        crate::backend::isa::Isa::Avx2 => unsafe { check_group_avx2(lanes, k, s, nb, cb) },
+        _ => check_group_body(lanes, k, s, nb, cb),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+fn check_group_avx512(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    check_group_body(lanes, k, s, nb, cb)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn check_group_avx2(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    check_group_body(lanes, k, s, nb, cb)
+}
+
+#[inline(always)]
+fn check_group_body(
+    lanes: &NearestLanes,
+    k: &GroupConsts,
+    s: &[f64; GROUP],
+    nb: &[f64; GROUP],
+    cb: &[f64; GROUP],
+) -> Group {
+    let mut g = Group {
+        lo: [0.0; GROUP],
+        hi: [0.0; GROUP],
+        rounded: [0; GROUP],
+        flagged: [0; GROUP],
+    };
+    for l in 0..GROUP {
+        let e = k.c * (k.na * nb[l] + (cb[l] + k.rb));
+        let (lo, hi) = ends_f32(s[l], e, k.maxpos);
+        let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(lo);
+        let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(hi);
+        g.lo[l] = lo;
+        g.hi[l] = hi;
+        g.rounded[l] = pl;
+        g.flagged[l] = (slow_l | slow_h | (pl != ph) | !e.is_finite()) as u32;
+    }
+    g
+}
+
+/// The interval `[ŝ - e, ŝ + e]` widened outward to f32 ends, clamped to ±maxpos (see the
+/// module docs); `ŝ` itself where `e = 0`.
+#[inline(always)]
+fn ends_f32(s: f64, e: f64, maxpos: f64) -> (f32, f32) {
+    let lo = (s - e).max(-maxpos).min(maxpos);
+    let hi = (s + e).max(-maxpos).min(maxpos);
+    let (l, h) = (lo as f32, hi as f32);
+    let widen = e > 0.0;
+    let l = if widen & (f64::from(l) >= lo) {
+        step_down(l)
+    } else {
+        l
+    };
+    let h = if widen & (f64::from(h) <= hi) {
+        -step_down(-h)
+    } else {
+        h
+    };
+    (l, h)
+}
+
+/// The next f32 below a finite `x` (branch-free, so that the check vectorises).
+#[inline(always)]
+fn step_down(x: f32) -> f32 {
+    let b = x.to_bits();
+    let bits = if x > 0.0 {
+        b.wrapping_sub(1)
+    } else if x < 0.0 {
+        b.wrapping_add(1)
+    } else {
+        0x8000_0001 // below ±0: the negative subnormal nearest zero
+    };
+    f32::from_bits(bits)
+}
+
+/// Output `(i, j)` summed exactly and rounded once: the products in i128 chunks of at most
+/// `2^(126 - 4s)` (whose sums stay below 2^126) gathered in a [`Quire`] where `2s <= 62`,
+/// else each product into the quire; the bias last.
+fn exact_output(
+    posit: Posit,
+    ops: &Prepared,
+    i: usize,
+    j: usize,
+    k: usize,
+    bias: Option<f64>,
+) -> f64 {
+    let s = posit.max_scale();
+    let mut q = Quire::new(posit).expect("formats are checked by the ops");
+    if 2 * s <= 62 {
+        let scale = pow2(s);
+        let to_int = |v: f64| (v * scale) as i64 as i128;
+        let chunk = 1usize
+            .checked_shl((126 - 4 * s) as u32)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let mut t = 0;
+        while t < k {
+            let end = t.saturating_add(chunk).min(k);
+            let sum: i128 = (t..end)
+                .map(|u| to_int(ops.a.at(i, u)) * to_int(ops.b.at(u, j)))
+                .sum();
+            q.add_units(sum);
+            t = end;
+        }
+    } else {
+        for u in 0..k {
+            q.add_exact_product(ops.a.at(i, u), ops.b.at(u, j));
+        }
+    }
+    if let Some(v) = bias {
+        q.add_exact_product(v, 1.0);
+    }
+    q.to_posit()
+}
