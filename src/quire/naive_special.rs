@@ -1,0 +1,234 @@
+//! The naive GEMM's register kernel with roundings specialised to the formats
+//! ([`super::lane_round`]), written for AVX-512: the same definition and the same steps as
+//! [`super::naive_lanes`] (whose docs prove that each step is the correctly rounded
+//! operation), with the quantize plan's general step replaced by the format's own rounding
+//! and the checks for Inf and NaN made cheaper.
+//!
+//! Each of the [`TILE`] lanes is one output `c_j`: from `c = 0`, for `t` ascending,
+//! `c = S(c + P(a_t · b_tj))`. Products are TwoProduct's `hi + lo` rounded to odd (or the
+//! exact f32 product where the operands have at most 12 significand bits, or left unrounded
+//! for `fma:<A>`), sums TwoSum's `hi + lo` rounded to odd, and `P` and `S` the specialised
+//! roundings of the odd values: each rounds to nearest even as [`crate::Format::round`]
+//! does (the tests compare them), so by the round-to-odd argument of
+//! [`super::naive_lanes`] each gives the correctly rounded product or sum. For IEEE binary16
+//! `S` is the hardware conversion, which rounds the odd 24-bit value to 11 bits: every
+//! binary16 value and midpoint inside f32's normal range has at most 12 significant bits and
+//! is an f32 whose last bit is 0, so the conversion rounds the odd value as it rounds the
+//! exact one. Binary32 sums are the native add.
+//!
+//! # Inf and NaN
+//!
+//! With finite operands of the formats the caller admits, no product or TwoSum leaves f32's
+//! normal range (see [`super::naive_lanes`]); an Inf or NaN appears only from an operand
+//! that is one (NaR is NaN here) or from a rounding that overflows to Inf or NaN. Rather
+//! than mark lanes at every step, the kernel relies on roundings that keep specials
+//! ([`LaneRound::keeps_specials`]: an Inf or NaN input, or any value past the overflow
+//! threshold, gives Inf or NaN): TwoSum of a special is special, rounding it to odd moves
+//! Inf at most to f32's largest value (past every threshold) and keeps NaN, so once a
+//! lane's value is special through such roundings it stays special to the end. A special
+//! final sum hands the tile to the caller's scalar definition. Where a rounding clamps
+//! instead (posits, saturating floats), its input `hi` is checked at every step: `hi · 0 +
+//! flag` is NaN once `hi` was Inf or NaN, one fused multiply-add. So the tile is reported
+//! done only when every step ran on finite values, and then every step is the correct
+//! operation.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::lane_round::LaneRound;
+use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, WIDE};
+use super::naive_lanes::{Products, TILE};
+use crate::backend::isa::{self, Isa};
+
+/// The accumulator of a tile with specialised roundings.
+#[derive(Debug, Clone, Copy)]
+pub enum SumLanes<'a> {
+    /// Sums rounded by a specialised rounding.
+    Round(&'a LaneRound),
+    /// IEEE binary32 sums: the native f32 add.
+    Binary32,
+}
+
+/// The kind of binary32 sums, beside the roundings' kinds.
+const BINARY32: u8 = 4;
+const ROUNDED: u8 = 0;
+const EXACT: u8 = 1;
+const FUSED: u8 = 2;
+
+/// `hi + lo` rounded to odd at f32 precision, as a pattern (see [`super::naive_lanes`]):
+/// where `lo` is not zero, `hi` moved one unit towards `lo` and then its last bit set,
+/// which is `hi` itself where that bit was set already.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+#[inline]
+fn to_odd(hi: __m512, lo: __m512) -> __m512i {
+    let bits = _mm512_castps_si512(hi);
+    let inexact = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(lo, _mm512_setzero_ps());
+    // -1 where lo has the other sign, else 0.
+    let towards = _mm512_srai_epi32::<31>(_mm512_xor_si512(_mm512_castps_si512(lo), bits));
+    let moved = _mm512_mask_add_epi32(bits, inexact, bits, towards);
+    _mm512_mask_or_epi32(moved, inexact, moved, _mm512_set1_epi32(1))
+}
+
+/// TwoSum: `(s, lo)` with `s + lo = x + y` exactly (finite inputs).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn two_sum(x: __m512, y: __m512) -> (__m512, __m512) {
+    let s = _mm512_add_ps(x, y);
+    let yy = _mm512_sub_ps(s, x);
+    let lo = _mm512_add_ps(_mm512_sub_ps(x, _mm512_sub_ps(s, yy)), _mm512_sub_ps(y, yy));
+    (s, lo)
+}
+
+/// `flag` made NaN where `hi` is Inf or NaN (`hi · 0 + flag`).
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+fn check(flag: __m512, hi: __m512) -> __m512 {
+    _mm512_fmadd_ps(hi, _mm512_setzero_ps(), flag)
+}
+
+/// The tile loop for operand rounding `OP`, accumulator `SUM` and products `PROD`;
+/// `check_op` and `check_sum` check the inputs of roundings that clamp.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+fn kernel<const OP: u8, const SUM: u8, const PROD: u8>(
+    op: &Zmm,
+    sum: &Zmm,
+    (check_op, check_sum): (bool, bool),
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    let zero = _mm512_setzero_ps();
+    let mut c = [zero; TILE / 16];
+    let mut flag = [zero; TILE / 16];
+    for (t, &x) in a.iter().enumerate() {
+        let row: &[f32; TILE] = b[t * stride..t * stride + TILE]
+            .try_into()
+            .expect("a full tile");
+        let xv = _mm512_set1_ps(x);
+        for r in 0..TILE / 16 {
+            // SAFETY: 16 f32 read from inside the row.
+            let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
+            let hi = _mm512_mul_ps(xv, y);
+            let term = match PROD {
+                FUSED => hi,
+                _ => {
+                    if check_op {
+                        flag[r] = check(flag[r], hi);
+                    }
+                    let odd = if PROD == EXACT {
+                        _mm512_castps_si512(hi)
+                    } else {
+                        to_odd(hi, _mm512_fmsub_ps(xv, y, hi))
+                    };
+                    _mm512_castsi512_ps(round::<OP>(op, odd))
+                }
+            };
+            c[r] = if SUM == BINARY32 {
+                _mm512_add_ps(c[r], term)
+            } else {
+                let (hi, lo) = two_sum(c[r], term);
+                if check_sum {
+                    flag[r] = check(flag[r], hi);
+                }
+                _mm512_castsi512_ps(round::<SUM>(sum, to_odd(hi, lo)))
+            };
+        }
+    }
+    let mut special = 0u16;
+    for r in 0..TILE / 16 {
+        // Inf or NaN: the exponent field all ones.
+        let field = _mm512_and_si512(_mm512_castps_si512(c[r]), _mm512_set1_epi32(0x7f80_0000));
+        special |= _mm512_cmpeq_epi32_mask(field, _mm512_set1_epi32(0x7f80_0000));
+        special |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(flag[r], flag[r]);
+        // SAFETY: 16 f32 written inside the tile.
+        unsafe { _mm512_storeu_ps(acc[16 * r..].as_mut_ptr(), c[r]) };
+    }
+    special == 0
+}
+
+/// The kernel for the run-time kinds, on an AVX-512 CPU.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
+fn dispatch(
+    op: Option<&LaneRound>,
+    sum: SumLanes<'_>,
+    products: Products,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> Option<bool> {
+    let prod = match products {
+        Products::Rounded => ROUNDED,
+        Products::RoundedExact => EXACT,
+        Products::Fused => FUSED,
+    };
+    let (op_zmm, op_kind, check_op) = match op {
+        Some(r) => {
+            let (z, kind) = Zmm::new(r, true);
+            (z, kind, !r.keeps_specials())
+        }
+        None if prod == FUSED => (Zmm::Half, HALF, false),
+        None => return None,
+    };
+    let (sum_zmm, sum_kind, check_sum) = match sum {
+        SumLanes::Round(r) => {
+            let (z, kind) = Zmm::new(r, true);
+            (z, kind, !r.keeps_specials())
+        }
+        // Fused binary32 sums are one fused multiply-add in the general kernel already.
+        SumLanes::Binary32 if prod == FUSED => return None,
+        SumLanes::Binary32 => (Zmm::Half, BINARY32, false),
+    };
+    let checks = (check_op, check_sum);
+    macro_rules! run {
+        ($($o:ident, $s:ident, $p:ident;)*) => {
+            match (op_kind, sum_kind, prod) {
+                $(($o, $s, $p) => kernel::<$o, $s, $p>(&op_zmm, &sum_zmm, checks, a, b, stride, acc),)*
+                _ => return None,
+            }
+        };
+    }
+    macro_rules! sums {
+        ($($o:ident, $p:ident;)*) => {
+            run! {$(
+                $o, WIDE, $p; $o, NARROW, $p; $o, HALF, $p; $o, POSIT, $p; $o, BINARY32, $p;
+            )*}
+        };
+    }
+    // Fused products ignore the operand rounding (HALF stands for none).
+    let done = sums! {
+        NARROW, ROUNDED; NARROW, EXACT;
+        HALF, ROUNDED; HALF, EXACT; HALF, FUSED;
+        POSIT, ROUNDED; POSIT, EXACT;
+    };
+    Some(done)
+}
+
+/// The sums of one tile as [`super::naive_lanes::tile`] computes them (same definition,
+/// same bits), with the specialised roundings `op` (products; `None` only for
+/// [`Products::Fused`], which does not round them) and `sum`. `None` where the CPU (or the
+/// cap of [`isa::set_cap`]) has no AVX-512, or for fused binary32 sums (the general
+/// kernel's single fused multiply-add); otherwise `Some(done)`, `done` false when a lane met
+/// Inf or NaN (the tile is then left to the scalar definition and `acc` holds no result).
+/// The formats must be ones [`super::naive_lanes`] admits.
+pub fn tile(
+    op: Option<&LaneRound>,
+    sum: SumLanes<'_>,
+    products: Products,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> Option<bool> {
+    assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
+    if isa::active() != Isa::Avx512 {
+        return None;
+    }
+    // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above) and imply the fused
+    // multiply-add.
+    unsafe { dispatch(op, sum, products, a, b, stride, acc) }
+}
