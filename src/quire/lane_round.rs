@@ -59,18 +59,19 @@
 //!   2^(7 - es)`, index a table per regime by their low 5 bits, distinct for the `2 (n - 2) +
 //!   1 <= 32` regimes of posits with `n <= 17`; the AVX-512 kernel looks it up with one
 //!   `vpermt2d` (32 entries in two registers) per table. Each entry holds the rounding
-//!   increment `h = 2^(s-1) - 1`, the mask `!(2^s - 1)` and the bit that gives the parity of
-//!   the kept pattern.
+//!   increment `h = 2^(s-1) - 1` and the mask `!(2^s - 1)`.
 //! * **Parity.** Rounding to nearest even is `(t + h + odd) & mask` with `odd` the last bit
 //!   of the kept posit pattern. Where fraction or exponent bits remain it is bit `s` of
-//!   `t` (at `s = 23` the low exponent bit, by the raised exponent byte). Where the whole
-//!   exponent is cut (`c = es`) the kept pattern ends in the regime: its last bit is 0 for
-//!   `k >= 0` (the terminating zero) and 1 for `k < 0`. The entry then names a bit of `t` that is constant over the regime: bit 31
-//!   (always 0: `t < 2^31`) or a set bit of `k + 2^(7 - es)`. `odd` only matters at ties,
-//!   and with an increment at most `2^(s-1)` nothing else moves.
-//! * **Exact entries**: increment 0, mask all ones, for the regime `k = n - 2`, which holds
-//!   maxpos alone (reached only by the clamp; its bit `s` of `t` may be set, and rounding
-//!   there would move it), and for binades finer than f32's (`s <= 0`, none for `n <= 17`).
+//!   `t` (at `s = 23` the low exponent bit, by the raised exponent byte), found as
+//!   `t & -mask`. Where the whole exponent is cut (`c = es`) the kept pattern ends in the
+//!   regime: its last bit is 0 for `k >= 0` (the terminating zero) and 1 for `k < 0`, while
+//!   bit `s` of `t` is the low bit of `k + 2^(7 - es)`, the same for the whole regime; the
+//!   entry's increment is corrected by the difference (`h - 1`, `h` or `h + 1`). `odd` only
+//!   matters at ties: with an increment of at most `2^(s-1)` nothing else moves.
+//! * **maxpos.** The regime `k = n - 2` holds maxpos alone, reached only by the clamp; its
+//!   entry is increment 0 and mask all ones (`t`'s bit 0 is 0 there), which keeps it.
+//!   Posits whose binades are finer than f32's (`s <= 0`) have no table (none with
+//!   `n <= 17`).
 //!
 //! The entries are built from [`Posit::frac_bits`](crate::format::Posit), the definition
 //! the quantize plan uses; the tests compare the result with [`Format::round`].
@@ -119,7 +120,7 @@ pub struct NarrowFloat {
 }
 
 /// The constants of [`LaneRound::Posit`]: per regime (index `t >> shift`, low 5 bits) the
-/// increment, the mask and the parity bit.
+/// increment and the mask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PositTable {
     /// `23 + es`.
@@ -128,12 +129,10 @@ pub struct PositTable {
     pub t_lo: u32,
     /// See [`PositTable::t_lo`].
     pub t_hi: u32,
-    /// `2^(s-1) - 1` (0 for exact binades).
+    /// `2^(s-1) - 1`, corrected by the parity where the exponent is cut (0 for maxpos).
     pub half: [u32; 32],
-    /// `!(2^s - 1)`.
+    /// `!(2^s - 1)` (all ones for maxpos).
     pub mask: [u32; 32],
-    /// The bit of `t` that is the parity of the kept pattern (`1 << 31`: even).
-    pub parity: [u32; 32],
 }
 
 /// The bias of the raised exponent byte.
@@ -230,7 +229,8 @@ impl LaneRound {
                 let abs = bits ^ sign;
                 let t = (abs + RAISE).clamp(p.t_lo, p.t_hi);
                 let i = ((t >> p.shift) & 31) as usize;
-                let odd = (t & p.parity[i] != 0) as u32;
+                // Bit s of t: the lowest bit the mask keeps.
+                let odd = (t & p.mask[i].wrapping_neg() != 0) as u32;
                 let r = ((t + p.half[i] + odd) & p.mask[i]) - RAISE;
                 if abs == 0 {
                     0
@@ -259,31 +259,34 @@ impl PositTable {
             t_hi: (p.max_pos() as f32).to_bits() + RAISE,
             half: [0; 32],
             mask: [u32::MAX; 32],
-            parity: [SIGN; 32],
         };
         for k in -k_max..=k_max {
             // The top bits of t in regime k.
             let top = k + (128 >> es);
             let i = (top & 31) as usize;
+            // Regime n - 2 holds maxpos alone (reached only by the clamp), which must stay:
+            // increment 0, mask all ones (its parity bit, bit 0 of t, is 0).
+            if k == k_max {
+                continue;
+            }
             // Every binade of the regime has the same fraction bits.
             let fb = p.frac_bits(k << es);
             let s = 23 - fb;
-            // Regime n - 2 holds maxpos alone (reached only by the clamp), which must stay.
-            if s <= 0 || k == k_max {
-                continue;
+            if s <= 0 {
+                return None;
             }
             let s = s as u32;
-            table.half[i] = (1 << (s - 1)) - 1;
+            let mut half = (1 << (s - 1)) - 1;
+            if fb == -es {
+                // The whole exponent is cut: the kept pattern ends in the regime, whose last
+                // bit is 0 for k >= 0 and 1 for k < 0, while the bit added is bit s of t,
+                // the low bit of `top`, the same for the whole regime.
+                let added = (top & 1) as u32;
+                let odd = (k < 0) as u32;
+                half = half + odd - added;
+            }
+            table.half[i] = half;
             table.mask[i] = !((1u32 << s) - 1);
-            table.parity[i] = if fb > -es {
-                // A fraction or exponent bit ends the kept pattern.
-                1 << s
-            } else if k >= 0 {
-                SIGN
-            } else {
-                // A set bit of t's top bits: the regime's last bit is 1.
-                1 << (shift + top.trailing_zeros())
-            };
         }
         Some(table)
     }

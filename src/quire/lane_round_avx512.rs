@@ -38,7 +38,6 @@ pub(crate) enum Zmm {
         t_hi: __m512i,
         half: [__m512i; 2],
         mask: [__m512i; 2],
-        parity: [__m512i; 2],
     },
 }
 
@@ -100,7 +99,6 @@ impl Zmm {
                     t_hi: splat(p.t_hi),
                     half: table(&p.half),
                     mask: table(&p.mask),
-                    parity: table(&p.parity),
                 },
                 POSIT,
             ),
@@ -160,7 +158,6 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
                 t_hi,
                 half,
                 mask,
-                parity,
             },
         ) => {
             let abs = _mm512_and_si512(x, splat(ABS));
@@ -169,8 +166,8 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
             let i = _mm512_srl_epi32(t, shift);
             let h = _mm512_permutex2var_epi32(half[0], i, half[1]);
             let m = _mm512_permutex2var_epi32(mask[0], i, mask[1]);
-            let p = _mm512_permutex2var_epi32(parity[0], i, parity[1]);
-            let odd = _mm512_test_epi32_mask(t, p);
+            // Bit s of t, the lowest bit the mask keeps.
+            let odd = _mm512_test_epi32_mask(t, _mm512_sub_epi32(_mm512_setzero_si512(), m));
             let up = _mm512_add_epi32(t, h);
             let up = _mm512_mask_add_epi32(up, odd, up, splat(1));
             let r = _mm512_sub_epi32(_mm512_and_si512(up, m), splat(RAISE));

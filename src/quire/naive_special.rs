@@ -56,28 +56,39 @@ const ROUNDED: u8 = 0;
 const EXACT: u8 = 1;
 const FUSED: u8 = 2;
 
-/// `hi + lo` rounded to odd at f32 precision, as a pattern (see [`super::naive_lanes`]):
-/// where `lo` is not zero, `hi` moved one unit towards `lo` and then its last bit set,
-/// which is `hi` itself where that bit was set already.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-#[inline]
-fn to_odd(hi: __m512, lo: __m512) -> __m512i {
-    let bits = _mm512_castps_si512(hi);
-    let inexact = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(lo, _mm512_setzero_ps());
-    // -1 where lo has the other sign, else 0.
-    let towards = _mm512_srai_epi32::<31>(_mm512_xor_si512(_mm512_castps_si512(lo), bits));
-    let moved = _mm512_mask_add_epi32(bits, inexact, bits, towards);
-    _mm512_mask_or_epi32(moved, inexact, moved, _mm512_set1_epi32(1))
-}
+/// Truncation: round toward zero, exceptions suppressed.
+const TRUNCATE: i32 = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
 
-/// TwoSum: `(s, lo)` with `s + lo = x + y` exactly (finite inputs).
+/// `trunc` (an operation's result truncated toward zero) rounded to odd: its last bit set
+/// where the operation was `inexact`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn two_sum(x: __m512, y: __m512) -> (__m512, __m512) {
-    let s = _mm512_add_ps(x, y);
-    let yy = _mm512_sub_ps(s, x);
-    let lo = _mm512_add_ps(_mm512_sub_ps(x, _mm512_sub_ps(s, yy)), _mm512_sub_ps(y, yy));
-    (s, lo)
+fn set_odd(trunc: __m512, inexact: __mmask16) -> __m512i {
+    let bits = _mm512_castps_si512(trunc);
+    _mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1))
+}
+
+/// `x · y` rounded to odd at f32 precision: the truncated product, its last bit set where
+/// the fused `x · y - trunc` (exactly zero only for an exact product) is not zero.
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+fn mul_odd(x: __m512, y: __m512) -> __m512i {
+    let trunc = _mm512_mul_round_ps::<TRUNCATE>(x, y);
+    let rest = _mm512_fmsub_ps(x, y, trunc);
+    set_odd(trunc, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(rest, _mm512_setzero_ps()))
+}
+
+/// `x + y` rounded to odd at f32 precision: the truncated sum, its last bit set where the
+/// sums rounded up and down differ (the sum is inexact). NaN stays NaN, Inf stays Inf.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn add_odd(x: __m512, y: __m512) -> __m512i {
+    const UP: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
+    const DOWN: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+    let trunc = _mm512_add_round_ps::<TRUNCATE>(x, y);
+    let up = _mm512_add_round_ps::<UP>(x, y);
+    let down = _mm512_add_round_ps::<DOWN>(x, y);
+    set_odd(trunc, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(up, down))
 }
 
 /// `flag` made NaN where `hi` is Inf or NaN (`hi · 0 + flag`).
@@ -111,29 +122,28 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8>(
         for r in 0..TILE / 16 {
             // SAFETY: 16 f32 read from inside the row.
             let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
-            let hi = _mm512_mul_ps(xv, y);
             let term = match PROD {
-                FUSED => hi,
+                FUSED => _mm512_mul_ps(xv, y),
                 _ => {
-                    if check_op {
-                        flag[r] = check(flag[r], hi);
-                    }
                     let odd = if PROD == EXACT {
-                        _mm512_castps_si512(hi)
+                        _mm512_castps_si512(_mm512_mul_ps(xv, y))
                     } else {
-                        to_odd(hi, _mm512_fmsub_ps(xv, y, hi))
+                        mul_odd(xv, y)
                     };
+                    if check_op {
+                        flag[r] = check(flag[r], _mm512_castsi512_ps(odd));
+                    }
                     _mm512_castsi512_ps(round::<OP>(op, odd))
                 }
             };
             c[r] = if SUM == BINARY32 {
                 _mm512_add_ps(c[r], term)
             } else {
-                let (hi, lo) = two_sum(c[r], term);
+                let odd = add_odd(c[r], term);
                 if check_sum {
-                    flag[r] = check(flag[r], hi);
+                    flag[r] = check(flag[r], _mm512_castsi512_ps(odd));
                 }
-                _mm512_castsi512_ps(round::<SUM>(sum, to_odd(hi, lo)))
+                _mm512_castsi512_ps(round::<SUM>(sum, odd))
             };
         }
     }
@@ -184,6 +194,9 @@ fn dispatch(
         SumLanes::Binary32 => (Zmm::Half, BINARY32, false),
     };
     let checks = (check_op, check_sum);
+    // One set of registers where both roundings are the same (`naive`).
+    let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s);
+    let sum_zmm = if same { op_zmm } else { sum_zmm };
     macro_rules! run {
         ($($o:ident, $s:ident, $p:ident;)*) => {
             match (op_kind, sum_kind, prod) {
