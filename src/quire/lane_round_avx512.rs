@@ -12,33 +12,18 @@ use std::arch::x86_64::*;
 use super::lane_round::LaneRound;
 use crate::backend::isa::{self, Isa};
 
-/// A specialised rounding's constants in registers.
+/// A specialised rounding's constants in registers: a shift count and six vectors, whose
+/// meaning depends on the kind (a plain struct, so that a kernel keeps them in registers).
+///
+/// * [`WIDE`]: count `s`; `half = 2^(s-1) - 1`, `mask = !(2^s - 1)`.
+/// * [`NARROW`]: `e_lo`, `e_hi`, `shift`, `limit`, `over` (see [`LaneRound::Narrow`]).
+/// * [`HALF`]: none.
+/// * [`POSIT`]: count `23 + es`; `t_lo`, `t_hi`, the increments (entries 0-15, 16-31) and
+///   the masks (the same).
 #[derive(Clone, Copy)]
-pub(crate) enum Zmm {
-    /// See [`LaneRound::Wide`]: the increment without the parity, and the mask.
-    Wide {
-        s: __m128i,
-        half: __m512i,
-        mask: __m512i,
-    },
-    /// See [`LaneRound::Narrow`].
-    Narrow {
-        e_lo: __m512i,
-        e_hi: __m512i,
-        shift: __m512i,
-        limit: __m512i,
-        over: __m512i,
-    },
-    /// IEEE binary16 by conversion.
-    Half,
-    /// See [`LaneRound::Posit`]: tables in pairs of registers (entries 0-15, 16-31).
-    Posit {
-        shift: __m128i,
-        t_lo: __m512i,
-        t_hi: __m512i,
-        half: [__m512i; 2],
-        mask: [__m512i; 2],
-    },
+pub(crate) struct Zmm {
+    count: __m128i,
+    v: [__m512i; 6],
 }
 
 /// Which rounding a [`Zmm`] is, as a constant for the kernels' type parameters.
@@ -72,36 +57,57 @@ impl Zmm {
     /// binary16 takes the conversion where `hardware_half`.
     #[target_feature(enable = "avx512f")]
     pub(crate) fn new(r: &LaneRound, hardware_half: bool) -> (Zmm, u8) {
+        let zero = _mm512_setzero_si512();
         match r {
             LaneRound::Wide(w) => (
-                Zmm::Wide {
-                    s: _mm_cvtsi32_si128(w.s as i32),
-                    half: splat((1u32 << (w.s - 1)) - 1),
-                    mask: splat(!((1u32 << w.s) - 1)),
+                Zmm {
+                    count: _mm_cvtsi32_si128(w.s as i32),
+                    v: [
+                        splat((1u32 << (w.s - 1)) - 1),
+                        splat(!((1u32 << w.s) - 1)),
+                        zero,
+                        zero,
+                        zero,
+                        zero,
+                    ],
                 },
                 WIDE,
             ),
-            LaneRound::Narrow(n) if n.binary16 && hardware_half => (Zmm::Half, HALF),
+            LaneRound::Narrow(n) if n.binary16 && hardware_half => (Zmm::none(), HALF),
             LaneRound::Narrow(n) => (
-                Zmm::Narrow {
-                    e_lo: splat(n.e_lo),
-                    e_hi: splat(n.e_hi),
-                    shift: splat(n.shift),
-                    limit: splat(n.limit),
-                    over: splat(n.over),
+                Zmm {
+                    count: _mm_setzero_si128(),
+                    v: [
+                        splat(n.e_lo),
+                        splat(n.e_hi),
+                        splat(n.shift),
+                        splat(n.limit),
+                        splat(n.over),
+                        zero,
+                    ],
                 },
                 NARROW,
             ),
-            LaneRound::Posit(p) => (
-                Zmm::Posit {
-                    shift: _mm_cvtsi32_si128(p.shift as i32),
-                    t_lo: splat(p.t_lo),
-                    t_hi: splat(p.t_hi),
-                    half: table(&p.half),
-                    mask: table(&p.mask),
-                },
-                POSIT,
-            ),
+            LaneRound::Posit(p) => {
+                let [h0, h1] = table(&p.half);
+                let [m0, m1] = table(&p.mask);
+                (
+                    Zmm {
+                        count: _mm_cvtsi32_si128(p.shift as i32),
+                        v: [splat(p.t_lo), splat(p.t_hi), h0, h1, m0, m1],
+                    },
+                    POSIT,
+                )
+            }
+        }
+    }
+
+    /// No constants ([`HALF`], or a rounding that is not used).
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn none() -> Zmm {
+        Zmm {
+            count: _mm_setzero_si128(),
+            v: [_mm512_setzero_si512(); 6],
         }
     }
 }
@@ -115,57 +121,38 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
     const RAISE: u32 = 1 << 23;
     // ternary-logic immediate of `a | (b & c)`.
     const OR_AND: i32 = 0xf8;
-    match (KIND, r) {
-        (WIDE, &Zmm::Wide { s, half, mask }) => {
-            let odd = _mm512_and_si512(_mm512_srl_epi32(x, s), splat(1));
-            let up = _mm512_add_epi32(_mm512_add_epi32(x, half), odd);
-            let nan =
-                _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(_mm512_castsi512_ps(x), _mm512_castsi512_ps(x));
-            _mm512_mask_mov_epi32(_mm512_and_si512(up, mask), nan, x)
+    let v = &r.v;
+    match KIND {
+        WIDE => {
+            let odd = _mm512_and_si512(_mm512_srl_epi32(x, r.count), splat(1));
+            let up = _mm512_add_epi32(_mm512_add_epi32(x, v[0]), odd);
+            let xf = _mm512_castsi512_ps(x);
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(xf, xf);
+            _mm512_mask_mov_epi32(_mm512_and_si512(up, v[1]), nan, x)
         }
-        (HALF, _) => {
+        HALF => {
             let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                 _mm512_castsi512_ps(x),
             );
             _mm512_castps_si512(_mm512_cvtph_ps(h))
         }
-        (
-            NARROW,
-            &Zmm::Narrow {
-                e_lo,
-                e_hi,
-                shift,
-                limit,
-                over,
-            },
-        ) => {
+        NARROW => {
             let abs = _mm512_and_si512(x, splat(ABS));
-            let e = _mm512_min_epu32(
-                _mm512_max_epu32(_mm512_and_si512(x, splat(EXP)), e_lo),
-                e_hi,
-            );
-            let c = _mm512_castsi512_ps(_mm512_add_epi32(e, shift));
+            let e = _mm512_and_si512(x, splat(EXP));
+            let e = _mm512_min_epu32(_mm512_max_epu32(e, v[0]), v[1]);
+            let c = _mm512_castsi512_ps(_mm512_add_epi32(e, v[2]));
             let r = _mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(abs), c), c);
             let r = _mm512_castps_si512(r);
-            let r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(r, limit), over);
+            let r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(r, v[3]), v[4]);
             _mm512_ternarylogic_epi32::<OR_AND>(r, x, splat(!ABS))
         }
-        (
-            POSIT,
-            &Zmm::Posit {
-                shift,
-                t_lo,
-                t_hi,
-                half,
-                mask,
-            },
-        ) => {
+        _ => {
             let abs = _mm512_and_si512(x, splat(ABS));
             let t = _mm512_add_epi32(abs, splat(RAISE));
-            let t = _mm512_min_epi32(_mm512_max_epi32(t, t_lo), t_hi);
-            let i = _mm512_srl_epi32(t, shift);
-            let h = _mm512_permutex2var_epi32(half[0], i, half[1]);
-            let m = _mm512_permutex2var_epi32(mask[0], i, mask[1]);
+            let t = _mm512_min_epi32(_mm512_max_epi32(t, v[0]), v[1]);
+            let i = _mm512_srl_epi32(t, r.count);
+            let h = _mm512_permutex2var_epi32(v[2], i, v[3]);
+            let m = _mm512_permutex2var_epi32(v[4], i, v[5]);
             // Bit s of t, the lowest bit the mask keeps.
             let odd = _mm512_test_epi32_mask(t, _mm512_sub_epi32(_mm512_setzero_si512(), m));
             let up = _mm512_add_epi32(t, h);
@@ -174,7 +161,6 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
             let nonzero = _mm512_test_epi32_mask(abs, abs);
             _mm512_maskz_ternarylogic_epi32::<OR_AND>(nonzero, r, x, splat(!ABS))
         }
-        _ => unreachable!("the kind names the registers' rounding"),
     }
 }
 

@@ -75,7 +75,10 @@ fn set_odd(trunc: __m512, inexact: __mmask16) -> __m512i {
 fn mul_odd(x: __m512, y: __m512) -> __m512i {
     let trunc = _mm512_mul_round_ps::<TRUNCATE>(x, y);
     let rest = _mm512_fmsub_ps(x, y, trunc);
-    set_odd(trunc, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(rest, _mm512_setzero_ps()))
+    set_odd(
+        trunc,
+        _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(rest, _mm512_setzero_ps()),
+    )
 }
 
 /// `x + y` rounded to odd at f32 precision: the truncated sum, its last bit set where the
@@ -91,26 +94,43 @@ fn add_odd(x: __m512, y: __m512) -> __m512i {
     set_odd(trunc, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(up, down))
 }
 
-/// `flag` made NaN where `hi` is Inf or NaN (`hi · 0 + flag`).
-#[target_feature(enable = "avx512f,fma")]
-#[inline]
-fn check(flag: __m512, hi: __m512) -> __m512 {
-    _mm512_fmadd_ps(hi, _mm512_setzero_ps(), flag)
+/// Whether `a` and the tile's rows of `b` are all finite.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+fn finite_operands(a: &[f32], b: &[f32], stride: usize) -> bool {
+    if !a.iter().all(|x| x.is_finite()) {
+        return false;
+    }
+    // `y · 0 + flag` is NaN once some y was Inf or NaN.
+    let zero = _mm512_setzero_ps();
+    let mut flag = [zero; TILE / 16];
+    for t in 0..a.len() {
+        let row = &b[t * stride..t * stride + TILE];
+        for (r, f) in flag.iter_mut().enumerate() {
+            // SAFETY: 16 f32 read from inside the row.
+            let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
+            *f = _mm512_fmadd_ps(y, zero, *f);
+        }
+    }
+    flag.iter()
+        .all(|&f| _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(f, f) == 0)
 }
 
-/// The tile loop for operand rounding `OP`, accumulator `SUM` and products `PROD`;
-/// `check_op` and `check_sum` check the inputs of roundings that clamp.
+/// The tile loop for operand rounding `OP`, accumulator `SUM` and products `PROD` (finite
+/// operands). `CHECK`: the sums' inputs are checked for Inf and NaN at every step (the
+/// accumulator clamps while products may overflow to Inf or NaN). `SAME`: the accumulator
+/// is the operand format (`sum` is not read).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
-#[allow(clippy::too_many_arguments)]
-fn kernel<const OP: u8, const SUM: u8, const PROD: u8>(
+fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const SAME: bool>(
     op: &Zmm,
     sum: &Zmm,
-    (check_op, check_sum): (bool, bool),
     a: &[f32],
     b: &[f32],
     stride: usize,
     acc: &mut [f32; TILE],
 ) -> bool {
+    // Copies, kept in registers.
+    let op = *op;
+    let sum = if SAME { op } else { *sum };
     let zero = _mm512_setzero_ps();
     let mut c = [zero; TILE / 16];
     let mut flag = [zero; TILE / 16];
@@ -130,20 +150,18 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8>(
                     } else {
                         mul_odd(xv, y)
                     };
-                    if check_op {
-                        flag[r] = check(flag[r], _mm512_castsi512_ps(odd));
-                    }
-                    _mm512_castsi512_ps(round::<OP>(op, odd))
+                    _mm512_castsi512_ps(round::<OP>(&op, odd))
                 }
             };
             c[r] = if SUM == BINARY32 {
                 _mm512_add_ps(c[r], term)
             } else {
                 let odd = add_odd(c[r], term);
-                if check_sum {
-                    flag[r] = check(flag[r], _mm512_castsi512_ps(odd));
+                if CHECK {
+                    // `odd · 0 + flag` is NaN once odd was Inf or NaN.
+                    flag[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(odd), zero, flag[r]);
                 }
-                _mm512_castsi512_ps(round::<SUM>(sum, odd))
+                _mm512_castsi512_ps(round::<SUM>(&sum, odd))
             };
         }
     }
@@ -161,7 +179,6 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8>(
 
 /// The kernel for the run-time kinds, on an AVX-512 CPU.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
-#[allow(clippy::too_many_arguments)]
 fn dispatch(
     op: Option<&LaneRound>,
     sum: SumLanes<'_>,
@@ -176,43 +193,74 @@ fn dispatch(
         Products::RoundedExact => EXACT,
         Products::Fused => FUSED,
     };
-    let (op_zmm, op_kind, check_op) = match op {
+    let (op_zmm, op_kind, op_overflows) = match op {
         Some(r) => {
             let (z, kind) = Zmm::new(r, true);
-            (z, kind, !r.keeps_specials())
+            (z, kind, r.keeps_specials())
         }
-        None if prod == FUSED => (Zmm::Half, HALF, false),
+        // Fused products ignore the operand rounding (HALF stands for none).
+        None if prod == FUSED => (Zmm::none(), HALF, false),
         None => return None,
     };
-    let (sum_zmm, sum_kind, check_sum) = match sum {
+    let (sum_zmm, sum_kind, sum_clamps) = match sum {
         SumLanes::Round(r) => {
             let (z, kind) = Zmm::new(r, true);
             (z, kind, !r.keeps_specials())
         }
         // Fused binary32 sums are one fused multiply-add in the general kernel already.
         SumLanes::Binary32 if prod == FUSED => return None,
-        SumLanes::Binary32 => (Zmm::Half, BINARY32, false),
+        SumLanes::Binary32 => (Zmm::none(), BINARY32, false),
     };
-    let checks = (check_op, check_sum);
+    if !finite_operands(a, b, stride) {
+        return Some(false);
+    }
+    // With finite operands, products are finite: only a rounded product's overflow makes a
+    // term Inf or NaN, which a clamping accumulator would hide.
+    let check = sum_clamps && op_overflows && prod != FUSED;
     // One set of registers where both roundings are the same (`naive`).
-    let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s);
-    let sum_zmm = if same { op_zmm } else { sum_zmm };
+    let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
+    let (o, s) = (&op_zmm, &sum_zmm);
     macro_rules! run {
-        ($($o:ident, $s:ident, $p:ident;)*) => {
-            match (op_kind, sum_kind, prod) {
-                $(($o, $s, $p) => kernel::<$o, $s, $p>(&op_zmm, &sum_zmm, checks, a, b, stride, acc),)*
+        ($($ok:ident, $sk:ident, $p:ident;)*) => {
+            match (op_kind, sum_kind, prod, check, same) {
+                $(
+                    ($ok, $sk, $p, false, false) => {
+                        kernel::<$ok, $sk, $p, false, false>(o, s, a, b, stride, acc)
+                    }
+                    ($ok, $sk, $p, true, false) => {
+                        kernel::<$ok, $sk, $p, true, false>(o, s, a, b, stride, acc)
+                    }
+                )*
+                // The same format for products and sums: never both clamping and overflowing.
+                (POSIT, POSIT, ROUNDED, false, true) => {
+                    kernel::<POSIT, POSIT, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (POSIT, POSIT, EXACT, false, true) => {
+                    kernel::<POSIT, POSIT, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
+                (NARROW, NARROW, ROUNDED, false, true) => {
+                    kernel::<NARROW, NARROW, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (NARROW, NARROW, EXACT, false, true) => {
+                    kernel::<NARROW, NARROW, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
+                (HALF, HALF, ROUNDED, false, true) => {
+                    kernel::<HALF, HALF, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (HALF, HALF, EXACT, false, true) => {
+                    kernel::<HALF, HALF, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
                 _ => return None,
             }
         };
     }
     macro_rules! sums {
-        ($($o:ident, $p:ident;)*) => {
+        ($($ok:ident, $p:ident;)*) => {
             run! {$(
-                $o, WIDE, $p; $o, NARROW, $p; $o, HALF, $p; $o, POSIT, $p; $o, BINARY32, $p;
+                $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
             )*}
         };
     }
-    // Fused products ignore the operand rounding (HALF stands for none).
     let done = sums! {
         NARROW, ROUNDED; NARROW, EXACT;
         HALF, ROUNDED; HALF, EXACT; HALF, FUSED;
