@@ -92,7 +92,7 @@ pub enum LaneRound {
     /// A float with at most 7 exponent bits and subnormals: the magic-constant addition.
     Narrow(NarrowFloat),
     /// A posit with at most 17 bits: clamps and per-regime tables.
-    Posit(PositTable),
+    Posit(Box<PositTable>),
 }
 
 /// The constants of [`LaneRound::Wide`].
@@ -144,7 +144,7 @@ impl LaneRound {
     pub fn new(format: &Format) -> Option<Self> {
         match format {
             Format::Float(f) => Self::float(f),
-            Format::Posit(p) => PositTable::new(p).map(LaneRound::Posit),
+            Format::Posit(p) => PositTable::new(p).map(|t| LaneRound::Posit(Box::new(t))),
             _ => None,
         }
     }

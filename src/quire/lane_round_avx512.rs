@@ -15,10 +15,10 @@ use crate::backend::isa::{self, Isa};
 /// A specialised rounding's constants in registers: a shift count and six vectors, whose
 /// meaning depends on the kind (a plain struct, so that a kernel keeps them in registers).
 ///
-/// * [`WIDE`]: count `s`; `half = 2^(s-1) - 1`, `mask = !(2^s - 1)`.
-/// * [`NARROW`]: `e_lo`, `e_hi`, `shift`, `limit`, `over` (see [`LaneRound::Narrow`]).
-/// * [`HALF`]: none.
-/// * [`POSIT`]: count `23 + es`; `t_lo`, `t_hi`, the increments (entries 0-15, 16-31) and
+/// * `WIDE`: count `s`; `half = 2^(s-1) - 1`, `mask = !(2^s - 1)`.
+/// * `NARROW`: `e_lo`, `e_hi`, `shift`, `limit`, `over` (see [`LaneRound::Narrow`]).
+/// * `HALF`: none.
+/// * `POSIT`: count `23 + es`; `t_lo`, `t_hi`, the increments (entries 0-15, 16-31) and
 ///   the masks (the same).
 #[derive(Clone, Copy)]
 pub(crate) struct Zmm {

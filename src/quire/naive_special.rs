@@ -5,32 +5,47 @@
 //! and the checks for Inf and NaN made cheaper.
 //!
 //! Each of the [`TILE`] lanes is one output `c_j`: from `c = 0`, for `t` ascending,
-//! `c = S(c + P(a_t · b_tj))`. Products are TwoProduct's `hi + lo` rounded to odd (or the
-//! exact f32 product where the operands have at most 12 significand bits, or left unrounded
-//! for `fma:<A>`), sums TwoSum's `hi + lo` rounded to odd, and `P` and `S` the specialised
-//! roundings of the odd values: each rounds to nearest even as [`crate::Format::round`]
-//! does (the tests compare them), so by the round-to-odd argument of
-//! [`super::naive_lanes`] each gives the correctly rounded product or sum. For IEEE binary16
-//! `S` is the hardware conversion, which rounds the odd 24-bit value to 11 bits: every
-//! binary16 value and midpoint inside f32's normal range has at most 12 significant bits and
-//! is an f32 whose last bit is 0, so the conversion rounds the odd value as it rounds the
-//! exact one. Binary32 sums are the native add.
+//! `c = S(c + P(a_t · b_tj))`, with `P` and `S` the specialised roundings, each rounding to
+//! nearest even as [`crate::Format::round`] does (the tests compare them over every class of
+//! f32 pattern). As in [`super::naive_lanes`], `P` and `S` are applied to the exact product
+//! and sum rounded to odd at f32 precision, which by the round-to-odd argument there gives
+//! the correctly rounded product and sum (every value and midpoint of these formats is an
+//! f32 whose last bit is 0). The value rounded to odd is formed differently here:
+//!
+//! * **Round to odd is truncation with the last bit set where inexact.** Of the two f32
+//!   neighbours of an inexact value, the one nearer zero (the truncation) and the other
+//!   differ by one in their patterns, and exactly one is odd: the odd one is the
+//!   truncation with its last bit set.
+//! * **Products.** `trunc = x · y` rounded toward zero (AVX-512's per-instruction rounding);
+//!   the fused `x · y - trunc` is zero exactly when the product is exact (it is one rounding
+//!   of the exact difference, at least the product of the operands' last bits when not
+//!   zero, far above f32's subnormals by the caller's range check). Where both operands have
+//!   at most 12 significand bits the product is an f32 and is used as it is; `fma:<A>`
+//!   leaves it unrounded.
+//! * **Sums.** `trunc = c + p` rounded toward zero, and the sum is inexact exactly when the
+//!   sums rounded up and down differ: three additions, against TwoSum's six operations and
+//!   the step to odd.
+//! * **IEEE binary16.** `S` is the hardware conversion (`vcvtps2ph` with nearest even, then
+//!   back), IEEE 754's correctly rounded conversion of the odd value, with binary16's
+//!   subnormals and overflow to infinity. Binary32 sums are the native add.
 //!
 //! # Inf and NaN
 //!
-//! With finite operands of the formats the caller admits, no product or TwoSum leaves f32's
-//! normal range (see [`super::naive_lanes`]); an Inf or NaN appears only from an operand
-//! that is one (NaR is NaN here) or from a rounding that overflows to Inf or NaN. Rather
-//! than mark lanes at every step, the kernel relies on roundings that keep specials
-//! ([`LaneRound::keeps_specials`]: an Inf or NaN input, or any value past the overflow
-//! threshold, gives Inf or NaN): TwoSum of a special is special, rounding it to odd moves
-//! Inf at most to f32's largest value (past every threshold) and keeps NaN, so once a
-//! lane's value is special through such roundings it stays special to the end. A special
-//! final sum hands the tile to the caller's scalar definition. Where a rounding clamps
-//! instead (posits, saturating floats), its input `hi` is checked at every step: `hi · 0 +
-//! flag` is NaN once `hi` was Inf or NaN, one fused multiply-add. So the tile is reported
-//! done only when every step ran on finite values, and then every step is the correct
-//! operation.
+//! The tile's operands are checked once (`a` and the tile's rows of `b`); a tile with an
+//! Inf or NaN operand (NaR is NaN here) is left to the caller's scalar definition. With
+//! finite operands of the formats the caller admits, no product or sum leaves f32's normal
+//! range (see [`super::naive_lanes`]): an Inf or NaN can only come from a rounding that
+//! overflows (a float format that overflows to Inf or NaN, [`LaneRound::keeps_specials`]).
+//! Such roundings keep what they produce: every input that is Inf, NaN or past the
+//! overflow threshold gives Inf or NaN, and so do the truncated sums and products of an
+//! Inf or NaN (Inf plus a finite value is Inf in every rounding direction; NaN compares
+//! unequal, so its last bit is set and it stays NaN). So a lane whose value became special
+//! through such roundings is special at the end, and a special final sum hands the tile
+//! to the scalar definition. Only where the sums clamp (posits, saturating floats) while
+//! the products may overflow (e4m3 products into posit sums) is the sum's input checked at
+//! every step (`odd · 0 + flag` is NaN once `odd` was Inf or NaN, one fused multiply-add).
+//! So the tile is reported done only when every step ran on finite values, and then every
+//! step is the correct operation.
 
 #![cfg(target_arch = "x86_64")]
 
