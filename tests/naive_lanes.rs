@@ -302,3 +302,80 @@ fn posit16_products_next_to_a_midpoint_round_correctly() {
         }
     });
 }
+
+/// The AVX-512 kernel with roundings specialised to the formats (`quire::naive_special`)
+/// finishes tiles of finite operands in registers, with the definition's sums: naive
+/// posit<16,1> (products of up to 26 bits), e4m3 into fp16 (hardware conversion), bf16
+/// (integer rounding) and posit<16,1> sums, and fp16 operands into fp16. A NaN operand
+/// hands the tile to the scalar definition.
+#[test]
+fn specialised_tiles_equal_the_definition() {
+    use qcandle::quire::lane_round::LaneRound;
+    use qcandle::quire::naive_special::{self, SumLanes};
+    on_every_isa(|isa| {
+        for (op, acc) in [
+            ("posit<16,1>", None),
+            ("e4m3", Some("fp16")),
+            ("e4m3", Some("bf16")),
+            ("e4m3", Some("posit<16,1>")),
+            ("fp16", None),
+            ("e5m2", None),
+        ] {
+            let (opf, accf) = (fmt(op), acc.map(fmt));
+            let sum_f = accf.unwrap_or(opf);
+            let (r_op, r_sum) = (
+                LaneRound::new(&opf).unwrap(),
+                LaneRound::new(&sum_f).unwrap(),
+            );
+            let k = 60;
+            let a = values(&opf, k, 21);
+            let mut b = values(&opf, k * TILE, 22);
+            let exact = matches!(op, "e4m3" | "e5m2" | "fp16");
+            let products = if exact {
+                Products::RoundedExact
+            } else {
+                Products::Rounded
+            };
+            let want = reference(&opf, accf.as_ref(), &a, &b, (1, k, TILE), &Bias::None);
+            let a32: Vec<f32> = a.iter().map(|&v| v as f32).collect();
+            let mut acc32 = [0f32; TILE];
+            let run = |b: &[f64], acc32: &mut [f32; TILE]| {
+                let b32: Vec<f32> = b.iter().map(|&v| v as f32).collect();
+                let sum = SumLanes::Round(&r_sum);
+                naive_special::tile(Some(&r_op), sum, products, &a32, &b32, TILE, acc32)
+            };
+            let Some(done) = run(&b, &mut acc32) else {
+                assert_ne!(
+                    isa,
+                    qcandle::backend::isa::Isa::Avx512,
+                    "{op}: AVX-512 runs it"
+                );
+                continue;
+            };
+            // Finite sums finish in registers (the reference's outputs are the sums rounded
+            // to the operand format, so compare where the accumulator is that format).
+            let finite = want.iter().all(|v| v.is_finite());
+            assert_eq!(done, finite, "{op} into {acc:?}: done");
+            if done && acc.is_none() {
+                for (j, (&got, &w)) in acc32.iter().zip(&want).enumerate() {
+                    assert!(
+                        same(got as f64, w),
+                        "{op} column {j}: {got:e}, definition {w:e}"
+                    );
+                }
+            }
+            if done {
+                for (j, &got) in acc32.iter().enumerate() {
+                    let w = opf.round(got as f64, Rounding::NearestEven, 0);
+                    assert!(
+                        same(w, want[j]),
+                        "{op} into {acc:?} column {j}: {w:e}, {:e}",
+                        want[j]
+                    );
+                }
+            }
+            b[3 * TILE + 5] = f64::NAN;
+            assert_eq!(run(&b, &mut acc32), Some(false), "{op}: a NaN operand");
+        }
+    });
+}

@@ -34,12 +34,17 @@ pub mod gemm_lns;
 pub mod int_dot;
 pub mod int_operand;
 pub mod int_round;
+pub mod lane_round;
+#[cfg(target_arch = "x86_64")]
+pub mod lane_round_avx512;
 pub mod layer_conv;
 mod layer_io;
 pub mod layer_linear;
 pub mod layer_matmul;
 pub mod naive_f32;
 pub mod naive_lanes;
+#[cfg(target_arch = "x86_64")]
+pub mod naive_special;
 pub mod ops;
 pub mod quire_i16;
 pub mod round_odd;

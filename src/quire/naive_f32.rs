@@ -1,7 +1,8 @@
 //! The naive GEMM's vectorised kernels for formats that round through f32.
 //!
 //! [`NaiveF32::gemm`] keeps the running sums in registers, [`naive_lanes::TILE`] output
-//! columns at a time ([`super::naive_lanes`], whose docs prove each step), and adds the bias
+//! columns at a time ([`super::naive_lanes`], whose docs prove each step; on AVX-512 CPUs
+//! [`super::naive_special`] where both formats have a rounding of their own), and adds the bias
 //! and rounds the outputs per row with the run rounding below. The row kernel
 //! ([`NaiveF32::row`]) serves `fma:<A>` and operands off the f32 grid:
 //!
@@ -31,6 +32,7 @@
 //! a plan accumulator, converted to f32 for binary32).
 
 use super::gemm_cpu::{for_rows, Bias, Dims};
+use super::lane_round::LaneRound;
 use super::naive_lanes::{self, Accumulator, Products, TILE};
 use super::round_odd::{add_odd, mul_odd};
 use crate::backend::f32_plan::{F32Plan, RunRounder};
@@ -59,6 +61,8 @@ struct RunRounding {
     format: Format,
     /// The most significand bits a value of the format has.
     significand_bits: u32,
+    /// The rounding specialised to the format, where it has one.
+    lanes: Option<LaneRound>,
 }
 
 impl RunRounding {
@@ -105,6 +109,7 @@ impl RunRounding {
             plan: F32Plan::new(format, RuleKind::NearestEven)?,
             format: *format,
             significand_bits,
+            lanes: LaneRound::new(format),
         })
     }
 
@@ -119,6 +124,41 @@ impl RunRounding {
             }
         }
     }
+}
+
+/// The accumulator of the specialised register kernel.
+#[derive(Clone, Copy)]
+enum SumRound<'a> {
+    Round(&'a LaneRound),
+    Binary32,
+}
+
+/// The specialised roundings of products (none for fused products) and sums.
+type SpecialLanes<'a> = (Option<&'a LaneRound>, SumRound<'a>);
+
+/// One tile by the specialised register kernel ([`super::naive_special`]): `None` where
+/// there are no specialised roundings or the CPU does not run that kernel.
+#[allow(unused_variables)]
+fn special_tile(
+    special: Option<SpecialLanes<'_>>,
+    products: Products,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::naive_special::{self, SumLanes};
+        let (op, sum) = special?;
+        let sum = match sum {
+            SumRound::Round(r) => SumLanes::Round(r),
+            SumRound::Binary32 => SumLanes::Binary32,
+        };
+        naive_special::tile(op, sum, products, a, b, stride, acc)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
 }
 
 /// How a kernel rounds its sums.
@@ -246,6 +286,7 @@ impl NaiveF32 {
         } else {
             Products::Rounded
         };
+        let special = self.special_lanes();
         let row = |i: usize, dst: &mut [f64]| {
             let x = &af[i * k..i * k + k];
             let xs = &a[i * k..i * k + k];
@@ -253,15 +294,19 @@ impl NaiveF32 {
             let mut tile = [0f32; TILE];
             for col in (0..n).step_by(TILE) {
                 let width = TILE.min(n - col);
-                let done = naive_lanes::tile(
-                    &self.op.plan,
-                    accumulator,
-                    products,
-                    x,
-                    &bf[col..],
-                    stride,
-                    &mut tile,
-                );
+                let tile_b = &bf[col..];
+                let done = special_tile(special, products, x, tile_b, stride, &mut tile)
+                    .unwrap_or_else(|| {
+                        naive_lanes::tile(
+                            &self.op.plan,
+                            accumulator,
+                            products,
+                            x,
+                            tile_b,
+                            stride,
+                            &mut tile,
+                        )
+                    });
                 for (j, s) in sums[col..col + width].iter_mut().enumerate() {
                     *s = if done {
                         tile[j]
@@ -274,6 +319,21 @@ impl NaiveF32 {
             self.finish(sums, bias_row.as_deref(), dst);
         };
         for_rows(out, m, n, parallel, row);
+    }
+
+    /// The specialised roundings of the register kernel, where both the operand format
+    /// (unless the products are fused) and the accumulator have one.
+    fn special_lanes(&self) -> Option<SpecialLanes<'_>> {
+        let op = self.op.lanes.as_ref();
+        let sum = match &self.sums {
+            Sums::Operand => SumRound::Round(op?),
+            Sums::Plan(r) => SumRound::Round(r.lanes.as_ref()?),
+            Sums::Binary32 => SumRound::Binary32,
+        };
+        if op.is_none() && !self.fused {
+            return None;
+        }
+        Some((op, sum))
     }
 
     /// One output's sum by the definition in f64 (each operation rounded to odd, then to

@@ -1,0 +1,293 @@
+//! Nearest-even roundings of f32 values specialised to one format, for the naive GEMM's
+//! register kernel ([`super::naive_special`]): fewer operations than the quantize plan's
+//! general step ([`crate::backend::f32_plan::F32Plan`]), the same bits.
+//!
+//! Each rounding here is defined on f32 patterns by [`LaneRound::round`] (the scalar
+//! definition, which the tests compare with [`Format::round`] over every f32 pattern class)
+//! and computed 16 lanes at a time by [`super::lane_round_avx512`]. All round to nearest,
+//! ties to even, and agree with [`Format::round`] on every f32 that is not NaN.
+//!
+//! # Floats with f32's exponent range ([`LaneRound::Wide`]: bf16, `float<8,m>`)
+//!
+//! With 8 exponent bits, bias 127, subnormals, IEEE specials and overflow to infinity, the
+//! format's values are the f32 patterns whose low `s = 23 - m` bits are zero, in every
+//! binade alike (its subnormals are f32's, with the same spacing as its smallest normal
+//! binade). Rounding to nearest even is then integer rounding of the pattern at bit `s`:
+//! `(x + 2^(s-1) - 1 + bit_s(x)) & !(2^s - 1)`, on the signed pattern (the sign bit is never
+//! reached: the magnitude stays below `2^31`). A carry out of the fraction raises the
+//! exponent field, which is the next binade's first value; past the largest finite value
+//! it gives the pattern of infinity, exactly IEEE's overflow (the threshold `max + ulp/2`
+//! ties to the even `2^128`, beyond the range). Inf stays Inf; NaN is passed through (its
+//! carry could reach the sign bit).
+//!
+//! # Floats with a narrower exponent range ([`LaneRound::Narrow`]: fp16, e5m2, e4m3, ...)
+//!
+//! With subnormals, the format's values in f32 binade `e` are the multiples of
+//! `2^(E - m)`, `E = max(e, emin)` (`m` mantissa bits). Adding `c = 2^(E + 23 - m)` to `|x|`
+//! in f32 rounds `|x|` to that grid: for `|x| < 2^(E+1)` the sum lies in `[c, 2c]`, where
+//! f32's spacing is exactly `2^(E - m)`, and the addition rounds to nearest even; `c` is an
+//! even multiple of the spacing, so ties go to even multiples, the format's even
+//! significands (also a carry to `2^(E+1)`, an even multiple). Subtracting `c` again is
+//! exact (Sterbenz). Binades above the format's largest `emax` use `E = emax + 1`: every
+//! such `|x|` rounds to at least `2^(emax+1)`, beyond the largest value, so the overflow
+//! rule follows as for any value rounded past it: results above the largest finite value
+//! become the overflow value (Inf, NaN where the format has none, or the largest value
+//! when it saturates), as [`Format::round`] does after rounding with an unbounded
+//! exponent. The sign is put back afterwards (so zeros keep theirs). `c` must be a normal
+//! f32 for every `E` from `emin` to `emax + 1`: formats with at most 7 exponent bits.
+//!
+//! IEEE binary16 (fp16) is also the hardware's half precision: the AVX-512 kernel rounds it
+//! with the conversion instructions instead (`vcvtps2ph` with nearest-even, then
+//! `vcvtph2ps`), IEEE 754's correctly rounded conversion, with subnormals and overflow to
+//! infinity as fp16 is defined here; [`LaneRound::is_binary16`] tells the formats.
+//!
+//! # Posits with at most 17 bits ([`LaneRound::Posit`], posit<16,1>, ...)
+//!
+//! The quantize plan's posit step (see [`crate::backend::f32_plan`]) rounds binade `e` at
+//! bit `s(e)` of the pattern read with the exponent byte raised by one, `t = |x| + 2^23`,
+//! whose exponent field `e + 128` holds the posit's exponent bits as its low bits: binades
+//! whose fraction is cut (`s <= 23`) round the fraction, binades whose exponent bits are cut
+//! (`s = 23 + c`) round `e` to a multiple of `2^c`, the pattern midpoint there being a power
+//! of two. Here:
+//!
+//! * **Clamps first.** `|x|` outside `[minpos, maxpos]` rounds to the nearer end (posits
+//!   never round to zero or overflow), so `t` is clamped to `[minpos + 2^23, maxpos +
+//!   2^23]` by an integer minimum and maximum; the ends are posit values and round to
+//!   themselves. Zero is put back at the end.
+//! * **Per regime.** `s` depends only on the regime `k = floor(e / 2^es)`: the regime's
+//!   length fixes the number of fraction bits. The top bits of `t`, `t >> (23 + es) = k +
+//!   2^(7 - es)`, index a table per regime by their low 5 bits, distinct for the `2 (n - 2) +
+//!   1 <= 32` regimes of posits with `n <= 17`; the AVX-512 kernel looks it up with one
+//!   `vpermt2d` (32 entries in two registers) per table. Each entry holds the rounding
+//!   increment `h = 2^(s-1) - 1` and the mask `!(2^s - 1)`.
+//! * **Parity.** Rounding to nearest even is `(t + h + odd) & mask` with `odd` the last bit
+//!   of the kept posit pattern. Where fraction or exponent bits remain it is bit `s` of
+//!   `t` (at `s = 23` the low exponent bit, by the raised exponent byte), found as
+//!   `t & -mask`. Where the whole exponent is cut (`c = es`) the kept pattern ends in the
+//!   regime: its last bit is 0 for `k >= 0` (the terminating zero) and 1 for `k < 0`, while
+//!   bit `s` of `t` is the low bit of `k + 2^(7 - es)`, the same for the whole regime; the
+//!   entry's increment is corrected by the difference (`h - 1`, `h` or `h + 1`). `odd` only
+//!   matters at ties: with an increment of at most `2^(s-1)` nothing else moves.
+//! * **maxpos.** The regime `k = n - 2` holds maxpos alone, reached only by the clamp; its
+//!   entry is increment 0 and mask all ones (`t`'s bit 0 is 0 there), which keeps it.
+//!   Posits whose binades are finer than f32's (`s <= 0`) have no table (none with
+//!   `n <= 17`).
+//!
+//! The entries are built from [`Posit::frac_bits`](crate::format::Posit), the definition
+//! the quantize plan uses; the tests compare the result with [`Format::round`].
+
+use crate::format::float::{Overflow, Specials};
+use crate::format::grid::parts;
+use crate::format::{Float, Format, Posit};
+
+const SIGN: u32 = 0x8000_0000;
+const EXP: u32 = 0x7f80_0000;
+
+/// A nearest-even rounding of f32 values to one format, specialised to its kind (see the
+/// module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaneRound {
+    /// A float with f32's exponent range: integer rounding of the pattern.
+    Wide(WideFloat),
+    /// A float with at most 7 exponent bits and subnormals: the magic-constant addition.
+    Narrow(NarrowFloat),
+    /// A posit with at most 17 bits: clamps and per-regime tables.
+    Posit(Box<PositTable>),
+}
+
+/// The constants of [`LaneRound::Wide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WideFloat {
+    /// The rounding bit, `23 - m`.
+    pub s: u32,
+}
+
+/// The constants of [`LaneRound::Narrow`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NarrowFloat {
+    /// The exponent field of `2^emin` and of `2^(emax + 1)`: the clamp of `E`.
+    pub e_lo: u32,
+    /// See [`NarrowFloat::e_lo`].
+    pub e_hi: u32,
+    /// `(23 - m) << 23`: added to `E`'s field, it gives the magic constant `c`.
+    pub shift: u32,
+    /// The pattern of the largest finite value; magnitudes above it overflow.
+    pub limit: u32,
+    /// The pattern of the overflow value (Inf, NaN or the largest finite value).
+    pub over: u32,
+    /// The format is IEEE binary16 (fp16), which the hardware converts to.
+    pub binary16: bool,
+}
+
+/// The constants of [`LaneRound::Posit`]: per regime (index `t >> shift`, low 5 bits) the
+/// increment and the mask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositTable {
+    /// `23 + es`.
+    pub shift: u32,
+    /// `minpos + 2^23` and `maxpos + 2^23` as patterns: the clamp of `t`.
+    pub t_lo: u32,
+    /// See [`PositTable::t_lo`].
+    pub t_hi: u32,
+    /// `2^(s-1) - 1`, corrected by the parity where the exponent is cut (0 for maxpos).
+    pub half: [u32; 32],
+    /// `!(2^s - 1)` (all ones for maxpos).
+    pub mask: [u32; 32],
+}
+
+/// The bias of the raised exponent byte.
+const RAISE: u32 = 1 << 23;
+
+impl LaneRound {
+    /// The specialised rounding of `format`, where one applies (see the module docs);
+    /// `None` for other formats, which keep the quantize plan's step.
+    pub fn new(format: &Format) -> Option<Self> {
+        match format {
+            Format::Float(f) => Self::float(f),
+            Format::Posit(p) => PositTable::new(p).map(|t| LaneRound::Posit(Box::new(t))),
+            _ => None,
+        }
+    }
+
+    fn float(f: &Float) -> Option<Self> {
+        if !f.subnormals() || f.man() > 22 {
+            return None;
+        }
+        if f.exp() == 8 {
+            let ieee = f.specials() == Specials::Ieee && f.overflow() == Overflow::Infinity;
+            return ieee.then_some(LaneRound::Wide(WideFloat { s: 23 - f.man() }));
+        }
+        let man = f.man() as i32;
+        let emin = f.emin();
+        let emax = parts(f.max_value()).e;
+        let field = |e: i32| ((e + 127) as u32) << 23;
+        // c = 2^(E + 23 - m) must be a normal f32 for E in emin..=emax + 1.
+        if emin + 23 - man < -126 || emax + 1 + 23 - man > 127 {
+            return None;
+        }
+        let limit = (f.max_value() as f32).to_bits();
+        let over = if f.overflow() == Overflow::Saturate {
+            limit
+        } else if f.specials() == Specials::Ieee {
+            f32::INFINITY.to_bits()
+        } else {
+            f32::NAN.to_bits()
+        };
+        let binary16 = f.exp() == 5
+            && f.man() == 10
+            && f.specials() == Specials::Ieee
+            && f.overflow() == Overflow::Infinity;
+        Some(LaneRound::Narrow(NarrowFloat {
+            e_lo: field(emin),
+            e_hi: field(emax + 1),
+            shift: ((23 - man) as u32) << 23,
+            limit,
+            over,
+            binary16,
+        }))
+    }
+
+    /// Whether the format is IEEE binary16 (the hardware's half precision).
+    pub fn is_binary16(&self) -> bool {
+        matches!(self, LaneRound::Narrow(n) if n.binary16)
+    }
+
+    /// Whether every Inf or NaN input, and every finite input beyond the format's overflow
+    /// threshold, rounds to Inf or NaN: the formats that overflow to Inf or NaN. Posits and
+    /// saturating floats clamp instead.
+    pub fn keeps_specials(&self) -> bool {
+        match self {
+            LaneRound::Wide(_) => true,
+            LaneRound::Narrow(n) => n.over != n.limit,
+            LaneRound::Posit(_) => false,
+        }
+    }
+
+    /// `x` rounded to the format, nearest even (the scalar definition of the lanes'
+    /// rounding; for NaN inputs the result is NaN or Inf).
+    pub fn round(&self, x: f32) -> f32 {
+        let bits = x.to_bits();
+        let out = match self {
+            // A NaN's carry could run into the sign: NaN is kept as it is.
+            LaneRound::Wide(_) if x.is_nan() => bits,
+            LaneRound::Wide(w) => {
+                let s = w.s;
+                let half = (1u32 << s >> 1).wrapping_sub(1);
+                (bits + half + ((bits >> s) & 1)) & !((1u32 << s) - 1)
+            }
+            LaneRound::Narrow(n) => {
+                let sign = bits & SIGN;
+                let abs = f32::from_bits(bits ^ sign);
+                let e = (bits & EXP).clamp(n.e_lo, n.e_hi);
+                let c = f32::from_bits(e + n.shift);
+                let r = ((abs + c) - c).to_bits();
+                let r = if r > n.limit { n.over } else { r };
+                r | sign
+            }
+            LaneRound::Posit(p) => {
+                let sign = bits & SIGN;
+                let abs = bits ^ sign;
+                let t = (abs + RAISE).clamp(p.t_lo, p.t_hi);
+                let i = ((t >> p.shift) & 31) as usize;
+                // Bit s of t: the lowest bit the mask keeps.
+                let odd = (t & p.mask[i].wrapping_neg() != 0) as u32;
+                let r = ((t + p.half[i] + odd) & p.mask[i]) - RAISE;
+                if abs == 0 {
+                    0
+                } else {
+                    r | sign
+                }
+            }
+        };
+        f32::from_bits(out)
+    }
+}
+
+impl PositTable {
+    /// The tables of `p`: posits with `n <= 17` whose binades all round in f32's normal
+    /// range (`maxpos² <= 2^125`).
+    pub fn new(p: &Posit) -> Option<Self> {
+        let (n, es) = (p.n() as i32, p.es() as i32);
+        let k_max = n - 2;
+        if n > 17 || 2 * p.max_scale() > 125 || es > 6 {
+            return None;
+        }
+        let shift = 23 + es as u32;
+        let mut table = PositTable {
+            shift,
+            t_lo: (p.min_pos() as f32).to_bits() + RAISE,
+            t_hi: (p.max_pos() as f32).to_bits() + RAISE,
+            half: [0; 32],
+            mask: [u32::MAX; 32],
+        };
+        for k in -k_max..=k_max {
+            // The top bits of t in regime k.
+            let top = k + (128 >> es);
+            let i = (top & 31) as usize;
+            // Regime n - 2 holds maxpos alone (reached only by the clamp), which must stay:
+            // increment 0, mask all ones (its parity bit, bit 0 of t, is 0).
+            if k == k_max {
+                continue;
+            }
+            // Every binade of the regime has the same fraction bits.
+            let fb = p.frac_bits(k << es);
+            let s = 23 - fb;
+            if s <= 0 {
+                return None;
+            }
+            let s = s as u32;
+            let mut half = (1 << (s - 1)) - 1;
+            if fb == -es {
+                // The whole exponent is cut: the kept pattern ends in the regime, whose last
+                // bit is 0 for k >= 0 and 1 for k < 0, while the bit added is bit s of t,
+                // the low bit of `top`, the same for the whole regime.
+                let added = (top & 1) as u32;
+                let odd = (k < 0) as u32;
+                half = half + odd - added;
+            }
+            table.half[i] = half;
+            table.mask[i] = !((1u32 << s) - 1);
+        }
+        Some(table)
+    }
+}

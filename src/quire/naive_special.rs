@@ -1,0 +1,310 @@
+//! The naive GEMM's register kernel with roundings specialised to the formats
+//! ([`super::lane_round`]), written for AVX-512: the same definition and the same steps as
+//! [`super::naive_lanes`] (whose docs prove that each step is the correctly rounded
+//! operation), with the quantize plan's general step replaced by the format's own rounding
+//! and the checks for Inf and NaN made cheaper.
+//!
+//! Each of the [`TILE`] lanes is one output `c_j`: from `c = 0`, for `t` ascending,
+//! `c = S(c + P(a_t · b_tj))`, with `P` and `S` the specialised roundings, each rounding to
+//! nearest even as [`crate::Format::round`] does (the tests compare them over every class of
+//! f32 pattern). As in [`super::naive_lanes`], `P` and `S` are applied to the exact product
+//! and sum rounded to odd at f32 precision, which by the round-to-odd argument there gives
+//! the correctly rounded product and sum (every value and midpoint of these formats is an
+//! f32 whose last bit is 0). The value rounded to odd is formed differently here:
+//!
+//! * **Round to odd is truncation with the last bit set where inexact.** Of the two f32
+//!   neighbours of an inexact value, the one nearer zero (the truncation) and the other
+//!   differ by one in their patterns, and exactly one is odd: the odd one is the
+//!   truncation with its last bit set.
+//! * **Products.** `trunc = x · y` rounded toward zero (AVX-512's per-instruction rounding);
+//!   the fused `x · y - trunc` is zero exactly when the product is exact (it is one rounding
+//!   of the exact difference, at least the product of the operands' last bits when not
+//!   zero, far above f32's subnormals by the caller's range check). Where both operands have
+//!   at most 12 significand bits the product is an f32 and is used as it is; `fma:<A>`
+//!   leaves it unrounded.
+//! * **Sums.** `trunc = c + p` rounded toward zero, and the sum is inexact exactly when the
+//!   sums rounded up and down differ: three additions, against TwoSum's six operations and
+//!   the step to odd.
+//! * **IEEE binary16.** `S` is the hardware conversion (`vcvtps2ph` with nearest even, then
+//!   back), IEEE 754's correctly rounded conversion of the odd value, with binary16's
+//!   subnormals and overflow to infinity. Binary32 sums are the native add.
+//!
+//! # Inf and NaN
+//!
+//! The tile's operands are checked once (`a` and the tile's rows of `b`); a tile with an
+//! Inf or NaN operand (NaR is NaN here) is left to the caller's scalar definition. With
+//! finite operands of the formats the caller admits, no product or sum leaves f32's normal
+//! range (see [`super::naive_lanes`]): an Inf or NaN can only come from a rounding that
+//! overflows (a float format that overflows to Inf or NaN, [`LaneRound::keeps_specials`]).
+//! Such roundings keep what they produce: every input that is Inf, NaN or past the
+//! overflow threshold gives Inf or NaN, and so do the truncated sums and products of an
+//! Inf or NaN (Inf plus a finite value is Inf in every rounding direction; NaN compares
+//! unequal, so its last bit is set and it stays NaN). So a lane whose value became special
+//! through such roundings is special at the end, and a special final sum hands the tile
+//! to the scalar definition. Only where the sums clamp (posits, saturating floats) while
+//! the products may overflow (e4m3 products into posit sums) is the sum's input checked at
+//! every step (`odd · 0 + flag` is NaN once `odd` was Inf or NaN, one fused multiply-add).
+//! So the tile is reported done only when every step ran on finite values, and then every
+//! step is the correct operation.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::lane_round::LaneRound;
+use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, WIDE};
+use super::naive_lanes::{Products, TILE};
+use crate::backend::isa::{self, Isa};
+
+/// The accumulator of a tile with specialised roundings.
+#[derive(Debug, Clone, Copy)]
+pub enum SumLanes<'a> {
+    /// Sums rounded by a specialised rounding.
+    Round(&'a LaneRound),
+    /// IEEE binary32 sums: the native f32 add.
+    Binary32,
+}
+
+/// The kind of binary32 sums, beside the roundings' kinds.
+const BINARY32: u8 = 4;
+const ROUNDED: u8 = 0;
+const EXACT: u8 = 1;
+const FUSED: u8 = 2;
+
+/// Truncation: round toward zero, exceptions suppressed.
+const TRUNCATE: i32 = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+
+/// `trunc` (an operation's result truncated toward zero) rounded to odd: its last bit set
+/// where the operation was `inexact`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn set_odd(trunc: __m512, inexact: __mmask16) -> __m512i {
+    let bits = _mm512_castps_si512(trunc);
+    _mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1))
+}
+
+/// `x · y` rounded to odd at f32 precision: the truncated product, its last bit set where
+/// the fused `x · y - trunc` (exactly zero only for an exact product) is not zero.
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+fn mul_odd(x: __m512, y: __m512) -> __m512i {
+    let trunc = _mm512_mul_round_ps::<TRUNCATE>(x, y);
+    let rest = _mm512_fmsub_ps(x, y, trunc);
+    set_odd(
+        trunc,
+        _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(rest, _mm512_setzero_ps()),
+    )
+}
+
+/// `x + y` rounded to odd at f32 precision: the truncated sum, its last bit set where the
+/// sums rounded up and down differ (the sum is inexact). NaN stays NaN, Inf stays Inf.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn add_odd(x: __m512, y: __m512) -> __m512i {
+    const UP: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
+    const DOWN: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+    let trunc = _mm512_add_round_ps::<TRUNCATE>(x, y);
+    let up = _mm512_add_round_ps::<UP>(x, y);
+    let down = _mm512_add_round_ps::<DOWN>(x, y);
+    set_odd(trunc, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(up, down))
+}
+
+/// Whether `a` and the tile's rows of `b` are all finite.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+fn finite_operands(a: &[f32], b: &[f32], stride: usize) -> bool {
+    if !a.iter().all(|x| x.is_finite()) {
+        return false;
+    }
+    // `y · 0 + flag` is NaN once some y was Inf or NaN.
+    let zero = _mm512_setzero_ps();
+    let mut flag = [zero; TILE / 16];
+    for t in 0..a.len() {
+        let row = &b[t * stride..t * stride + TILE];
+        for (r, f) in flag.iter_mut().enumerate() {
+            // SAFETY: 16 f32 read from inside the row.
+            let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
+            *f = _mm512_fmadd_ps(y, zero, *f);
+        }
+    }
+    flag.iter()
+        .all(|&f| _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(f, f) == 0)
+}
+
+/// The tile loop for operand rounding `OP`, accumulator `SUM` and products `PROD` (finite
+/// operands). `CHECK`: the sums' inputs are checked for Inf and NaN at every step (the
+/// accumulator clamps while products may overflow to Inf or NaN). `SAME`: the accumulator
+/// is the operand format (`sum` is not read).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const SAME: bool>(
+    op: &Zmm,
+    sum: &Zmm,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    // Copies, kept in registers.
+    let op = *op;
+    let sum = if SAME { op } else { *sum };
+    let zero = _mm512_setzero_ps();
+    let mut c = [zero; TILE / 16];
+    let mut flag = [zero; TILE / 16];
+    for (t, &x) in a.iter().enumerate() {
+        let row: &[f32; TILE] = b[t * stride..t * stride + TILE]
+            .try_into()
+            .expect("a full tile");
+        let xv = _mm512_set1_ps(x);
+        for r in 0..TILE / 16 {
+            // SAFETY: 16 f32 read from inside the row.
+            let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
+            let term = match PROD {
+                FUSED => _mm512_mul_ps(xv, y),
+                _ => {
+                    let odd = if PROD == EXACT {
+                        _mm512_castps_si512(_mm512_mul_ps(xv, y))
+                    } else {
+                        mul_odd(xv, y)
+                    };
+                    _mm512_castsi512_ps(round::<OP>(&op, odd))
+                }
+            };
+            c[r] = if SUM == BINARY32 {
+                _mm512_add_ps(c[r], term)
+            } else {
+                let odd = add_odd(c[r], term);
+                if CHECK {
+                    // `odd · 0 + flag` is NaN once odd was Inf or NaN.
+                    flag[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(odd), zero, flag[r]);
+                }
+                _mm512_castsi512_ps(round::<SUM>(&sum, odd))
+            };
+        }
+    }
+    let mut special = 0u16;
+    for r in 0..TILE / 16 {
+        // Inf or NaN: the exponent field all ones.
+        let field = _mm512_and_si512(_mm512_castps_si512(c[r]), _mm512_set1_epi32(0x7f80_0000));
+        special |= _mm512_cmpeq_epi32_mask(field, _mm512_set1_epi32(0x7f80_0000));
+        special |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(flag[r], flag[r]);
+        // SAFETY: 16 f32 written inside the tile.
+        unsafe { _mm512_storeu_ps(acc[16 * r..].as_mut_ptr(), c[r]) };
+    }
+    special == 0
+}
+
+/// The kernel for the run-time kinds, on an AVX-512 CPU.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+fn dispatch(
+    op: Option<&LaneRound>,
+    sum: SumLanes<'_>,
+    products: Products,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> Option<bool> {
+    let prod = match products {
+        Products::Rounded => ROUNDED,
+        Products::RoundedExact => EXACT,
+        Products::Fused => FUSED,
+    };
+    let (op_zmm, op_kind, op_overflows) = match op {
+        Some(r) => {
+            let (z, kind) = Zmm::new(r, true);
+            (z, kind, r.keeps_specials())
+        }
+        // Fused products ignore the operand rounding (HALF stands for none).
+        None if prod == FUSED => (Zmm::none(), HALF, false),
+        None => return None,
+    };
+    let (sum_zmm, sum_kind, sum_clamps) = match sum {
+        SumLanes::Round(r) => {
+            let (z, kind) = Zmm::new(r, true);
+            (z, kind, !r.keeps_specials())
+        }
+        // Fused binary32 sums are one fused multiply-add in the general kernel already.
+        SumLanes::Binary32 if prod == FUSED => return None,
+        SumLanes::Binary32 => (Zmm::none(), BINARY32, false),
+    };
+    if !finite_operands(a, b, stride) {
+        return Some(false);
+    }
+    // With finite operands, products are finite: only a rounded product's overflow makes a
+    // term Inf or NaN, which a clamping accumulator would hide.
+    let check = sum_clamps && op_overflows && prod != FUSED;
+    // One set of registers where both roundings are the same (`naive`).
+    let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
+    let (o, s) = (&op_zmm, &sum_zmm);
+    macro_rules! run {
+        ($($ok:ident, $sk:ident, $p:ident;)*) => {
+            match (op_kind, sum_kind, prod, check, same) {
+                $(
+                    ($ok, $sk, $p, false, false) => {
+                        kernel::<$ok, $sk, $p, false, false>(o, s, a, b, stride, acc)
+                    }
+                    ($ok, $sk, $p, true, false) => {
+                        kernel::<$ok, $sk, $p, true, false>(o, s, a, b, stride, acc)
+                    }
+                )*
+                // The same format for products and sums: never both clamping and overflowing.
+                (POSIT, POSIT, ROUNDED, false, true) => {
+                    kernel::<POSIT, POSIT, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (POSIT, POSIT, EXACT, false, true) => {
+                    kernel::<POSIT, POSIT, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
+                (NARROW, NARROW, ROUNDED, false, true) => {
+                    kernel::<NARROW, NARROW, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (NARROW, NARROW, EXACT, false, true) => {
+                    kernel::<NARROW, NARROW, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
+                (HALF, HALF, ROUNDED, false, true) => {
+                    kernel::<HALF, HALF, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (HALF, HALF, EXACT, false, true) => {
+                    kernel::<HALF, HALF, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
+                _ => return None,
+            }
+        };
+    }
+    macro_rules! sums {
+        ($($ok:ident, $p:ident;)*) => {
+            run! {$(
+                $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
+            )*}
+        };
+    }
+    let done = sums! {
+        NARROW, ROUNDED; NARROW, EXACT;
+        HALF, ROUNDED; HALF, EXACT; HALF, FUSED;
+        POSIT, ROUNDED; POSIT, EXACT;
+    };
+    Some(done)
+}
+
+/// The sums of one tile as [`super::naive_lanes::tile`] computes them (same definition,
+/// same bits), with the specialised roundings `op` (products; `None` only for
+/// [`Products::Fused`], which does not round them) and `sum`. `None` where the CPU (or the
+/// cap of [`isa::set_cap`]) has no AVX-512, or for fused binary32 sums (the general
+/// kernel's single fused multiply-add); otherwise `Some(done)`, `done` false when a lane met
+/// Inf or NaN (the tile is then left to the scalar definition and `acc` holds no result).
+/// The formats must be ones [`super::naive_lanes`] admits.
+pub fn tile(
+    op: Option<&LaneRound>,
+    sum: SumLanes<'_>,
+    products: Products,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> Option<bool> {
+    assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
+    if isa::active() != Isa::Avx512 {
+        return None;
+    }
+    // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above) and imply the fused
+    // multiply-add.
+    unsafe { dispatch(op, sum, products, a, b, stride, acc) }
+}

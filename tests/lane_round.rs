@@ -1,0 +1,272 @@
+//! The specialised roundings of the naive register kernel (`quire::lane_round`: integer
+//! rounding for bf16-like floats, the magic-constant addition for fp16/e5m2/e4m3, per-regime
+//! tables for posits with n <= 17) against `Format::round`, bit for bit, both the scalar
+//! definition and the AVX-512 lanes (with the hardware's binary16 conversion and without):
+//! every f32 exponent byte with its fraction's low bits varied at every position, every
+//! value of the format, every midpoint between neighbours and the f32 values next to those,
+//! minpos/maxpos and the overflow threshold's neighbourhoods, subnormals, zeros and Inf.
+//! NaN inputs give NaN or Inf (the kernel hands such lanes to the scalar definition). All
+//! 2^32 patterns: the ignored test at the end.
+
+mod common;
+#[path = "common/isa_cap.rs"]
+mod isa_cap;
+
+use common::{Mismatches, SplitMix};
+use qcandle::format::rounding::Rounding;
+use qcandle::quire::lane_round::LaneRound;
+use qcandle::quire::lane_round_avx512::round_run;
+use qcandle::Format;
+
+fn fmt(s: &str) -> Format {
+    s.parse().expect("a format")
+}
+
+/// Formats that have a specialised rounding.
+const FORMATS: &[&str] = &[
+    "posit<16,1>",
+    "posit<8,0>",
+    "posit<16,0>",
+    "posit<16,2>",
+    "posit<12,1>",
+    "posit<9,3>",
+    "posit<5,4>",
+    "posit<7,3>",
+    "posit<17,1>",
+    "posit<17,0>",
+    "posit<5,2>",
+    "e4m3",
+    "e5m2",
+    "fp16",
+    "bf16",
+    "float<8,10>",
+    "float<8,1>",
+    "float<5,2>",
+    "float<4,3,fn>",
+    "float<5,10,sat>",
+    "float<3,2>",
+    "float<6,9>",
+];
+
+/// Formats the roundings do not take (they keep the quantize plan).
+const OTHERS: &[&str] = &[
+    "posit<18,1>",
+    "posit<24,1>",
+    "float<5,10,nosub>",
+    "float<8,23>",
+    "float<8,7,sat>",
+    "fixed<8,4>",
+];
+
+/// The test inputs of `format` (see the file docs).
+fn inputs(format: &Format) -> Vec<f32> {
+    let mut xs: Vec<f32> = Vec::new();
+    for byte in 0..=255u32 {
+        for j in 0..23 {
+            for low in [1u32 << j, (1 << j) - 1, (1 << j) + 1, (1 << (j + 1)) - 1] {
+                xs.push(f32::from_bits((byte << 23) | (low & 0x7f_ffff)));
+            }
+        }
+        let mut rng = SplitMix(u64::from(byte) + 1);
+        for _ in 0..64 {
+            xs.push(f32::from_bits((byte << 23) | (rng.next_u32() & 0x7f_ffff)));
+        }
+    }
+    let mut values: Vec<f64> = (0..1u32 << format.bits())
+        .map(|p| format.decode(p).expect("a pattern"))
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.dedup();
+    let mut near = |v: f64| {
+        let x = v as f32;
+        xs.extend([x, x.next_up(), x.next_down()]);
+    };
+    for w in values.windows(2) {
+        near(w[0]);
+        near((w[0] + w[1]) / 2.0);
+    }
+    let max = *values.last().expect("values");
+    near(max);
+    // The overflow threshold (half a step above the largest value) and far beyond.
+    let step = max - values[values.len() - 2];
+    near(max + step / 2.0);
+    near(max * 4.0);
+    for e in -130..=130 {
+        near(2f64.powi(e));
+    }
+    xs.extend([f32::MAX, f32::INFINITY, f32::MIN_POSITIVE, 1e-45]);
+    let negative: Vec<f32> = xs.iter().map(|x| -x).collect();
+    xs.extend(negative);
+    xs
+}
+
+fn same(x: f32, y: f32) -> bool {
+    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+}
+
+/// Compares the scalar definition with `Format::round`, and the AVX-512 lanes (where this
+/// CPU has them) with the scalar definition, on `xs`.
+fn compare(name: &str, format: &Format, r: &LaneRound, xs: &[f32], bad: &mut Mismatches) {
+    for &x in xs {
+        let got = r.round(x);
+        if !x.is_finite() {
+            // The kernel checks the inputs of roundings that clamp specials.
+            bad.check(!r.keeps_specials() || !got.is_finite(), || {
+                format!("{name}: round({x:e}) = {got:e}, not Inf or NaN")
+            });
+            continue;
+        }
+        let want = format.round(f64::from(x), Rounding::NearestEven, 0) as f32;
+        bad.check(same(got, want), || {
+            format!(
+                "{name}: round({x:e} = {:#x}) = {got:e}, Format::round {want:e}",
+                x.to_bits()
+            )
+        });
+    }
+    for hardware_half in [false, true] {
+        let mut out = vec![0f32; xs.len()];
+        if !round_run(r, hardware_half, xs, &mut out) {
+            continue;
+        }
+        for (&x, &got) in xs.iter().zip(&out) {
+            if !x.is_finite() {
+                bad.check(!r.keeps_specials() || !got.is_finite(), || {
+                    format!("{name} AVX-512: {x:e} -> {got:e}, not Inf or NaN")
+                });
+                continue;
+            }
+            let want = r.round(x);
+            bad.check(same(got, want), || {
+                format!(
+                    "{name} AVX-512 (hardware half {hardware_half}): {x:e} = {:#x} -> {got:e}, \
+                     scalar {want:e}",
+                    x.to_bits()
+                )
+            });
+        }
+    }
+}
+
+#[test]
+fn specialised_roundings_equal_format_round() {
+    let mut bad = Mismatches::default();
+    let mut checked = 0;
+    for name in FORMATS {
+        let format = fmt(name);
+        let r = LaneRound::new(&format).unwrap_or_else(|| panic!("{name} has a rounding"));
+        let xs = inputs(&format);
+        checked += xs.len() as u64;
+        compare(name, &format, &r, &xs, &mut bad);
+    }
+    bad.assert_none_of("specialised roundings", checked);
+}
+
+#[test]
+fn the_roundings_apply_only_where_the_docs_say() {
+    for name in OTHERS {
+        assert!(LaneRound::new(&fmt(name)).is_none(), "{name}");
+    }
+    assert!(LaneRound::new(&fmt("fp16")).unwrap().is_binary16());
+    for name in ["e5m2", "float<5,10,sat>", "bf16", "posit<16,1>"] {
+        let r = LaneRound::new(&fmt(name)).unwrap();
+        assert!(!r.is_binary16(), "{name}");
+    }
+    // Formats that overflow to Inf or NaN keep specials; posits and saturating floats clamp.
+    for (name, keeps) in [
+        ("fp16", true),
+        ("e4m3", true),
+        ("bf16", true),
+        ("float<5,10,sat>", false),
+        ("posit<16,1>", false),
+    ] {
+        assert_eq!(
+            LaneRound::new(&fmt(name)).unwrap().keeps_specials(),
+            keeps,
+            "{name}"
+        );
+    }
+}
+
+/// Ties near 1: the midpoint between two neighbours rounds to the even one, and the f32
+/// values on either side to the nearer one (a rounding that broke ties away from zero, or
+/// read the wrong parity bit, fails here).
+#[test]
+fn ties_go_to_the_even_neighbour() {
+    for (name, lo, hi, even) in [
+        ("posit<16,1>", 1.0, 1.0 + 1.0 / 4096.0, 1.0),
+        (
+            "posit<16,1>",
+            1.0 + 1.0 / 4096.0,
+            1.0 + 2.0 / 4096.0,
+            1.0 + 2.0 / 4096.0,
+        ),
+        ("e4m3", 1.0, 1.125, 1.0),
+        ("e4m3", 1.125, 1.25, 1.25),
+        ("fp16", 1.0, 1.0 + 1.0 / 1024.0, 1.0),
+        ("bf16", 1.0, 1.0 + 1.0 / 128.0, 1.0),
+        (
+            "bf16",
+            1.0 + 1.0 / 128.0,
+            1.0 + 2.0 / 128.0,
+            1.0 + 2.0 / 128.0,
+        ),
+    ] {
+        let format = fmt(name);
+        let r = LaneRound::new(&format).unwrap();
+        let mid = ((lo + hi) / 2.0) as f32;
+        for (x, want) in [
+            (mid, even),
+            (mid.next_down(), lo),
+            (mid.next_up(), hi),
+            (-mid, -even),
+        ] {
+            assert_eq!(r.round(x), want as f32, "{name}: {x:e}");
+            let mut out = [0f32];
+            for hardware_half in [false, true] {
+                if round_run(&r, hardware_half, &[x], &mut out) {
+                    assert_eq!(out[0], want as f32, "{name} AVX-512: {x:e}");
+                }
+            }
+        }
+    }
+}
+
+/// All 2^32 f32 patterns for posit<16,1>, e4m3, e5m2, fp16 and bf16 (about a minute a
+/// format on two cores): `cargo test --release --test lane_round -- --ignored`.
+#[test]
+#[ignore]
+fn every_f32_pattern() {
+    use std::thread;
+    for name in ["posit<16,1>", "e4m3", "e5m2", "fp16", "bf16"] {
+        let format = fmt(name);
+        let r = LaneRound::new(&format).unwrap();
+        let threads = thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+        let chunk = (1u64 << 32) / threads;
+        let bad = thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|w| {
+                    let (format, r) = (&format, &r);
+                    s.spawn(move || {
+                        let mut bad = Mismatches::default();
+                        let mut xs = Vec::with_capacity(1 << 16);
+                        let mut p = w * chunk;
+                        while p < (w + 1) * chunk {
+                            xs.clear();
+                            xs.extend((p..p + (1 << 16)).map(|b| f32::from_bits(b as u32)));
+                            compare(name, format, r, &xs, &mut bad);
+                            p += 1 << 16;
+                        }
+                        bad
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a worker"))
+                .fold(Mismatches::default(), Mismatches::merge)
+        });
+        bad.assert_none_of(name, 1 << 32);
+    }
+}
