@@ -22,7 +22,10 @@ use common::{Mismatches, SplitMix};
 use isa_cap::on_every_isa;
 use qcandle::format::Rounding;
 use qcandle::quire::gemm_cpu::{naive_gemm, Bias, OpTables};
-use qcandle::quire::p8_units::{round_sum, P8Units, MAXPOS};
+use qcandle::quire::p8_lanes::{to_codes, to_rows};
+use qcandle::quire::p8_units::{
+    lane_code, magnitude_pattern, round_sum, row_index, P8Units, MAXPOS,
+};
 use qcandle::quire::quire_i16::Operand;
 use qcandle::quire::{Accumulate, GemmRule};
 use qcandle::Format;
@@ -91,8 +94,8 @@ fn sum_rounding_equals_format_rounding_on_every_integer() {
     mm.assert_none_of("round_sum vs Format::round", 16385);
 }
 
-/// The product table, with a negative `b` negating the entry, equals the mul table on every
-/// pair of finite values; unit and pattern maps agree with the decode table.
+/// The product table, keyed by `a`'s row and `b`'s magnitude pattern, a negative `b`
+/// negating the entry, equals the mul table on every pair of finite values.
 #[test]
 fn product_table_equals_mul_table_on_all_finite_pairs() {
     let ops = tables();
@@ -103,11 +106,10 @@ fn product_table_equals_mul_table_on_all_finite_pairs() {
             f64::from(t.units[x as usize]) == ops.decode[x as usize] * 64.0,
             || format!("units of {x:#x}"),
         );
-        let u = t.units[x as usize];
-        mm.check(t.pattern_of(u) == x, || format!("pattern of {u} units"));
+        let row = row_index(t.units[x as usize]) as usize;
         for y in finite() {
-            let code = t.lane_code(t.units[y as usize]);
-            let entry = t.prod[x as usize * 128 + (code & 127) as usize];
+            let code = lane_code(t.units[y as usize]);
+            let entry = t.prod[row * 128 + (code & 127) as usize];
             let got = if code < 0 { -entry } else { entry };
             let want = ops.decode[ops.mul[(x as usize) << 8 | y as usize] as usize] * 64.0;
             mm.check(f64::from(got) == want, || {
@@ -117,6 +119,68 @@ fn product_table_equals_mul_table_on_all_finite_pairs() {
     }
     mm.assert_none_of("products vs mul table", 255 * 255);
     assert_eq!(MAXPOS, 4096);
+}
+
+/// The keys of every finite value, scalar and by the vector conversions under every cap:
+/// the magnitude pattern is the pattern of `|x|`, the sign in bit 15 (codes) or 7 (rows).
+#[test]
+fn keys_of_every_value_equal_its_pattern_under_every_cap() {
+    let ops = tables();
+    let t = P8Units::get();
+    let values: Vec<u8> = finite().collect();
+    let units: Vec<i16> = values.iter().map(|&p| t.units[p as usize]).collect();
+    let want: Vec<(u16, bool)> = values
+        .iter()
+        .map(|&p| {
+            let v = ops.decode[p as usize];
+            (u16::from(ops.encode(v.abs())), v < 0.0)
+        })
+        .collect();
+    let mut mm = Mismatches::default();
+    let mut check = |what: &str, codes: &[i16], rows: &[u8]| {
+        for (i, &(m, neg)) in want.iter().enumerate() {
+            let code = (m | if neg { 0x8000 } else { 0 }) as i16;
+            let row = m as u8 | if neg { 0x80 } else { 0 };
+            mm.check(codes[i] == code && rows[i] == row, || {
+                format!(
+                    "{what} {:#x} ({} units): code {:#x} row {:#x}, want {code:#x} {row:#x}",
+                    values[i], units[i], codes[i], rows[i]
+                )
+            });
+        }
+    };
+    for &u in &units {
+        assert_eq!(
+            magnitude_pattern(u.unsigned_abs()),
+            lane_code(u) as u16 & 0x7f
+        );
+    }
+    let codes: Vec<i16> = units.iter().map(|&u| lane_code(u)).collect();
+    let rows: Vec<u8> = units.iter().map(|&u| row_index(u)).collect();
+    check("scalar", &codes, &rows);
+    on_every_isa(|isa| {
+        // Every length up to two tiles and a tail (the masked loads and stores).
+        for len in [1, 31, 32, 33, 64, units.len()] {
+            let mut codes = units[..len].to_vec();
+            to_codes(&mut codes);
+            let mut rows = vec![0u8; len];
+            to_rows(&units[..len], &mut rows);
+            codes.extend(std::iter::repeat_n(0, units.len() - len));
+            rows.extend(std::iter::repeat_n(0, units.len() - len));
+            let n = len;
+            let mut part = |what: &str| {
+                for (i, &(m, neg)) in want[..n].iter().enumerate() {
+                    let code = (m | if neg { 0x8000 } else { 0 }) as i16;
+                    let row = m as u8 | if neg { 0x80 } else { 0 };
+                    mm.check(codes[i] == code && rows[i] == row, || {
+                        format!("{what} {:#x}: {:#x} {:#x}", values[i], codes[i], rows[i])
+                    });
+                }
+            };
+            part(&format!("{isa:?} len {len}"));
+        }
+    });
+    mm.assert_none("keys vs patterns");
 }
 
 /// The definition on patterns through the tables: `m x n` output patterns.

@@ -11,8 +11,9 @@
 //! * [`int_dot`], [`int_operand`], [`int_round`] and [`quire_i16`]: the integer quire GEMM
 //!   of posit<8,0> (f32 operands to i16 by table, i16 multiply-adds, exact sums rounded by
 //!   table), from f64 or straight from f32.
-//! * [`p8_units`] and [`naive_p8`]: the naive GEMM of posit<8,0> on i16 values in units
-//!   of minpos (products by table, sums rounded by integer steps) in vector lanes.
+//! * [`p8_units`], [`p8_lanes`] and [`naive_p8`]: the naive GEMM of posit<8,0> on i16
+//!   values in units of minpos (products by table, sums rounded by integer steps) in
+//!   vector lanes.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
@@ -40,6 +41,7 @@ pub mod naive_f32;
 pub mod naive_lanes;
 pub mod naive_p8;
 pub mod ops;
+pub mod p8_lanes;
 pub mod p8_units;
 pub mod quire_i16;
 pub mod round_odd;

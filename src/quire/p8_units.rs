@@ -55,12 +55,21 @@
 //! the table [`P8Units::round`] built from it) with the exact operation tables
 //! ([`super::gemm_cpu::OpTables`]) on all 65,025 sums of two finite values.
 //!
+//! # Patterns from units
+//!
+//! The product look-up is keyed by magnitude patterns: the pattern of a value `|u|` is `u`
+//! itself below 64 units (below 1 the pattern is the value times 64), and in binade `e`
+//! it counts the values from the binade's first, whose pattern is `128 - 2^(6-e)`:
+//! `m = 128 - 2^(6-e) + (|u| - 64·2^e) / 2^s = (|u| >> s) + 128 - 3·2^(5-e)` ([`OFFSET`],
+//! by the same index as the rounding's tables). maxpos (4096, capped to the top binade's
+//! index) gives `2 + 125 = 127`. [`lane_code`] and [`row_index`] add the sign.
+//!
 //! # The rounded product
 //!
 //! `round(a · b)` comes from the exact 256 x 256 product table on the patterns: for each
-//! pattern of `a` (its sign included), 128 i16 entries, one per magnitude pattern of `b`
-//! (0 .. 127); a negative `b` negates the entry (the rounding is symmetric). NaR operands
-//! have no entry (their rows and columns are NaR, flagged by the callers).
+//! `a` (by [`row_index`]: its magnitude pattern, bit 7 its sign), 128 i16 entries, one per
+//! magnitude pattern of `b`; a negative `b` negates the entry (the rounding is symmetric).
+//! NaR operands have no entry (their rows and columns are NaR, flagged by the callers).
 
 use std::sync::OnceLock;
 
@@ -80,9 +89,14 @@ pub const SHIFT: [i16; 64] = tables().0;
 /// `2^10 - 2` in the top binade (its tie goes down: see the module docs).
 pub const BIAS: [i16; 64] = tables().1;
 
-const fn tables() -> ([i16; 64], [i16; 64]) {
+/// The magnitude pattern of `|u|` less `|u| >> s`, by `min(|u|, 4095) >> 6` (see the module
+/// docs).
+pub const OFFSET: [i16; 64] = tables().2;
+
+const fn tables() -> ([i16; 64], [i16; 64], [i16; 64]) {
     let mut shift = [0i16; 64];
     let mut bias = [0i16; 64];
+    let mut offset = [0i16; 64];
     let mut idx = 1;
     while idx < 64 {
         // idx in [2^e, 2^(e+1)): binade e, spacing 2^(2e + 1).
@@ -93,9 +107,10 @@ const fn tables() -> ([i16; 64], [i16; 64]) {
         if e == 5 {
             bias[idx] -= 1;
         }
+        offset[idx] = 128 - 3 * (1 << (5 - e));
         idx += 1;
     }
-    (shift, bias)
+    (shift, bias, offset)
 }
 
 /// `round(v)` for `v = c + p` the exact sum of two values in units (`|v| <= 8192`),
@@ -115,6 +130,37 @@ pub fn round_sum(v: i16) -> i16 {
     }
 }
 
+/// The magnitude pattern (0 ..= 127) of a value of `a` units, `0 <= a <= 4096`.
+#[inline]
+pub fn magnitude_pattern(a: u16) -> u16 {
+    let idx = (a.min(CAP as u16) >> 6) as usize;
+    (a >> SHIFT[idx]) + OFFSET[idx] as u16
+}
+
+/// A column's lane code for the product look-up: the magnitude pattern of the value of `u`
+/// units (`|u| <= 4096`), bit 15 set where `u < 0`.
+#[inline]
+pub fn lane_code(u: i16) -> i16 {
+    let m = magnitude_pattern(u.unsigned_abs()) as i16;
+    if u < 0 {
+        m | i16::MIN
+    } else {
+        m
+    }
+}
+
+/// The product table row of the value of `u` units (`|u| <= 4096`): its magnitude pattern,
+/// bit 7 set where `u < 0`.
+#[inline]
+pub fn row_index(u: i16) -> u8 {
+    let m = magnitude_pattern(u.unsigned_abs()) as u8;
+    if u < 0 {
+        m | 0x80
+    } else {
+        m
+    }
+}
+
 /// posit<8,0>, the one format of this module.
 pub fn posit8_0() -> Posit {
     Posit::new(8, 0).expect("posit<8,0> is valid")
@@ -129,14 +175,11 @@ pub fn is_posit8_0(format: &Format) -> bool {
 /// tables ([`OpTables`]).
 #[derive(Debug)]
 pub struct P8Units {
-    /// `prod[a · 128 + m]`: `round(a · b)` in units for the pattern `a` and a `b` of
-    /// magnitude pattern `m` (`b >= 0`); 0 for `a` NaR.
+    /// `prod[row_index(a) · 128 + m]`: `round(a · b)` in units for a `b >= 0` of magnitude
+    /// pattern `m`.
     pub prod: Vec<i16>,
     /// `units[p]`: the value of pattern `p` in units (0 for NaR).
     pub units: [i16; 256],
-    /// `pattern[u + 4096]`: the pattern of the value of `u` units (`|u| <= 4096`, `u` a
-    /// value; other entries hold the pattern of `u` rounded).
-    pub pattern: Vec<u8>,
     /// `round[v + 8192]`: [`round_sum`] of every `v` in `-8192 ..= 8192`.
     pub round: Vec<i16>,
 }
@@ -160,38 +203,13 @@ impl P8Units {
         let nar = 0x80;
         let mut prod = vec![0i16; 256 * 128];
         for a in (0..256).filter(|&a| a != nar) {
+            let row = row_index(units[a]) as usize;
             for m in 0..128 {
-                prod[a * 128 + m] = units[ops.mul[a << 8 | m] as usize];
+                prod[row * 128 + m] = units[ops.mul[a << 8 | m] as usize];
             }
         }
-        let pattern = (-4096..=4096)
-            .map(|u| ops.encode(f64::from(u) / 64.0))
-            .collect();
         let round = (-8192..=8192).map(|v| round_sum(v as i16)).collect();
-        P8Units {
-            prod,
-            units,
-            pattern,
-            round,
-        }
-    }
-
-    /// The pattern of the value of `u` units (`|u| <= 4096`).
-    #[inline]
-    pub fn pattern_of(&self, u: i16) -> u8 {
-        self.pattern[(i32::from(u) + 4096) as usize]
-    }
-
-    /// `b`'s lane code for the product look-up: its magnitude pattern (0 .. 127) with bit 15
-    /// set where `b < 0`, from `b` in units (`|b| <= 4096`).
-    #[inline]
-    pub fn lane_code(&self, u: i16) -> i16 {
-        let m = self.pattern_of(u.abs()) as i16;
-        if u < 0 {
-            m | i16::MIN
-        } else {
-            m
-        }
+        P8Units { prod, units, round }
     }
 
     /// [`round_sum`] by table.
