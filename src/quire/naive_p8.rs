@@ -210,9 +210,9 @@ enum BiasUnits {
 
 impl BiasUnits {
     fn new(bias: Bias) -> BiasUnits {
-        let ops = OpTables::get(&Format::Posit(posit8_0())).expect("posit<8,0> has tables");
         let units = &P8Units::get().units;
         let convert = |v: &[f64]| -> Vec<Option<i16>> {
+            let ops = OpTables::get(&Format::Posit(posit8_0())).expect("posit<8,0> has tables");
             v.iter()
                 .map(|&x| {
                     let p = ops.pattern(x);

@@ -16,8 +16,11 @@
 //!   `vpermt2w` look-ups of the binade's shift and bias, `vpsllvw`, `vpsrlvw`, `vpternlogd`,
 //!   adds and a masked negation. Two rows of `A` against up to four tiles of 32 columns
 //!   make eight independent chains per step, enough to hide the latency of one step's
-//!   dependent operations; each table row is loaded once per row and step and serves
-//!   every tile, each tile's codes and masks once per step and serve both rows.
+//!   dependent operations (on the AMD EPYC of the benches, sixteen chains were no faster:
+//!   the step, about 25 vector instructions with the register copies of the destructive
+//!   permutes, is bound by instruction throughput); each table row is loaded once per row
+//!   and step and serves every tile, each tile's codes and masks once per step and serve
+//!   both rows.
 //! * **Portable (and AVX2).** The same i16 values one lane at a time, the sum rounded by
 //!   the table of every sum ([`P8Units::round`]). AVX2 has no word permutes across a
 //!   register, so it takes this path.
