@@ -443,7 +443,7 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
 }
 
 #[test]
-fn gemm_f32_dispatches_to_the_quire_paths_only() {
+fn gemm_f32_dispatches_to_the_quire_paths_and_naive_posit8_0_only() {
     let x = [1.5f32, -2.0, 0.25, 3.0];
     let op = Operand::rows(&x);
     let p8: Format = "posit<8,0>".parse().expect("format");
@@ -473,7 +473,19 @@ fn gemm_f32_dispatches_to_the_quire_paths_only() {
     let mut want = vec![0.0; 4];
     quire16.gemm(&v, &v, (2, 2, 2), Bias::None, &mut want, false);
     assert_eq!(got, want.iter().map(|&w| w as f32).collect::<Vec<_>>());
-    for (setting, format) in [("naive", "posit<8,0>"), ("naive:fp16", "e4m3")] {
+    // Naive posit<8,0> has its own f32 path (`naive_p8`), with the bits of the f64 one.
+    let naive = GemmRule::new(&Accumulate::Naive, &p8)
+        .expect("rule")
+        .expect("not f32");
+    let got = naive
+        .gemm_f32(op, op, (2, 2, 2), Bias::None, false)
+        .expect("naive posit<8,0> has an f32 path");
+    let v = naive.operands(&x);
+    let mut want = vec![0.0; 4];
+    naive.gemm(&v, &v, (2, 2, 2), Bias::None, &mut want, false);
+    let got: Vec<f64> = got.into_iter().map(f64::from).collect();
+    assert_eq!(got, want, "naive posit<8,0>");
+    for (setting, format) in [("naive:fp16", "e4m3")] {
         let f: Format = format.parse().expect("format");
         let acc: Accumulate = setting.parse().expect("setting");
         let rule = GemmRule::new(&acc, &f).expect("rule").expect("not f32");

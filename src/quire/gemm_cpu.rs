@@ -31,9 +31,10 @@
 //! outputs NaR.
 //!
 //! The naive product rounds after every multiply and every add, `k` ascending, starting
-//! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. Posits and
-//! floats with a NaN pattern of at most 8 bits use exact 256 x 256 operation tables on the
-//! patterns ([`OpTables`]); the others compute each operation in f64 rounded to odd and
+//! from zero: `c = round(c + round(a_t · b_t))`, then `c = round(c + bias)`. posit<8,0>
+//! runs in i16 vector lanes ([`super::naive_p8`]); other posits and floats with a NaN
+//! pattern of at most 8 bits use exact 256 x 256 operation tables on the patterns
+//! ([`OpTables`]); the others compute each operation in f64 rounded to odd and
 //! round that once ([`super::round_odd`]), which is the correctly rounded operation, a whole
 //! output row at a time through the format's f32 fast path where that applies
 //! ([`super::naive_f32`]).
@@ -553,7 +554,9 @@ pub fn naive_gemm(
 ) {
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    if let Some(tables) = OpTables::get(format) {
+    if super::p8_units::is_posit8_0(format) {
+        super::naive_p8::gemm_f64(a, b, dims, bias, out, parallel);
+    } else if let Some(tables) = OpTables::get(format) {
         let patterns = |v: &[f64]| -> Vec<u8> {
             v.par_iter()
                 .with_min_len(4096)

@@ -3,7 +3,7 @@
 //! * [`Quire`]: an exact accumulator of posit products with one rounding at the end.
 //! * [`gemm_cpu`]: GEMMs on f64 slices: exact (a quire per output, or a narrower
 //!   accumulator where that is provably exact) and naive (rounded after every operation;
-//!   256 x 256 operation tables for 8-bit formats).
+//!   256 x 256 operation tables for other 8-bit formats, i16 lanes for posit<8,0>).
 //! * [`gemm_checked`]: the exact GEMM of posit<16,1>, posit<32,2> and the other posits past
 //!   the exact f64 and i16 paths: an f64 GEMM whose rounding is proved by an error bound,
 //!   the outputs near a rounding boundary summed exactly.
@@ -14,6 +14,9 @@
 //! * [`int_dot`], [`int_operand`], [`int_round`] and [`quire_i16`]: the integer quire GEMM
 //!   of posit<8,0> (f32 operands to i16 by table, i16 multiply-adds, exact sums rounded by
 //!   table), from f64 or straight from f32.
+//! * [`p8_units`], [`p8_lanes`] and [`naive_p8`]: the naive GEMM of posit<8,0> on i16
+//!   values in units of minpos (products by table, sums rounded by integer steps) in
+//!   vector lanes.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
@@ -43,9 +46,12 @@ pub mod layer_linear;
 pub mod layer_matmul;
 pub mod naive_f32;
 pub mod naive_lanes;
+pub mod naive_p8;
 #[cfg(target_arch = "x86_64")]
 pub mod naive_special;
 pub mod ops;
+pub mod p8_lanes;
+pub mod p8_units;
 pub mod quire_i16;
 pub mod round_odd;
 pub mod rule;

@@ -6,7 +6,8 @@
 //! f32 a tensor of `F` holds ([`GemmRule::output`]). The kernels:
 //!
 //! * `quire`: [`super::gemm_cpu::quire_gemm`] (the narrowest exact accumulator);
-//! * `naive`: [`super::gemm_cpu::naive_gemm`] (operation tables for 8-bit formats);
+//! * `naive`: [`super::gemm_cpu::naive_gemm`] (i16 lanes for posit<8,0>, operation tables
+//!   for other 8-bit formats);
 //! * `naive:<A>` and `fma:<A>`: [`super::gemm_acc`];
 //! * `lns:<impl>`: [`super::gemm_lns`].
 //!
@@ -23,6 +24,8 @@ use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
 use super::gemm_checked;
 use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims};
 use super::gemm_lns::{lns_gemm, lns_gemm_f32};
+use super::naive_p8;
+use super::p8_units::is_posit8_0;
 use super::quire_i16::{self, Operand};
 use crate::format::rounding::NearestEven;
 use crate::format::{Format, Posit};
@@ -182,8 +185,8 @@ impl GemmRule {
     /// rounded. `None` where the rule has no such path (then round with
     /// [`GemmRule::operands`] and call [`GemmRule::gemm`]): today the i16 quire of
     /// posit<8,0> ([`super::quire_i16`]), the checked f64 quire of the other posits
-    /// ([`super::gemm_checked`]) and the LNS rules ([`super::gemm_lns`]), the same bits as
-    /// the f64 path.
+    /// ([`super::gemm_checked`]), naive posit<8,0> ([`super::naive_p8`]) and the LNS rules
+    /// ([`super::gemm_lns`]), the same bits as the f64 path.
     pub fn gemm_f32(
         &self,
         a: Operand,
@@ -204,6 +207,9 @@ impl GemmRule {
                 Some(gemm_checked::gemm_f32(*p, a, b, dims, bias, parallel).0)
             }
             GemmRule::Lns(arith) => Some(lns_gemm_f32(arith, a, b, dims, bias, parallel)),
+            GemmRule::Naive(f) if is_posit8_0(f) => {
+                Some(naive_p8::gemm_f32(a, b, dims, bias, parallel))
+            }
             _ => None,
         }
     }
