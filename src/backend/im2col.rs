@@ -142,55 +142,97 @@ pub fn im2col<T: Copy + Send + Sync>(
     pad: T,
     dst: &mut [T],
 ) {
+    im2col_strided(src, offset, strides, geom, pad, dst, geom.cols());
+}
+
+/// [`im2col`] into a matrix whose rows lie `row_stride >= cols()` elements apart: row `r`
+/// of the column matrix fills `dst[r * row_stride..][..cols()]`, and the elements between
+/// rows are left as they are (so several images' column matrices can sit side by side in
+/// one wider matrix).
+///
+/// # Panics
+/// If `row_stride < cols()`, `dst` is shorter than `(rows() - 1) * row_stride + cols()` or
+/// the image reaches past the end of `src`.
+pub fn im2col_strided<T: Copy + Send + Sync>(
+    src: &[T],
+    offset: usize,
+    strides: [usize; 3],
+    geom: &ConvGeom,
+    pad: T,
+    dst: &mut [T],
+    row_stride: usize,
+) {
+    let p = geom.cols();
+    assert!(
+        row_stride >= p,
+        "im2col: row stride {row_stride} below {p} columns"
+    );
+    for r in 0..geom.rows() {
+        im2col_row(
+            src,
+            offset,
+            strides,
+            geom,
+            pad,
+            r,
+            &mut dst[r * row_stride..r * row_stride + p],
+        );
+    }
+}
+
+/// Row `r` of one image's column matrix ([`im2col`]) into `dst` (`cols()` entries): the
+/// input pixels that kernel tap `(i, j)` of channel `c` reads for every output pixel, with
+/// `r = (c * KH + i) * KW + j`.
+///
+/// # Panics
+/// If `r >= rows()`, `dst` is shorter than `cols()` or the image reaches past the end of
+/// `src`.
+pub fn im2col_row<T: Copy>(
+    src: &[T],
+    offset: usize,
+    strides: [usize; 3],
+    geom: &ConvGeom,
+    pad: T,
+    r: usize,
+    dst: &mut [T],
+) {
+    assert!(r < geom.rows(), "im2col: row {r} of {}", geom.rows());
     let (ow, p) = (geom.out_w, geom.cols());
     let [sc, sy, sx] = strides;
-    let step = geom.stride * sx;
-    let dst = &mut dst[..geom.rows() * p];
-    let mut rows = dst.chunks_exact_mut(p);
+    let taps = geom.kernel_h * geom.kernel_w;
+    let (c, i, j) = (r / taps, r % taps / geom.kernel_w, r % geom.kernel_w);
+    let row = &mut dst[..p];
     if geom.padding == 0 && geom.stride == 1 && geom.dilation == 1 && sx == 1 {
-        // Every window lies inside the image and image rows are contiguous: row (c, i, j)
-        // is `OH` runs of `OW` consecutive input elements, one input row apart.
-        for c in 0..geom.channels {
-            for i in 0..geom.kernel_h {
-                for j in 0..geom.kernel_w {
-                    let Some(row) = rows.next() else { return };
-                    let mut start = offset + c * sc + i * sy + j;
-                    for run in row.chunks_exact_mut(ow) {
-                        copy_short(run, &src[start..start + ow]);
-                        start += sy;
-                    }
-                }
-            }
+        // Every window lies inside the image and image rows are contiguous: the row is
+        // `OH` runs of `OW` consecutive input elements, one input row apart.
+        let mut start = offset + c * sc + i * sy + j;
+        for run in row.chunks_exact_mut(ow) {
+            copy_short(run, &src[start..start + ow]);
+            start += sy;
         }
         return;
     }
-    for c in 0..geom.channels {
-        for i in 0..geom.kernel_h {
-            let (ylo, yhi) = geom.valid(i, geom.height, geom.out_h);
-            for j in 0..geom.kernel_w {
-                let (xlo, xhi) = geom.valid(j, geom.width, geom.out_w);
-                let Some(row) = rows.next() else { return };
-                for (oy, run) in row.chunks_exact_mut(ow).enumerate() {
-                    if oy < ylo || oy >= yhi || xlo >= xhi {
-                        run.fill(pad);
-                        continue;
-                    }
-                    let y = oy * geom.stride + i * geom.dilation - geom.padding;
-                    let x0 = xlo * geom.stride + j * geom.dilation - geom.padding;
-                    let base = offset + c * sc + y * sy + x0 * sx;
-                    run[..xlo].fill(pad);
-                    let mid = &mut run[xlo..xhi];
-                    if step == 1 {
-                        copy_short(mid, &src[base..base + mid.len()]);
-                    } else {
-                        for (k, d) in mid.iter_mut().enumerate() {
-                            *d = src[base + k * step];
-                        }
-                    }
-                    run[xhi..].fill(pad);
-                }
+    let step = geom.stride * sx;
+    let (ylo, yhi) = geom.valid(i, geom.height, geom.out_h);
+    let (xlo, xhi) = geom.valid(j, geom.width, geom.out_w);
+    for (oy, run) in row.chunks_exact_mut(ow).enumerate() {
+        if oy < ylo || oy >= yhi || xlo >= xhi {
+            run.fill(pad);
+            continue;
+        }
+        let y = oy * geom.stride + i * geom.dilation - geom.padding;
+        let x0 = xlo * geom.stride + j * geom.dilation - geom.padding;
+        let base = offset + c * sc + y * sy + x0 * sx;
+        run[..xlo].fill(pad);
+        let mid = &mut run[xlo..xhi];
+        if step == 1 {
+            copy_short(mid, &src[base..base + mid.len()]);
+        } else {
+            for (k, d) in mid.iter_mut().enumerate() {
+                *d = src[base + k * step];
             }
         }
+        run[xhi..].fill(pad);
     }
 }
 
@@ -323,6 +365,18 @@ mod tests {
             let strides = [h * (w + gap), w + gap, 1];
             im2col(&wide, offset, strides, &g, -1.0, &mut strided);
             assert_eq!(strided, cols);
+            // Rows `row_stride` apart: each row where `im2col` puts it, the gaps untouched.
+            let (p, row_stride) = (g.cols(), g.cols() + 3);
+            let mut spaced = vec![f64::NAN; (g.rows() - 1) * row_stride + p];
+            im2col_strided(&x, 0, [h * w, w, 1], &g, -1.0, &mut spaced, row_stride);
+            for (e, v) in spaced.iter().enumerate() {
+                let (r, q) = (e / row_stride, e % row_stride);
+                if q < p {
+                    assert_eq!(*v, cols[r * p + q], "row {r} column {q}");
+                } else {
+                    assert!(v.is_nan(), "gap {q} after row {r} written");
+                }
+            }
         }
     }
 }

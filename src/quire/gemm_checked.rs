@@ -323,7 +323,7 @@ const BLOCK: usize = 1 << 16;
 /// The 2-norm `sqrt(Σ v²)` of each row (`along_rows`) or each column of `v` (`rows x cols`,
 /// row-major), summed in any order (see the module docs); NaN or Inf where a value is not
 /// finite. Blocks of rows run in parallel where the matrix is large.
-fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -> Vec<f64> {
+pub(crate) fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -> Vec<f64> {
     if rows == 0 || cols == 0 {
         return vec![0.0; if along_rows { rows } else { cols }];
     }
@@ -405,6 +405,37 @@ fn run(
         gemm::Parallelism::None
     };
     dgemm_strided(dims, ops.a, ops.b, out, par);
+    let norms = (&ops.a_norms[..], &ops.b_norms[..]);
+    let term = |i: usize, j: usize, u: usize| (ops.a.at(i, u), ops.b.at(u, j));
+    check(posit, dims, norms, bias, term, out, out32, parallel)
+}
+
+/// The check and the exact fallbacks (see the module docs) of f64 sums already in `out`
+/// (`m x n`, row-major, each output's terms and bias summed by some binary tree of f64
+/// additions, products rounded or fused, so that the module docs' bound holds), in place,
+/// each row also as f32 into `out32` where given; returns the number of fallbacks.
+///
+/// `norms` are the 2-norms of `A`'s rows and `B`'s columns (computed in any order, not
+/// finite where they hold a NaR); `term(i, j, u)` is the pair `(A[i, u], B[u, j])` of
+/// output `(i, j)`'s term `u < k`, for its exact sum.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check<T>(
+    posit: Posit,
+    dims: Dims,
+    (a_norms, b_norms): (&[f64], &[f64]),
+    bias: Bias,
+    term: T,
+    out: &mut [f64],
+    out32: Option<&mut [f32]>,
+    parallel: bool,
+) -> usize
+where
+    T: Fn(usize, usize, usize) -> (f64, f64) + Sync,
+{
+    let (m, k, n) = dims;
+    if m == 0 || n == 0 {
+        return 0;
+    }
     let c = (k + 1) as f64 * pow2(-52);
     let ends = Ends::new(posit);
     let maxpos = posit.max_pos();
@@ -419,10 +450,10 @@ fn run(
     };
     let fallbacks = AtomicUsize::new(0);
     let row = |i: usize, dst: &mut [f64]| {
-        let na = ops.a_norms[i];
+        let na = a_norms[i];
         let rb = row_bias(i);
         // The bound of output (i, j) (see the module docs): not finite for NaR.
-        let bound = |j: usize| c * (na * ops.b_norms[j] + (col_bias[j] + rb));
+        let bound = |j: usize| c * (na * b_norms[j] + (col_bias[j] + rb));
         let mut count = 0;
         // The scalar decision, for what the vector pass leaves: NaR, or the two ends'
         // roundings (the exact sum where they differ).
@@ -439,7 +470,7 @@ fn run(
                     rl
                 } else {
                     count += 1;
-                    exact_output(posit, ops, i, j, k, bias.at(i, j))
+                    exact_output(posit, k, |u| term(i, j, u), bias.at(i, j))
                 }
             };
         };
@@ -455,7 +486,7 @@ fn run(
                     let mut nb = [0.0; GROUP];
                     let mut cb = [0.0; GROUP];
                     sums[..len].copy_from_slice(chunk);
-                    nb[..len].copy_from_slice(&ops.b_norms[j0..j0 + len]);
+                    nb[..len].copy_from_slice(&b_norms[j0..j0 + len]);
                     cb[..len].copy_from_slice(&col_bias[j0..j0 + len]);
                     let group = check_group(&lanes, &consts, &sums, &nb, &cb);
                     for (l, o) in chunk.iter_mut().enumerate() {
@@ -646,15 +677,13 @@ fn step_down(x: f32) -> f32 {
     f32::from_bits(bits)
 }
 
-/// Output `(i, j)` summed exactly and rounded once: the products in i128 chunks of at most
-/// `2^(126 - 4s)` (whose sums stay below 2^126) gathered in a [`Quire`] where `2s <= 62`,
-/// else each product into the quire; the bias last.
+/// One output summed exactly and rounded once: the products of its `k` terms `term(u)` in
+/// i128 chunks of at most `2^(126 - 4s)` (whose sums stay below 2^126) gathered in a
+/// [`Quire`] where `2s <= 62`, else each product into the quire; the bias last.
 fn exact_output(
     posit: Posit,
-    ops: &Prepared,
-    i: usize,
-    j: usize,
     k: usize,
+    term: impl Fn(usize) -> (f64, f64),
     bias: Option<f64>,
 ) -> f64 {
     let s = posit.max_scale();
@@ -670,14 +699,18 @@ fn exact_output(
         while t < k {
             let end = t.saturating_add(chunk).min(k);
             let sum: i128 = (t..end)
-                .map(|u| to_int(ops.a.at(i, u)) * to_int(ops.b.at(u, j)))
+                .map(|u| {
+                    let (a, b) = term(u);
+                    to_int(a) * to_int(b)
+                })
                 .sum();
             q.add_units(sum);
             t = end;
         }
     } else {
         for u in 0..k {
-            q.add_exact_product(ops.a.at(i, u), ops.b.at(u, j));
+            let (a, b) = term(u);
+            q.add_exact_product(a, b);
         }
     }
     if let Some(v) = bias {

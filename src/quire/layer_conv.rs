@@ -23,14 +23,26 @@
 //!
 //! Every GEMM first rounds its operands to its format (see [`super::accumulate`]). `dX` is
 //! computed only when `x` needs a gradient (not for a data batch).
+//!
+//! How the GEMMs run (none of it changes a bit of any output, each output being its own
+//! accumulation under its rule):
+//!
+//! * the per-image GEMMs (`Y[n]`, `dX[n]`) take several images at a time, their column
+//!   matrices side by side ([`super::image_gemm`]);
+//! * `db` is one more column of the `dW` GEMM (a row of ones appended to `cols[n]ᵀ`), which
+//!   shares its operand `dY` and its rule;
+//! * under the checked f64 quire ([`super::gemm_checked`]), `dX` is summed through col2im
+//!   without building `T` ([`super::conv_input_grad`]).
 
 use candle_core::{bail, CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::gemm_cpu::Bias;
-use super::layer_io::{apply, check_tensor, outputs, storage_f32, tensor_f32, to_tensor, LayerOp};
-use super::rule::LayerArith;
-use crate::backend::im2col::{im2col, ConvGeom};
+use super::conv_input_grad;
+use super::gemm_cpu::{accumulator_for, Accumulator, Bias};
+use super::image_gemm::{image_gemms, images_per_gemm};
+use super::layer_io::{apply, check_tensor, storage_f32, tensor_f32, to_tensor, LayerOp};
+use super::rule::{GemmRule, LayerArith};
+use crate::backend::im2col::{im2col_row, im2col_strided, ConvGeom};
 
 /// `conv2d(x, w) + bias` with stride, zero padding and dilation (no groups) under `arith`'s
 /// rules, forward and backward (see the module docs). f32 CPU tensors; shapes are checked.
@@ -40,6 +52,34 @@ pub fn rule_conv2d(
     bias: Option<&Tensor>,
     cfg: &candle_nn::Conv2dConfig,
     arith: &LayerArith,
+) -> Result<Tensor> {
+    conv(x, w, bias, cfg, arith, None)
+}
+
+/// [`rule_conv2d`] with the per-image GEMMs (the forward pass and the input gradient) run
+/// `images` images at a time ([`super::image_gemm`]) instead of a group size picked from
+/// the shapes: the same bits for every grouping, which the tests check.
+pub fn rule_conv2d_grouped(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    cfg: &candle_nn::Conv2dConfig,
+    arith: &LayerArith,
+    images: usize,
+) -> Result<Tensor> {
+    if images == 0 {
+        bail!("conv2d: a GEMM takes at least one image, got images = 0");
+    }
+    conv(x, w, bias, cfg, arith, Some(images))
+}
+
+fn conv(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    cfg: &candle_nn::Conv2dConfig,
+    arith: &LayerArith,
+    group: Option<usize>,
 ) -> Result<Tensor> {
     let setting = arith.setting.to_string();
     check_tensor(x, "input", &setting)?;
@@ -78,6 +118,7 @@ pub fn rule_conv2d(
         arith: arith.clone(),
         geom,
         oc,
+        group,
     };
     apply(x, w, bias, op)
 }
@@ -87,26 +128,14 @@ struct ConvOp {
     arith: LayerArith,
     geom: ConvGeom,
     oc: usize,
+    /// Images per GEMM of the forward pass and the input gradient (None: by the shapes).
+    group: Option<usize>,
 }
 
-/// Runs `f(i, chunk)` over the `len`-sized chunks of `out`: in parallel over images when
-/// there are enough of them (each GEMM serial), else one image at a time with parallel GEMMs.
-fn per_image<F>(out: &mut [f64], len: usize, f: F)
-where
-    F: Fn(usize, &mut [f64], bool) + Sync,
-{
-    if len == 0 {
-        return;
-    }
-    let n = out.len() / len;
-    if n >= rayon::current_num_threads() {
-        out.par_chunks_mut(len)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o, false));
-    } else {
-        out.chunks_mut(len)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o, true));
+impl ConvOp {
+    /// Images per GEMM for `n` images whose column matrices hold `per_image` elements.
+    fn group(&self, n: usize, per_image: usize) -> usize {
+        self.group.unwrap_or_else(|| images_per_gemm(n, per_image))
     }
 }
 
@@ -129,21 +158,13 @@ impl LayerOp for ConvOp {
             None => None,
         };
         let bias = bv.as_deref().map_or(Bias::None, Bias::PerRow);
-        let mut out = vec![0.0; n * oc * p];
-        per_image(&mut out, oc * p, |i, o, parallel| {
-            let mut cols = vec![0.0; k * p];
-            im2col(
-                &xv,
-                i * image,
-                [g.height * g.width, g.width, 1],
-                g,
-                0.0,
-                &mut cols,
-            );
-            rule.gemm(&wv, &cols, (oc, k, p), bias, o, parallel);
+        let strides = [g.height * g.width, g.width, 1];
+        let group = self.group(n, k * p);
+        let out = image_gemms(rule, &wv, (oc, k, p), bias, n, group, |i, dst, stride| {
+            im2col_strided(&xv, i * image, strides, g, 0.0, dst, stride);
         });
         let shape = Shape::from((n, oc, g.out_h, g.out_w));
-        Ok((CpuStorage::F32(outputs(&out)), shape))
+        Ok((CpuStorage::F32(out), shape))
     }
 
     fn grads(
@@ -164,49 +185,53 @@ impl LayerOp for ConvOp {
         if need_w || need_b {
             let rule = &self.arith.weight_grad;
             let gy = rule.operands(&dy);
+            let np = n * p;
             // A (OC x N·P): row o holds dY[n, o, :] for n ascending.
-            let mut a = vec![0.0; oc * n * p];
-            a.par_chunks_mut(n * p).enumerate().for_each(|(o, row)| {
-                for (i, dst) in row.chunks_mut(p.max(1)).enumerate() {
-                    dst.copy_from_slice(&gy[(i * oc + o) * p..(i * oc + o + 1) * p]);
-                }
-            });
+            let mut a = vec![0.0; oc * np];
+            a.par_chunks_mut(np.max(1))
+                .enumerate()
+                .for_each(|(o, row)| {
+                    for (i, dst) in row.chunks_mut(p).enumerate() {
+                        dst.copy_from_slice(&gy[(i * oc + o) * p..(i * oc + o + 1) * p]);
+                    }
+                });
+            // Bᵀ: row r < K holds row r of every image's column matrix, image n at
+            // columns n·P..(n+1)·P, so that B (N·P x K) is read transposed in place where
+            // the kernel can; with the bias, one more row of ones (db = dY·1 as the last
+            // column of the same GEMM: every output is its own sum).
+            let xv = if need_w {
+                rule.operands(&tensor_f32(x)?)
+            } else {
+                Vec::new()
+            };
+            let (k_w, rows) = if need_w { (k, k) } else { (0, 0) };
+            let rows = rows + usize::from(need_b);
+            let mut bt = vec![0.0; rows * np];
+            let strides = [g.height * g.width, g.width, 1];
+            bt.par_chunks_mut(np.max(1))
+                .enumerate()
+                .for_each(|(r, dst)| {
+                    if r == k_w {
+                        dst.fill(1.0);
+                        return;
+                    }
+                    for (i, run) in dst.chunks_mut(p).enumerate() {
+                        im2col_row(&xv, i * image, strides, g, 0.0, r, run);
+                    }
+                });
+            let mut out = vec![0.0; oc * rows];
+            rule.gemm_bt(&a, &bt, (oc, np, rows), Bias::None, &mut out, true);
             if need_w {
-                let xv = rule.operands(&tensor_f32(x)?);
-                // Bᵀ (K x N·P): image n's column matrix at columns n·P..(n+1)·P, so that
-                // B (N·P x K) is read transposed in place where the kernel can.
-                let mut cols = vec![0.0; n * k * p];
-                cols.par_chunks_mut((k * p).max(1))
-                    .enumerate()
-                    .for_each(|(i, dst)| {
-                        im2col(
-                            &xv,
-                            i * image,
-                            [g.height * g.width, g.width, 1],
-                            g,
-                            0.0,
-                            dst,
-                        );
-                    });
-                let np = n * p;
-                let mut bt = vec![0.0; k * np];
-                bt.par_chunks_mut(np.max(1))
-                    .enumerate()
-                    .for_each(|(r, dst)| {
-                        for (i, run) in dst.chunks_mut(p.max(1)).enumerate() {
-                            run.copy_from_slice(&cols[(i * k + r) * p..(i * k + r + 1) * p]);
-                        }
-                    });
-                let mut out = vec![0.0; oc * k];
-                rule.gemm_bt(&a, &bt, (oc, np, k), Bias::None, &mut out, true);
+                let dw_v: Vec<f64> = out
+                    .chunks(rows)
+                    .flat_map(|r| r[..k].iter().copied())
+                    .collect();
                 let shape = [oc, g.channels, g.kernel_h, g.kernel_w];
-                dw = Some(to_tensor(&out, &shape, device)?);
+                dw = Some(to_tensor(&dw_v, &shape, device)?);
             }
             if need_b {
-                let ones = vec![1.0; n * p];
-                let mut out = vec![0.0; oc];
-                rule.gemm(&a, &ones, (oc, n * p, 1), Bias::None, &mut out, true);
-                db = Some(to_tensor(&out, &[oc], device)?);
+                let db_v: Vec<f64> = out.chunks(rows).map(|r| r[k_w]).collect();
+                db = Some(to_tensor(&db_v, &[oc], device)?);
             }
         }
         let dx = if x.track_op() {
@@ -214,8 +239,16 @@ impl LayerOp for ConvOp {
             let e = rule.operands(&dy);
             let wv = rule.operands(&tensor_f32(w)?);
             let (c, taps) = (g.channels, g.kernel_h * g.kernel_w);
-            // Wc (C x OC·KH·KW): Wc[c, (o, i, j)] = w[o, c, i, j].
             let kk = oc * taps;
+            let shape = [n, c, g.height, g.width];
+            if let GemmRule::Quire(posit) = rule {
+                if accumulator_for(*posit, kk) == Accumulator::F64Checked {
+                    let (out, _) = conv_input_grad::input_grad(*posit, &wv, &e, g, oc);
+                    let t = Tensor::from_vec(out, &shape, &candle_core::Device::Cpu)?;
+                    return Ok((Some(t.to_device(device)?), dw, db));
+                }
+            }
+            // Wc (C x OC·KH·KW): Wc[c, (o, i, j)] = w[o, c, i, j].
             let mut wc = vec![0.0; c * kk];
             for ch in 0..c {
                 for o in 0..oc {
@@ -225,12 +258,19 @@ impl LayerOp for ConvOp {
                 }
             }
             let hw = g.height * g.width;
-            let mut out = vec![0.0; n * image];
-            per_image(&mut out, image, |i, o, parallel| {
-                let t = transposed_cols(&e[i * oc * p..(i + 1) * oc * p], g, oc);
-                rule.gemm(&wc, &t, (c, kk, hw), Bias::None, o, parallel);
-            });
-            Some(to_tensor(&out, &[n, c, g.height, g.width], device)?)
+            let group = self.group(n, kk * hw);
+            let out = image_gemms(
+                rule,
+                &wc,
+                (c, kk, hw),
+                Bias::None,
+                n,
+                group,
+                |i, dst, stride| {
+                    transposed_cols(&e[i * oc * p..(i + 1) * oc * p], g, oc, dst, stride);
+                },
+            );
+            Some(Tensor::from_vec(out, &shape, &candle_core::Device::Cpu)?.to_device(device)?)
         } else {
             None
         };
@@ -239,59 +279,48 @@ impl LayerOp for ConvOp {
 }
 
 /// `T (OC·KH·KW x H·W)` of one image's `dY (OC x P)`: `T[(o, i, j), (y, x)] = dY[o, oy, ox]`
-/// where `y = oy·s + i·d - p`, `x = ox·s + j·d - p` for an output pixel, else zero.
-fn transposed_cols(dy: &[f64], g: &ConvGeom, oc: usize) -> Vec<f64> {
+/// where `y = oy·s + i·d - p`, `x = ox·s + j·d - p` for an output pixel, else zero; row
+/// `(o, i, j)` written whole (zeros included) at `dst[((o·KH + i)·KW + j) · row_stride..]`.
+fn transposed_cols(dy: &[f64], g: &ConvGeom, oc: usize, dst: &mut [f64], row_stride: usize) {
     let (h, w) = (g.height, g.width);
     let (s, d, pad) = (g.stride, g.dilation, g.padding);
-    let mut t = vec![0.0; oc * g.kernel_h * g.kernel_w * h * w];
     // The output coordinate of input coordinate `y` through tap `i`, if any.
     let out_of = |y: usize, tap: usize, out: usize| -> Option<usize> {
         let v = (y + pad).checked_sub(tap * d)?;
         (v % s == 0 && v / s < out).then_some(v / s)
     };
-    let mut rows = t.chunks_mut(h * w);
-    if s == 1 {
-        // Unit stride: for each tap and input row, the input columns with an output pixel
-        // are one run, `x = ox + j·d - p` for `ox` in `0..OW` (clipped to the image).
-        for o in 0..oc {
-            for i in 0..g.kernel_h {
-                for j in 0..g.kernel_w {
-                    let row = rows.next().expect("one row per tap");
-                    let shift = (j * d) as isize - pad as isize;
-                    let x0 = shift.max(0) as usize;
-                    let x1 = (shift + g.out_w as isize).clamp(0, w as isize) as usize;
-                    if x0 >= x1 {
-                        continue;
-                    }
-                    for y in 0..h {
-                        let Some(oy) = out_of(y, i, g.out_h) else {
-                            continue;
-                        };
-                        let ox0 = (x0 as isize - shift) as usize;
-                        let src = &dy[o * g.cols() + oy * g.out_w + ox0..][..x1 - x0];
-                        row[y * w + x0..y * w + x1].copy_from_slice(src);
-                    }
-                }
+    let taps = g.kernel_h * g.kernel_w;
+    for r in 0..oc * taps {
+        let (o, i, j) = (r / taps, r % taps / g.kernel_w, r % g.kernel_w);
+        let row = &mut dst[r * row_stride..r * row_stride + h * w];
+        let plane = &dy[o * g.cols()..(o + 1) * g.cols()];
+        if s == 1 {
+            // Unit stride: for each input row with an output row, the input columns with
+            // an output pixel are one run, `x = ox + j·d - p` for `ox` in `0..OW` (clipped
+            // to the image); zeros around it.
+            let shift = (j * d) as isize - pad as isize;
+            let x0 = shift.clamp(0, w as isize) as usize;
+            let x1 = (shift + g.out_w as isize).clamp(x0 as isize, w as isize) as usize;
+            for (y, line) in row.chunks_exact_mut(w).enumerate() {
+                let Some(oy) = out_of(y, i, g.out_h).filter(|_| x0 < x1) else {
+                    line.fill(0.0);
+                    continue;
+                };
+                let ox0 = (x0 as isize - shift) as usize;
+                line[..x0].fill(0.0);
+                line[x0..x1].copy_from_slice(&plane[oy * g.out_w + ox0..][..x1 - x0]);
+                line[x1..].fill(0.0);
             }
+            continue;
         }
-        return t;
-    }
-    for o in 0..oc {
-        for i in 0..g.kernel_h {
-            for j in 0..g.kernel_w {
-                let row = rows.next().expect("one row per tap");
-                for y in 0..h {
-                    let Some(oy) = out_of(y, i, g.out_h) else {
-                        continue;
-                    };
-                    for x in 0..w {
-                        if let Some(ox) = out_of(x, j, g.out_w) {
-                            row[y * w + x] = dy[o * g.cols() + oy * g.out_w + ox];
-                        }
-                    }
-                }
+        for (y, line) in row.chunks_exact_mut(w).enumerate() {
+            let Some(oy) = out_of(y, i, g.out_h) else {
+                line.fill(0.0);
+                continue;
+            };
+            for (x, v) in line.iter_mut().enumerate() {
+                *v = out_of(x, j, g.out_w).map_or(0.0, |ox| plane[oy * g.out_w + ox]);
             }
         }
     }
-    t
 }

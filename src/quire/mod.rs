@@ -28,12 +28,14 @@
 
 pub mod accumulate;
 pub mod accumulator;
+pub mod conv_input_grad;
 pub mod gemm_acc;
 pub mod gemm_checked;
 pub mod gemm_cpu;
 #[cfg(feature = "cuda")]
 pub mod gemm_cuda;
 pub mod gemm_lns;
+pub mod image_gemm;
 pub mod int_dot;
 pub mod int_operand;
 pub mod int_round;

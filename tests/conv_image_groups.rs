@@ -1,0 +1,319 @@
+//! How a rule convolution runs its GEMMs, checked bit for bit against the plain way:
+//!
+//! * images grouped into one GEMM (`qcandle::quire::image_gemm`): the output and the three
+//!   gradients of `rule_conv2d_grouped` for 2, 3 and all images per GEMM, and of
+//!   `rule_conv2d` (its own grouping), against one image per GEMM, for every kind of rule,
+//!   on convolutions with stride, padding, dilation, non-square kernels, batch 1 and odd
+//!   channel counts;
+//! * the checked quire's input gradient through col2im (`conv_input_grad`) against a quire
+//!   per input pixel summing the transposed convolution's terms, on values whose sums fall
+//!   on rounding boundaries (so the exact fallback runs), zeros, and NaR operands.
+//!
+//! `tests/accumulate_layers.rs` checks the layers against scalar reference loops.
+
+mod common;
+
+use candle_core::{Device, Tensor, Var};
+use candle_nn::Conv2dConfig;
+use qcandle::backend::im2col::ConvGeom;
+use qcandle::format::Format;
+use qcandle::format::Posit;
+use qcandle::quire::conv_input_grad::input_grad;
+use qcandle::quire::layer_conv::rule_conv2d_grouped;
+use qcandle::quire::{rule_conv2d, Accumulate, LayerArith, Quire};
+
+use common::{Mismatches, SplitMix};
+
+/// A convolution's shape: batch, channels, image, output channels, kernel, stride,
+/// padding, dilation.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    oc: usize,
+    kh: usize,
+    kw: usize,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+}
+
+const SHAPES: &[Shape] = &[
+    // LeNet-5's second convolution, smaller batch.
+    Shape {
+        n: 5,
+        c: 6,
+        h: 12,
+        w: 12,
+        oc: 16,
+        kh: 5,
+        kw: 5,
+        stride: 1,
+        padding: 0,
+        dilation: 1,
+    },
+    // Batch 1, odd channel counts, padding.
+    Shape {
+        n: 1,
+        c: 3,
+        h: 7,
+        w: 6,
+        oc: 5,
+        kh: 3,
+        kw: 3,
+        stride: 1,
+        padding: 1,
+        dilation: 1,
+    },
+    // Stride and padding, a non-square kernel.
+    Shape {
+        n: 4,
+        c: 3,
+        h: 9,
+        w: 8,
+        oc: 3,
+        kh: 3,
+        kw: 2,
+        stride: 2,
+        padding: 1,
+        dilation: 1,
+    },
+    // Dilation, one input channel.
+    Shape {
+        n: 7,
+        c: 1,
+        h: 8,
+        w: 9,
+        oc: 2,
+        kh: 2,
+        kw: 3,
+        stride: 1,
+        padding: 2,
+        dilation: 2,
+    },
+    // Stride 3 with gaps, one output channel.
+    Shape {
+        n: 3,
+        c: 2,
+        h: 10,
+        w: 7,
+        oc: 1,
+        kh: 3,
+        kw: 3,
+        stride: 3,
+        padding: 2,
+        dilation: 1,
+    },
+];
+
+/// `(format, setting)`: the checked f64 quire, the i16 quire, and a rule of each other kind.
+const RULES: &[(&str, &str)] = &[
+    ("posit<16,1>", "quire"),
+    ("posit<8,0>", "quire"),
+    ("posit<32,2>", "quire"),
+    ("posit<16,1>", "naive"),
+    ("e4m3", "naive:fp16"),
+    ("bf16", "fma:fp32"),
+    ("lns<16,8>", "lns:ideal"),
+];
+
+fn arith(format: &str, setting: &str) -> LayerArith {
+    let f: Format = format.parse().expect("format");
+    let s: Accumulate = setting.parse().expect("setting");
+    LayerArith::new(&s, Some(f), Some(f), Some(f))
+        .expect("rules")
+        .expect("not f32")
+}
+
+fn random(rng: &mut SplitMix, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.float_between(-6, 3) as f32).collect()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The output and `(dX, dW, db)` of `sum(conv(x, w) + b) · g)`, the per-image GEMMs
+/// `group` images at a time (None: `rule_conv2d`'s own choice).
+fn run(s: &Shape, arith: &LayerArith, group: Option<usize>, seed: u64) -> [Vec<u32>; 4] {
+    let mut rng = SplitMix(seed);
+    let oh = (s.h + 2 * s.padding - s.dilation * (s.kh - 1) - 1) / s.stride + 1;
+    let ow = (s.w + 2 * s.padding - s.dilation * (s.kw - 1) - 1) / s.stride + 1;
+    let dev = &Device::Cpu;
+    let var = |v: Vec<f32>, shape: &[usize]| {
+        Var::from_tensor(&Tensor::from_vec(v, shape, dev).unwrap()).unwrap()
+    };
+    let x = var(
+        random(&mut rng, s.n * s.c * s.h * s.w),
+        &[s.n, s.c, s.h, s.w],
+    );
+    let w = var(
+        random(&mut rng, s.oc * s.c * s.kh * s.kw),
+        &[s.oc, s.c, s.kh, s.kw],
+    );
+    let b = var(random(&mut rng, s.oc), &[s.oc]);
+    let g = Tensor::from_vec(
+        random(&mut rng, s.n * s.oc * oh * ow),
+        (s.n, s.oc, oh, ow),
+        dev,
+    )
+    .unwrap();
+    let cfg = Conv2dConfig {
+        padding: s.padding,
+        stride: s.stride,
+        dilation: s.dilation,
+        groups: 1,
+        cudnn_fwd_algo: None,
+    };
+    let (xt, wt, bt) = (x.as_tensor(), w.as_tensor(), b.as_tensor());
+    let y = match group {
+        Some(images) => rule_conv2d_grouped(xt, wt, Some(bt), &cfg, arith, images),
+        None => rule_conv2d(xt, wt, Some(bt), &cfg, arith),
+    }
+    .expect("forward");
+    assert_eq!(y.dims(), [s.n, s.oc, oh, ow]);
+    let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+    let grad = |t: &Tensor| bits(grads.get(t).expect("gradient"));
+    [bits(&y), grad(xt), grad(wt), grad(bt)]
+}
+
+#[test]
+fn grouped_image_gemms_equal_one_image_per_gemm() {
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (ri, &(format, setting)) in RULES.iter().enumerate() {
+        let a = arith(format, setting);
+        for (si, s) in SHAPES.iter().enumerate() {
+            let seed = (ri * 31 + si) as u64;
+            let want = run(s, &a, Some(1), seed);
+            for group in [Some(2), Some(3), Some(s.n), None] {
+                let got = run(s, &a, group, seed);
+                for (what, (g, w)) in ["y", "dX", "dW", "db"].iter().zip(got.iter().zip(&want)) {
+                    let bad = g.iter().zip(w).filter(|(g, w)| g != w).count();
+                    m.check(bad == 0, || {
+                        format!("{format} {setting} {s:?} group {group:?}: {what} differs in {bad} of {} elements", w.len())
+                    });
+                    checked += 1;
+                }
+            }
+        }
+    }
+    m.assert_none_of("grouped convolution GEMMs", checked);
+}
+
+#[test]
+fn grouping_zero_images_is_an_error() {
+    let a = arith("posit<16,1>", "quire");
+    let x = Tensor::zeros((1, 1, 4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let w = Tensor::zeros((1, 1, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let err = rule_conv2d_grouped(&x, &w, None, &Conv2dConfig::default(), &a, 0).unwrap_err();
+    assert!(err.to_string().contains("at least one image"), "{err}");
+}
+
+/// `dX` of `w` and `dy` by a quire per input pixel over the terms `(o, i, j)`.
+fn input_grad_reference(
+    posit: Posit,
+    w: &[f64],
+    dy: &[f64],
+    g: &ConvGeom,
+    oc: usize,
+    n: usize,
+) -> Vec<f32> {
+    let (c, h, wd) = (g.channels, g.height, g.width);
+    let (kh, kw) = (g.kernel_h, g.kernel_w);
+    let (s, d, p) = (g.stride, g.dilation, g.padding);
+    let from = |v: usize, t: usize, size: usize| -> Option<usize> {
+        let u = (v + p).checked_sub(t * d)?;
+        (u % s == 0 && u / s < size).then_some(u / s)
+    };
+    let mut out = vec![0f32; n * c * h * wd];
+    let mut q = Quire::new(posit).unwrap();
+    for b in 0..n {
+        for ch in 0..c {
+            for y in 0..h {
+                for x in 0..wd {
+                    q.clear();
+                    for o in 0..oc {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let e = match (from(y, i, g.out_h), from(x, j, g.out_w)) {
+                                    (Some(oy), Some(ox)) => {
+                                        dy[((b * oc + o) * g.out_h + oy) * g.out_w + ox]
+                                    }
+                                    _ => 0.0,
+                                };
+                                q.add_product(w[((o * c + ch) * kh + i) * kw + j], e);
+                            }
+                        }
+                    }
+                    out[((b * c + ch) * h + y) * wd + x] = q.to_posit() as f32;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn checked_input_gradient_equals_a_quire_per_pixel() {
+    let posit = Posit::new(16, 1).unwrap();
+    let round = |v: f64| posit.round(v, qcandle::format::rounding::NearestEven, 0);
+    let mut m = Mismatches::default();
+    let mut fallbacks = 0;
+    let mut checked = 0;
+    for (si, s) in SHAPES.iter().enumerate() {
+        let g = ConvGeom::new(
+            (s.c, s.h, s.w),
+            (s.kh, s.kw),
+            s.stride,
+            s.padding,
+            s.dilation,
+        )
+        .unwrap();
+        let (wn, dyn_) = (s.oc * g.rows(), s.n * s.oc * g.cols());
+        for kind in 0..4 {
+            let mut rng = SplitMix(1000 + (si * 4 + kind) as u64);
+            // 0: random; 1: integer weights and half-integer gradients whose sums fall in
+            // [256, 1024), where posit<16,1>'s spacing is 1 or 2: many sums land on a
+            // rounding boundary; 2: like 1 with zeros; 3: random with NaR operands.
+            let (mut w, mut dy): (Vec<f64>, Vec<f64>) = match kind {
+                0 | 3 => (
+                    (0..wn).map(|_| round(rng.float_between(-6, 3))).collect(),
+                    (0..dyn_).map(|_| round(rng.float_between(-6, 3))).collect(),
+                ),
+                _ => (
+                    (0..wn).map(|_| (1 + rng.below(8)) as f64).collect(),
+                    (0..dyn_)
+                        .map(|_| (16 + rng.below(48)) as f64 * 0.5)
+                        .collect(),
+                ),
+            };
+            if kind == 2 {
+                for v in dy.iter_mut().step_by(3) {
+                    *v = 0.0;
+                }
+                w[0] = 0.0;
+            }
+            if kind == 3 {
+                dy[dyn_ / 2] = f64::NAN;
+                w[wn - 1] = f64::INFINITY;
+            }
+            let (got, count) = input_grad(posit, &w, &dy, &g, s.oc);
+            fallbacks += count;
+            let want = input_grad_reference(posit, &w, &dy, &g, s.oc, s.n);
+            assert_eq!(got.len(), want.len());
+            for (e, (a, b)) in got.iter().zip(&want).enumerate() {
+                let same = (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits();
+                m.check(same, || {
+                    format!("{s:?} kind {kind}: dX[{e}] = {a:e}, want {b:e}")
+                });
+                checked += 1;
+            }
+        }
+    }
+    m.assert_none_of("checked input gradient", checked);
+    assert!(fallbacks > 0, "no sum reached the exact path");
+}
