@@ -26,6 +26,7 @@
 pub mod accumulate;
 pub mod accumulator;
 pub mod conv_input_grad;
+pub mod conv_weight_grad;
 pub mod gemm_acc;
 pub mod gemm_checked;
 pub mod gemm_cpu;
@@ -46,6 +47,7 @@ pub mod ops;
 pub mod quire_i16;
 pub mod round_odd;
 pub mod rule;
+pub mod scratch;
 
 pub use accumulate::{Accumulate, AccumulateError, LnsSum};
 pub use accumulator::Quire;
