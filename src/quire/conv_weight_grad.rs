@@ -25,7 +25,7 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::gemm_checked::check;
+use super::gemm_checked::{check, sum_of_squares};
 use super::gemm_cpu::{dgemm_strided, Bias, Strided};
 use super::image_gemm::images_per_gemm;
 use super::scratch;
@@ -114,12 +114,11 @@ pub fn weight_grad(
             &mut out.sums,
             Parallelism::None,
         );
-        let sq = |v: &[f64]| v.iter().map(|e| e * e).sum::<f64>();
         for (s, row) in out.a_sq.iter_mut().zip(a.chunks_exact(cols)) {
-            *s = sq(row);
+            *s = sum_of_squares(row);
         }
         for (s, row) in out.b_sq.iter_mut().zip(bt.chunks_exact(cols)) {
-            *s = sq(row);
+            *s = sum_of_squares(row);
         }
         out
     };
