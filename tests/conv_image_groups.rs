@@ -7,7 +7,9 @@
 //!   channel counts;
 //! * the checked quire's input gradient through col2im (`conv_input_grad`) against a quire
 //!   per input pixel summing the transposed convolution's terms, on values whose sums fall
-//!   on rounding boundaries (so the exact fallback runs), zeros, and NaR operands.
+//!   on rounding boundaries (so the exact fallback runs), zeros, and NaR operands;
+//! * the checked quire's weight and bias gradients summed group by group
+//!   (`conv_weight_grad`) against a quire per weight, on the same kinds of values.
 //!
 //! `tests/accumulate_layers.rs` checks the layers against scalar reference loops.
 
@@ -19,6 +21,7 @@ use qcandle::backend::im2col::ConvGeom;
 use qcandle::format::Format;
 use qcandle::format::Posit;
 use qcandle::quire::conv_input_grad::input_grad;
+use qcandle::quire::conv_weight_grad::weight_grad;
 use qcandle::quire::layer_conv::rule_conv2d_grouped;
 use qcandle::quire::{rule_conv2d, Accumulate, LayerArith, Quire};
 
@@ -315,5 +318,118 @@ fn checked_input_gradient_equals_a_quire_per_pixel() {
         }
     }
     m.assert_none_of("checked input gradient", checked);
+    assert!(fallbacks > 0, "no sum reached the exact path");
+}
+
+/// `[dW | db]` (`OC x K+1`) of `x` and `dy` by a quire per output over the terms `(n, q)`.
+fn weight_grad_reference(
+    posit: Posit,
+    x: &[f64],
+    dy: &[f64],
+    g: &ConvGeom,
+    oc: usize,
+    n: usize,
+) -> Vec<f64> {
+    let (c, h, wd) = (g.channels, g.height, g.width);
+    let (kh, kw) = (g.kernel_h, g.kernel_w);
+    let (s, d, p) = (g.stride, g.dilation, g.padding);
+    let at = |o: usize, t: usize, size: usize| (o * s + t * d).checked_sub(p).filter(|&v| v < size);
+    let rows = g.rows() + 1;
+    let mut out = vec![0.0; oc * rows];
+    let mut q = Quire::new(posit).unwrap();
+    for o in 0..oc {
+        for r in 0..rows {
+            q.clear();
+            for b in 0..n {
+                for oy in 0..g.out_h {
+                    for ox in 0..g.out_w {
+                        let e = dy[((b * oc + o) * g.out_h + oy) * g.out_w + ox];
+                        let v = if r == rows - 1 {
+                            1.0
+                        } else {
+                            let (ch, i, j) = (r / (kh * kw), r / kw % kh, r % kw);
+                            match (at(oy, i, h), at(ox, j, wd)) {
+                                (Some(y), Some(xx)) => x[((b * c + ch) * h + y) * wd + xx],
+                                _ => 0.0,
+                            }
+                        };
+                        q.add_product(e, v);
+                    }
+                }
+            }
+            out[o * rows + r] = q.to_posit();
+        }
+    }
+    out
+}
+
+#[test]
+fn checked_weight_gradient_equals_a_quire_per_weight() {
+    let posit = Posit::new(16, 1).unwrap();
+    let round = |v: f64| posit.round(v, qcandle::format::rounding::NearestEven, 0);
+    let mut m = Mismatches::default();
+    let mut fallbacks = 0;
+    let mut checked = 0;
+    for (si, s) in SHAPES.iter().enumerate() {
+        let g = ConvGeom::new(
+            (s.c, s.h, s.w),
+            (s.kh, s.kw),
+            s.stride,
+            s.padding,
+            s.dilation,
+        )
+        .unwrap();
+        let (xn, dyn_) = (s.n * g.image_len(), s.n * s.oc * g.cols());
+        let rows = g.rows() + 1;
+        for kind in 0..4 {
+            let mut rng = SplitMix(2000 + (si * 4 + kind) as u64);
+            // As for the input gradient: random; integers times half-integers summing into
+            // posit<16,1>'s coarse binades (many sums on a rounding boundary); with zeros;
+            // random with NaR operands.
+            let (mut x, mut dy): (Vec<f64>, Vec<f64>) = match kind {
+                0 | 3 => (
+                    (0..xn).map(|_| round(rng.float_between(-6, 3))).collect(),
+                    (0..dyn_).map(|_| round(rng.float_between(-6, 3))).collect(),
+                ),
+                _ => (
+                    (0..xn).map(|_| (1 + rng.below(8)) as f64).collect(),
+                    (0..dyn_)
+                        .map(|_| (16 + rng.below(48)) as f64 * 0.5)
+                        .collect(),
+                ),
+            };
+            if kind == 2 {
+                for v in x.iter_mut().step_by(3) {
+                    *v = 0.0;
+                }
+                dy[0] = 0.0;
+            }
+            if kind == 3 {
+                x[xn / 2] = f64::NAN;
+                dy[dyn_ - 1] = f64::INFINITY;
+            }
+            for with in [(true, true), (true, false), (false, true)] {
+                let (got, count) = weight_grad(posit, &x, &dy, &g, s.oc, with);
+                fallbacks += count;
+                let want = weight_grad_reference(posit, &x, &dy, &g, s.oc, s.n);
+                // The reference's columns this call computes.
+                let cols: Vec<usize> = (0..rows)
+                    .filter(|&r| if r == rows - 1 { with.1 } else { with.0 })
+                    .collect();
+                assert_eq!(got.len(), s.oc * cols.len(), "{s:?} {with:?}");
+                for o in 0..s.oc {
+                    for (e, &r) in cols.iter().enumerate() {
+                        let (a, b) = (got[o * cols.len() + e], want[o * rows + r]);
+                        let same = (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits();
+                        m.check(same, || {
+                            format!("{s:?} kind {kind} {with:?}: out[{o}][{r}] = {a:e}, want {b:e}")
+                        });
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    m.assert_none_of("checked weight gradient", checked);
     assert!(fallbacks > 0, "no sum reached the exact path");
 }

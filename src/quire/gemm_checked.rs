@@ -364,7 +364,7 @@ pub(crate) fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -
 
 /// `Σ x²` in eight interleaved partial sums (any order serves the bound; this one
 /// vectorises).
-fn sum_of_squares(v: &[f64]) -> f64 {
+pub(crate) fn sum_of_squares(v: &[f64]) -> f64 {
     let (groups, tail) = v.as_chunks::<8>();
     let mut acc = [0.0; 8];
     for g in groups {

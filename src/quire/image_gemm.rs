@@ -8,13 +8,14 @@
 //! output `(r, q)` of image `n0 + t`'s GEMM sums, under the same rule, so the grouping
 //! changes no bit of any rule's result ([`super::rule::GemmRule::gemm`]). What it changes
 //! is the cost: one kernel call, one pass of operand norms and checks per group instead of
-//! per image, on a group matrix that stays in cache and is reused across groups (it is
-//! filled completely for each group, never zeroed).
+//! per image, on a group matrix that stays in cache and is reused across groups and calls
+//! ([`super::scratch`]: filled completely for each group, never zeroed).
 
 use rayon::prelude::*;
 
 use super::gemm_cpu::{Bias, Dims};
 use super::rule::GemmRule;
+use super::scratch;
 
 /// Elements of a group's column matrix the automatic grouping aims at (1 MiB of f64: the
 /// matrix stays in a core's L2 cache while the GEMM reads it).
@@ -57,17 +58,14 @@ where
     let group = group.clamp(1, n);
     // One group: its images' column matrices side by side, one GEMM, the column blocks of
     // its result scattered to the images' outputs.
-    let run = |(g, dst): (usize, &mut [f32]), bufs: &mut (Vec<f64>, Vec<f64>), parallel: bool| {
+    let run = |(g, dst): (usize, &mut [f32]), parallel: bool| {
         let images = dst.len() / len;
         let cols = images * p;
-        let (b, o) = bufs;
-        // NaN where `fill` writes nothing: a gap in a fill shows in every rule's outputs.
-        b.resize(k * cols, f64::NAN);
-        o.resize(m * cols, 0.0);
+        let (mut b, mut o) = (scratch::take(k * cols), scratch::take(m * cols));
         for t in 0..images {
             fill(g * group + t, &mut b[t * p..], cols);
         }
-        rule.gemm(a, b, (m, k, cols), bias, o, parallel);
+        rule.gemm(a, &b, (m, k, cols), bias, &mut o, parallel);
         for (t, image) in dst.chunks_exact_mut(len).enumerate() {
             for (r, row) in image.chunks_exact_mut(p).enumerate() {
                 let src = &o[r * cols + t * p..][..p];
@@ -77,16 +75,14 @@ where
             }
         }
     };
-    let new_bufs = || (Vec::new(), Vec::new());
     if n.div_ceil(group) >= rayon::current_num_threads() {
         out.par_chunks_mut(group * len)
             .enumerate()
-            .for_each_init(new_bufs, |bufs, item| run(item, bufs, false));
+            .for_each(|item| run(item, false));
     } else {
-        let mut bufs = new_bufs();
         out.chunks_mut(group * len)
             .enumerate()
-            .for_each(|item| run(item, &mut bufs, true));
+            .for_each(|item| run(item, true));
     }
     out
 }

@@ -32,16 +32,20 @@
 //! * `db` is one more column of the `dW` GEMM (a row of ones appended to `cols[n]ᵀ`), which
 //!   shares its operand `dY` and its rule;
 //! * under the checked f64 quire ([`super::gemm_checked`]), `dX` is summed through col2im
-//!   without building `T` ([`super::conv_input_grad`]).
+//!   without building `T` ([`super::conv_input_grad`]), and `dW` and `db` group of images
+//!   by group of images without the whole batch's column matrix
+//!   ([`super::conv_weight_grad`]).
 
 use candle_core::{bail, CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::conv_input_grad;
+use super::conv_weight_grad;
 use super::gemm_cpu::{accumulator_for, Accumulator, Bias};
 use super::image_gemm::{image_gemms, images_per_gemm};
 use super::layer_io::{apply, check_tensor, storage_f32, tensor_f32, to_tensor, LayerOp};
 use super::rule::{GemmRule, LayerArith};
+use super::scratch;
 use crate::backend::im2col::{im2col_row, im2col_strided, ConvGeom};
 
 /// `conv2d(x, w) + bias` with stride, zero padding and dilation (no groups) under `arith`'s
@@ -176,7 +180,7 @@ impl LayerOp for ConvOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (g, oc) = (&self.geom, self.oc);
         let n = x.dims()[0];
-        let (k, p, image) = (g.rows(), g.cols(), g.image_len());
+        let (k, p) = (g.rows(), g.cols());
         let dy = tensor_f32(grad)?;
         let device = x.device();
         let need_w = w.track_op();
@@ -185,42 +189,22 @@ impl LayerOp for ConvOp {
         if need_w || need_b {
             let rule = &self.arith.weight_grad;
             let gy = rule.operands(&dy);
-            let np = n * p;
-            // A (OC x N·P): row o holds dY[n, o, :] for n ascending.
-            let mut a = vec![0.0; oc * np];
-            a.par_chunks_mut(np.max(1))
-                .enumerate()
-                .for_each(|(o, row)| {
-                    for (i, dst) in row.chunks_mut(p).enumerate() {
-                        dst.copy_from_slice(&gy[(i * oc + o) * p..(i * oc + o + 1) * p]);
-                    }
-                });
-            // Bᵀ: row r < K holds row r of every image's column matrix, image n at
-            // columns n·P..(n+1)·P, so that B (N·P x K) is read transposed in place where
-            // the kernel can; with the bias, one more row of ones (db = dY·1 as the last
-            // column of the same GEMM: every output is its own sum).
             let xv = if need_w {
                 rule.operands(&tensor_f32(x)?)
             } else {
                 Vec::new()
             };
-            let (k_w, rows) = if need_w { (k, k) } else { (0, 0) };
-            let rows = rows + usize::from(need_b);
-            let mut bt = vec![0.0; rows * np];
-            let strides = [g.height * g.width, g.width, 1];
-            bt.par_chunks_mut(np.max(1))
-                .enumerate()
-                .for_each(|(r, dst)| {
-                    if r == k_w {
-                        dst.fill(1.0);
-                        return;
-                    }
-                    for (i, run) in dst.chunks_mut(p).enumerate() {
-                        im2col_row(&xv, i * image, strides, g, 0.0, r, run);
-                    }
-                });
-            let mut out = vec![0.0; oc * rows];
-            rule.gemm_bt(&a, &bt, (oc, np, rows), Bias::None, &mut out, true);
+            let k_w = if need_w { k } else { 0 };
+            let rows = k_w + usize::from(need_b);
+            let out = match rule {
+                GemmRule::Quire(posit)
+                    if accumulator_for(*posit, n * p) == Accumulator::F64Checked =>
+                {
+                    let with = (need_w, need_b);
+                    conv_weight_grad::weight_grad(*posit, &xv, &gy, g, oc, with).0
+                }
+                _ => weight_grad_gemm(rule, &xv, &gy, g, oc, (k_w, rows)),
+            };
             if need_w {
                 let dw_v: Vec<f64> = out
                     .chunks(rows)
@@ -276,6 +260,50 @@ impl LayerOp for ConvOp {
         };
         Ok((dx, dw, db))
     }
+}
+
+/// `[dW | db] (OC x rows)` as one GEMM over the batch (see the module docs) under `rule`,
+/// of the rounded input `x` and output gradient `gy`: the weight gradient's `k_w` columns
+/// (`K`, or none), then the bias gradient where `rows > k_w`.
+fn weight_grad_gemm(
+    rule: &GemmRule,
+    x: &[f64],
+    gy: &[f64],
+    g: &ConvGeom,
+    oc: usize,
+    (k_w, rows): (usize, usize),
+) -> Vec<f64> {
+    let (p, image) = (g.cols(), g.image_len());
+    let np = gy.len().checked_div(oc).unwrap_or(0);
+    // A (OC x N·P): row o holds dY[n, o, :] for n ascending.
+    let mut a = scratch::take(oc * np);
+    a.par_chunks_mut(np.max(1))
+        .enumerate()
+        .for_each(|(o, row)| {
+            for (i, dst) in row.chunks_mut(p).enumerate() {
+                dst.copy_from_slice(&gy[(i * oc + o) * p..(i * oc + o + 1) * p]);
+            }
+        });
+    // Bᵀ: row r < K holds row r of every image's column matrix, image n at columns
+    // n·P..(n+1)·P, so that B (N·P x K) is read transposed in place where the kernel can;
+    // with the bias, one more row of ones (db = dY·1 as the last column of the same GEMM:
+    // every output is its own sum).
+    let mut bt = scratch::take(rows * np);
+    let strides = [g.height * g.width, g.width, 1];
+    bt.par_chunks_mut(np.max(1))
+        .enumerate()
+        .for_each(|(r, dst)| {
+            if r == k_w {
+                dst.fill(1.0);
+                return;
+            }
+            for (i, run) in dst.chunks_mut(p).enumerate() {
+                im2col_row(x, i * image, strides, g, 0.0, r, run);
+            }
+        });
+    let mut out = vec![0.0; oc * rows];
+    rule.gemm_bt(&a, &bt, (oc, np, rows), Bias::None, &mut out, true);
+    out
 }
 
 /// `T (OC·KH·KW x H·W)` of one image's `dY (OC x P)`: `T[(o, i, j), (y, x)] = dY[o, oy, ox]`

@@ -29,6 +29,7 @@
 pub mod accumulate;
 pub mod accumulator;
 pub mod conv_input_grad;
+pub mod conv_weight_grad;
 pub mod gemm_acc;
 pub mod gemm_checked;
 pub mod gemm_cpu;
@@ -57,6 +58,7 @@ pub mod p8_units;
 pub mod quire_i16;
 pub mod round_odd;
 pub mod rule;
+pub mod scratch;
 
 pub use accumulate::{Accumulate, AccumulateError, LnsSum};
 pub use accumulator::Quire;
