@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LeNet-5 trained in posit arithmetic (RESULTS.md, "LeNet-5 trained in quire arithmetic"):
+# LeNet-5 trained in posit arithmetic (RESULTS.md, "LeNet-5 trained in posit arithmetic"):
 # Deep PeNSieve's recipe (Adam lr 1e-3, batch 128, 10 epochs, seed 0) on full Fashion-MNIST
 # and MNIST, every category in one posit format and every layer's GEMMs, forward and
 # backward, in that posit's arithmetic: with a quire (`quire-*`) or rounded after every
