@@ -11,9 +11,12 @@
 mod common;
 #[path = "common/exact.rs"]
 mod exact;
+#[path = "common/quire_reference.rs"]
+mod quire_reference;
 
 use common::{Mismatches, SplitMix};
 use exact::{same, Ref, Term};
+use quire_reference::quire_reference;
 
 use num_bigint::BigInt;
 use qcandle::format::rounding::NearestEven;
@@ -21,37 +24,9 @@ use qcandle::format::Posit;
 use qcandle::quire::gemm_checked;
 use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, quire_gemm_with, Accumulator, Bias};
 use qcandle::quire::quire_i16::Operand;
-use qcandle::quire::Quire;
 
 fn posit(n: u32, es: u32) -> Posit {
     Posit::new(n, es).expect("posit")
-}
-
-/// `round(A · B + bias)` by a `Quire` per output (the exact definition).
-fn quire_reference(
-    posit: Posit,
-    a: &[f64],
-    b: &[f64],
-    (m, k, n): (usize, usize, usize),
-    bias: Bias,
-) -> Vec<f64> {
-    let mut q = Quire::new(posit).expect("quire");
-    let mut out = Vec::with_capacity(m * n);
-    for i in 0..m {
-        for j in 0..n {
-            q.clear();
-            for t in 0..k {
-                q.add_product(a[i * k + t], b[t * n + j]);
-            }
-            match bias {
-                Bias::None => {}
-                Bias::PerRow(v) => q.add(v[i]),
-                Bias::PerCol(v) => q.add(v[j]),
-            }
-            out.push(q.to_posit());
-        }
-    }
-    out
 }
 
 /// Runs the checked GEMM serial and parallel, compares both with the quire; returns the

@@ -8,7 +8,10 @@
 //! `quire_i16::gemm_f32` in all four operand layouts, under each instruction-set cap, and
 //! `gemm_f64` against a `Quire` per output on adversarial operands (NaN, ±Inf, values beyond
 //! maxpos and below minpos, ties, signed zeros, f32 subnormals) with and without biases; and
-//! `GemmRule::gemm_f32`'s dispatch (taken for the i16 quire only).
+//! `GemmRule::gemm_f32`'s dispatch (the i16 and checked quires and naive posit<8,0>).
+
+#[path = "common/quire_reference.rs"]
+mod quire_reference;
 
 use qcandle::backend::cpu::quantize_slice;
 use qcandle::backend::isa::{self, Isa};
@@ -20,7 +23,8 @@ use qcandle::quire::int_dot::Kernel;
 use qcandle::quire::int_operand::IntOperand;
 use qcandle::quire::int_round::IntRound;
 use qcandle::quire::quire_i16::{gemm_f32, gemm_f64, Operand};
-use qcandle::quire::{int_dot, Accumulate, GemmRule, Quire};
+use qcandle::quire::{int_dot, Accumulate, GemmRule};
+use quire_reference::quire_reference;
 
 struct Rng(u64);
 
@@ -331,27 +335,15 @@ fn reference(
     posit: Posit,
     a: &[f32],
     b: &[f32],
-    (m, k, n): (usize, usize, usize),
+    dims: (usize, usize, usize),
     bias: &Bias,
 ) -> Vec<f64> {
-    let r = |x: f32| posit.round(f64::from(x), NearestEven, 0);
-    let mut out = Vec::new();
-    let mut q = Quire::new(posit).expect("quire");
-    for i in 0..m {
-        for j in 0..n {
-            q.clear();
-            for t in 0..k {
-                q.add_product(r(a[i * k + t]), r(b[t * n + j]));
-            }
-            match bias {
-                Bias::None => {}
-                Bias::PerRow(v) => q.add(v[i]),
-                Bias::PerCol(v) => q.add(v[j]),
-            }
-            out.push(q.to_posit());
-        }
-    }
-    out
+    let r = |v: &[f32]| -> Vec<f64> {
+        v.iter()
+            .map(|&x| posit.round(f64::from(x), NearestEven, 0))
+            .collect()
+    };
+    quire_reference(posit, &r(a), &r(b), dims, *bias)
 }
 
 fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
