@@ -260,10 +260,35 @@ fn input_grad_reference(
     out
 }
 
+/// Operands of a checked-gradient test, both on posit<16,1>'s grid: `(p, q)` with `p` the
+/// operand of the weights' role (the weights, or the input) and `q` the output gradient.
+/// `kind` 0 and 3: random; 1 and 2: integers in `p` and half-integers in `q`, whose sums fall
+/// in `[256, 1024)` where posit<16,1>'s spacing is 1 or 2, so many land on a rounding
+/// boundary (the caller adds zeros for 2 and NaR operands for 3).
+fn gradient_operands(
+    posit: Posit,
+    kind: usize,
+    seed: u64,
+    np: usize,
+    nq: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let round = |v: f64| posit.round(v, qcandle::format::rounding::NearestEven, 0);
+    let mut rng = SplitMix(seed);
+    match kind {
+        0 | 3 => (
+            (0..np).map(|_| round(rng.float_between(-6, 3))).collect(),
+            (0..nq).map(|_| round(rng.float_between(-6, 3))).collect(),
+        ),
+        _ => (
+            (0..np).map(|_| (1 + rng.below(8)) as f64).collect(),
+            (0..nq).map(|_| (16 + rng.below(48)) as f64 * 0.5).collect(),
+        ),
+    }
+}
+
 #[test]
 fn checked_input_gradient_equals_a_quire_per_pixel() {
     let posit = Posit::new(16, 1).unwrap();
-    let round = |v: f64| posit.round(v, qcandle::format::rounding::NearestEven, 0);
     let mut m = Mismatches::default();
     let mut fallbacks = 0;
     let mut checked = 0;
@@ -278,22 +303,10 @@ fn checked_input_gradient_equals_a_quire_per_pixel() {
         .unwrap();
         let (wn, dyn_) = (s.oc * g.rows(), s.n * s.oc * g.cols());
         for kind in 0..4 {
-            let mut rng = SplitMix(1000 + (si * 4 + kind) as u64);
-            // 0: random; 1: integer weights and half-integer gradients whose sums fall in
-            // [256, 1024), where posit<16,1>'s spacing is 1 or 2: many sums land on a
-            // rounding boundary; 2: like 1 with zeros; 3: random with NaR operands.
-            let (mut w, mut dy): (Vec<f64>, Vec<f64>) = match kind {
-                0 | 3 => (
-                    (0..wn).map(|_| round(rng.float_between(-6, 3))).collect(),
-                    (0..dyn_).map(|_| round(rng.float_between(-6, 3))).collect(),
-                ),
-                _ => (
-                    (0..wn).map(|_| (1 + rng.below(8)) as f64).collect(),
-                    (0..dyn_)
-                        .map(|_| (16 + rng.below(48)) as f64 * 0.5)
-                        .collect(),
-                ),
-            };
+            // 0: random; 1: sums on rounding boundaries; 2: like 1 with zeros; 3: random
+            // with NaR operands (`gradient_operands`).
+            let seed = 1000 + (si * 4 + kind) as u64;
+            let (mut w, mut dy) = gradient_operands(posit, kind, seed, wn, dyn_);
             if kind == 2 {
                 for v in dy.iter_mut().step_by(3) {
                     *v = 0.0;
@@ -366,7 +379,6 @@ fn weight_grad_reference(
 #[test]
 fn checked_weight_gradient_equals_a_quire_per_weight() {
     let posit = Posit::new(16, 1).unwrap();
-    let round = |v: f64| posit.round(v, qcandle::format::rounding::NearestEven, 0);
     let mut m = Mismatches::default();
     let mut fallbacks = 0;
     let mut checked = 0;
@@ -382,22 +394,9 @@ fn checked_weight_gradient_equals_a_quire_per_weight() {
         let (xn, dyn_) = (s.n * g.image_len(), s.n * s.oc * g.cols());
         let rows = g.rows() + 1;
         for kind in 0..4 {
-            let mut rng = SplitMix(2000 + (si * 4 + kind) as u64);
-            // As for the input gradient: random; integers times half-integers summing into
-            // posit<16,1>'s coarse binades (many sums on a rounding boundary); with zeros;
-            // random with NaR operands.
-            let (mut x, mut dy): (Vec<f64>, Vec<f64>) = match kind {
-                0 | 3 => (
-                    (0..xn).map(|_| round(rng.float_between(-6, 3))).collect(),
-                    (0..dyn_).map(|_| round(rng.float_between(-6, 3))).collect(),
-                ),
-                _ => (
-                    (0..xn).map(|_| (1 + rng.below(8)) as f64).collect(),
-                    (0..dyn_)
-                        .map(|_| (16 + rng.below(48)) as f64 * 0.5)
-                        .collect(),
-                ),
-            };
+            // As for the input gradient (`gradient_operands`).
+            let seed = 2000 + (si * 4 + kind) as u64;
+            let (mut x, mut dy) = gradient_operands(posit, kind, seed, xn, dyn_);
             if kind == 2 {
                 for v in x.iter_mut().step_by(3) {
                     *v = 0.0;
