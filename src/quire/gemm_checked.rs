@@ -664,20 +664,22 @@ fn check_group_body(
         let (a, b) = (lo.to_bits(), hi.to_bits());
         same[l] = ((a ^ b) >> k.low == 0) & (a & below != 0) & (b & below != 0);
     }
+    let outs = g.rounded.iter_mut().zip(g.flagged.iter_mut());
+    let ends = g.lo.iter().zip(&g.hi).zip(&e);
     if same.iter().all(|&x| x) {
         // Every pair of ends rounds alike ([`below_round_bit`]): one rounding each.
-        for l in 0..GROUP {
-            let (pl, slow) = lanes.round::<SHAPE_POSIT>(g.lo[l]);
-            g.rounded[l] = pl;
-            g.flagged[l] = (slow | !e[l].is_finite()) as u32;
+        for ((rounded, flagged), ((&lo, _), e)) in outs.zip(ends) {
+            let (pl, slow) = lanes.round::<SHAPE_POSIT>(lo);
+            *rounded = pl;
+            *flagged = (slow | !e.is_finite()) as u32;
         }
         return g;
     }
-    for l in 0..GROUP {
-        let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(g.lo[l]);
-        let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(g.hi[l]);
-        g.rounded[l] = pl;
-        g.flagged[l] = (slow_l | slow_h | (pl != ph) | !e[l].is_finite()) as u32;
+    for ((rounded, flagged), ((&lo, &hi), e)) in outs.zip(ends) {
+        let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(lo);
+        let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(hi);
+        *rounded = pl;
+        *flagged = (slow_l | slow_h | (pl != ph) | !e.is_finite()) as u32;
     }
     g
 }
