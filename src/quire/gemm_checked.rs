@@ -63,7 +63,10 @@
 //!   subtraction errs by at most half an ulp of its result, and an f32 strictly below an
 //!   f64 lies at or below the f64's lower neighbour, which is at or below the exact
 //!   `ŝ - E`. The two ends are rounded by the format's f32 plan
-//!   ([`crate::backend::f32_plan`], the same bits as [`Posit::round`]).
+//!   ([`crate::backend::f32_plan`], the same bits as [`Posit::round`]). Where the two f32
+//!   ends of all 16 outputs of a vector group agree on every bit from the finest round
+//!   bit's position up and each has a nonzero bit below it, they round alike without
+//!   rounding `hi` (`below_round_bit` proves it), so only `lo` is rounded.
 //! * **other posits** (posit<32,2>): `lo = next_down(fl(ŝ - E))`, `hi = next_up(fl(ŝ + E))`
 //!   in f64, rounded by [`Posit::round`].
 //!
@@ -477,7 +480,14 @@ where
         match &ends {
             Ends::F32(plan) => {
                 let lanes = plan.lanes();
-                let consts = GroupConsts { na, rb, c, maxpos };
+                let low = below_round_bit(posit);
+                let consts = GroupConsts {
+                    na,
+                    rb,
+                    c,
+                    maxpos,
+                    low,
+                };
                 for (g, chunk) in dst.chunks_mut(GROUP).enumerate() {
                     let j0 = g * GROUP;
                     let len = chunk.len();
@@ -553,12 +563,26 @@ const ROW_TASK: usize = 1 << 13;
 /// Outputs per group of the vectorised check (one AVX-512 vector of f32).
 const GROUP: usize = 16;
 
-/// What a row's groups share: the row's norm and bias magnitude, `C` and maxpos.
+/// What a row's groups share: the row's norm and bias magnitude, `C`, maxpos, and the
+/// f32 bits below the finest rounding position's round bit ([`below_round_bit`]).
 struct GroupConsts {
     na: f64,
     rb: f64,
     c: f64,
     maxpos: f64,
+    low: u32,
+}
+
+/// `L = 22 - f`, with `f = n - 3 - es` the most fraction bits a posit of the format holds
+/// (the shortest regime, 2 bits): rounding an f32 to the posit drops at least its `23 - f`
+/// lowest fraction bits, so its round bit is bit `L` of the f32 or above, and its sticky
+/// bits include bits `0..L`. Two f32 of one sign that agree on every bit from `L` up
+/// (binade included) and both have a nonzero bit below `L` have the same round bit, the
+/// same kept bits and both a set sticky bit, wherever the posit rounds them: they round to
+/// the same posit (neither is a tie). [`check_group_body`] takes that as proof that the
+/// interval's ends agree without rounding the upper end.
+fn below_round_bit(posit: Posit) -> u32 {
+    22 - (posit.n() - 3 - posit.es())
 }
 
 /// One group's check: the f32 ends, the rounding where both ends agree, and a flag where
@@ -629,15 +653,33 @@ fn check_group_body(
         rounded: [0; GROUP],
         flagged: [0; GROUP],
     };
+    let mut e = [0.0; GROUP];
+    let mut same = [false; GROUP];
+    let below = (1u32 << k.low) - 1;
     for l in 0..GROUP {
-        let e = k.c * (k.na * nb[l] + (cb[l] + k.rb));
-        let (lo, hi) = ends_f32(s[l], e, k.maxpos);
-        let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(lo);
-        let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(hi);
+        e[l] = k.c * (k.na * nb[l] + (cb[l] + k.rb));
+        let (lo, hi) = ends_f32(s[l], e[l], k.maxpos);
         g.lo[l] = lo;
         g.hi[l] = hi;
-        g.rounded[l] = pl;
-        g.flagged[l] = (slow_l | slow_h | (pl != ph) | !e.is_finite()) as u32;
+        let (a, b) = (lo.to_bits(), hi.to_bits());
+        same[l] = ((a ^ b) >> k.low == 0) & (a & below != 0) & (b & below != 0);
+    }
+    let outs = g.rounded.iter_mut().zip(g.flagged.iter_mut());
+    let ends = g.lo.iter().zip(&g.hi).zip(&e);
+    if same.iter().all(|&x| x) {
+        // Every pair of ends rounds alike ([`below_round_bit`]): one rounding each.
+        for ((rounded, flagged), ((&lo, _), e)) in outs.zip(ends) {
+            let (pl, slow) = lanes.round::<SHAPE_POSIT>(lo);
+            *rounded = pl;
+            *flagged = (slow | !e.is_finite()) as u32;
+        }
+        return g;
+    }
+    for ((rounded, flagged), ((&lo, &hi), e)) in outs.zip(ends) {
+        let (pl, slow_l) = lanes.round::<SHAPE_POSIT>(lo);
+        let (ph, slow_h) = lanes.round::<SHAPE_POSIT>(hi);
+        *rounded = pl;
+        *flagged = (slow_l | slow_h | (pl != ph) | !e.is_finite()) as u32;
     }
     g
 }

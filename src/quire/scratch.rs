@@ -13,8 +13,8 @@ use std::ops::{Deref, DerefMut};
 /// Buffers a thread keeps, at most.
 const KEEP: usize = 4;
 
-/// Largest buffer kept (in f64): larger ones are freed when dropped (256 MiB).
-const KEEP_LEN: usize = 1 << 25;
+/// Largest buffer kept (in f64): larger ones are freed when dropped (32 MiB).
+const KEEP_LEN: usize = 1 << 22;
 
 thread_local! {
     static POOL: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
