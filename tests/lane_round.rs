@@ -15,7 +15,7 @@ mod isa_cap;
 use common::{Mismatches, SplitMix};
 use qcandle::format::rounding::Rounding;
 use qcandle::quire::lane_round::LaneRound;
-use qcandle::quire::lane_round_avx512::round_run;
+use qcandle::quire::lane_round_avx512::{round_run, round_sum_run};
 use qcandle::Format;
 
 fn fmt(s: &str) -> Format {
@@ -161,6 +161,83 @@ fn specialised_roundings_equal_format_round() {
         compare(name, &format, &r, &xs, &mut bad);
     }
     bad.assert_none_of("specialised roundings", checked);
+}
+
+/// The rounding of posit sums (`naive` in a posit: both addends are values of the format)
+/// skips the lower clamp and the zero test. It rests on every value being a multiple of
+/// minpos (checked here for every posit above), so that such a sum is `+0` or at least
+/// minpos in magnitude. On such inputs (the inputs above that are, the f32 sums and
+/// differences of neighbouring values, which cancel down to minpos, and of random pairs)
+/// the lanes equal the scalar definition.
+#[test]
+fn posit_sums_round_without_the_lower_clamp() {
+    let mut bad = Mismatches::default();
+    let (mut checked, mut skipping) = (0u64, Vec::new());
+    for name in FORMATS.iter().filter(|n| n.starts_with("posit")) {
+        let format = fmt(name);
+        let mut values: Vec<f64> = (0..1u32 << format.bits())
+            .map(|p| format.decode(p).expect("a pattern"))
+            .filter(|v| v.is_finite())
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values.dedup();
+        let minpos = values
+            .iter()
+            .copied()
+            .filter(|&v| v > 0.0)
+            .fold(f64::MAX, f64::min);
+        for &v in &values {
+            // v / minpos is exact: minpos is a power of two.
+            assert_eq!(
+                (v / minpos).fract(),
+                0.0,
+                "{name}: {v:e} is no multiple of minpos"
+            );
+        }
+        let r = LaneRound::new(&format).expect("a rounding");
+        let LaneRound::Posit(table) = &r else {
+            panic!("{name} is a posit")
+        };
+        if !table.sums_skip_lower_clamp() {
+            continue;
+        }
+        skipping.push(*name);
+        let valid = |x: &f32| x.to_bits() == 0 || (x.is_finite() && f64::from(x.abs()) >= minpos);
+        let mut xs: Vec<f32> = inputs(&format).into_iter().filter(valid).collect();
+        for w in values.windows(2) {
+            xs.extend([
+                (w[1] - w[0]) as f32,
+                (w[0] + w[1]) as f32,
+                (w[0] - w[0]) as f32,
+            ]);
+        }
+        let mut rng = SplitMix(values.len() as u64);
+        for _ in 0..20_000 {
+            let pick = |rng: &mut SplitMix| values[rng.next_u32() as usize % values.len()];
+            let (x, y) = (pick(&mut rng), pick(&mut rng));
+            xs.push((x + y) as f32);
+        }
+        assert!(xs.iter().all(valid));
+        let mut out = vec![0f32; xs.len()];
+        if !round_sum_run(&r, &xs, &mut out) {
+            continue;
+        }
+        checked += xs.len() as u64;
+        for (&x, &got) in xs.iter().zip(&out) {
+            let want = r.round(x);
+            bad.check(same(got, want), || {
+                format!(
+                    "{name} sums: {x:e} = {:#x} -> {got:e}, scalar {want:e}",
+                    x.to_bits()
+                )
+            });
+        }
+    }
+    assert!(
+        skipping.contains(&"posit<16,1>"),
+        "posit<16,1> sums skip the clamp"
+    );
+    bad.assert_none_of("posit sums", checked);
 }
 
 #[test]

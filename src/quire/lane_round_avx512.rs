@@ -34,6 +34,13 @@ pub(crate) const NARROW: u8 = 1;
 pub(crate) const HALF: u8 = 2;
 /// See [`WIDE`].
 pub(crate) const POSIT: u8 = 3;
+/// A posit's rounding of the sums of two of its values, with the constants of [`POSIT`]:
+/// without the lower clamp and the zero test, where
+/// [`super::lane_round::PositTable::sums_skip_lower_clamp`]
+/// allows it. Every value of a posit is a multiple of its minpos, so such a sum is `+0` or
+/// at least minpos in magnitude (also rounded to odd: minpos is an f32), where the lower
+/// clamp changes nothing, and `+0` rounds to `+0` through its table entry.
+pub(crate) const POSIT_SUM: u8 = 5;
 
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -149,7 +156,12 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
         _ => {
             let abs = _mm512_and_si512(x, splat(ABS));
             let t = _mm512_add_epi32(abs, splat(RAISE));
-            let t = _mm512_min_epi32(_mm512_max_epi32(t, v[0]), v[1]);
+            let t = if KIND == POSIT_SUM {
+                t
+            } else {
+                _mm512_max_epi32(t, v[0])
+            };
+            let t = _mm512_min_epi32(t, v[1]);
             let i = _mm512_srl_epi32(t, r.count);
             let h = _mm512_permutex2var_epi32(v[2], i, v[3]);
             let m = _mm512_permutex2var_epi32(v[4], i, v[5]);
@@ -158,8 +170,12 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
             let up = _mm512_add_epi32(t, h);
             let up = _mm512_mask_add_epi32(up, odd, up, splat(1));
             let r = _mm512_sub_epi32(_mm512_and_si512(up, m), splat(RAISE));
-            let nonzero = _mm512_test_epi32_mask(abs, abs);
-            _mm512_maskz_ternarylogic_epi32::<OR_AND>(nonzero, r, x, splat(!ABS))
+            if KIND == POSIT_SUM {
+                _mm512_ternarylogic_epi32::<OR_AND>(r, x, splat(!ABS))
+            } else {
+                let nonzero = _mm512_test_epi32_mask(abs, abs);
+                _mm512_maskz_ternarylogic_epi32::<OR_AND>(nonzero, r, x, splat(!ABS))
+            }
         }
     }
 }
@@ -177,9 +193,36 @@ pub fn round_run(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32
     true
 }
 
+/// [`round_run`] with [`POSIT_SUM`], the rounding of sums of two values of the posit `r`
+/// (zero or at least minpos in magnitude; other inputs give what the docs of
+/// [`POSIT_SUM`] imply, not the rounding); false where `r` has none or this CPU no
+/// AVX-512. For the tests.
+pub fn round_sum_run(r: &LaneRound, src: &[f32], dst: &mut [f32]) -> bool {
+    let allowed = matches!(r, LaneRound::Posit(p) if p.sums_skip_lower_clamp());
+    if !allowed || isa::active() != Isa::Avx512 {
+        return false;
+    }
+    // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above).
+    unsafe { round_run_avx512_kind(r, Some(POSIT_SUM), false, src, dst) };
+    true
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 fn round_run_avx512(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32]) {
-    let (z, kind) = Zmm::new(r, hardware_half);
+    round_run_avx512_kind(r, None, hardware_half, src, dst)
+}
+
+/// The rounds of [`round_run`] and [`round_sum_run`]: `kind` overrides the rounding's own.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+fn round_run_avx512_kind(
+    r: &LaneRound,
+    kind: Option<u8>,
+    hardware_half: bool,
+    src: &[f32],
+    dst: &mut [f32],
+) {
+    let (z, own) = Zmm::new(r, hardware_half);
+    let kind = kind.unwrap_or(own);
     for (s, d) in src.chunks(16).zip(dst.chunks_mut(16)) {
         let mut lanes = [0u32; 16];
         for (l, &v) in lanes.iter_mut().zip(s) {
@@ -191,6 +234,7 @@ fn round_run_avx512(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [
             WIDE => round::<WIDE>(&z, x),
             NARROW => round::<NARROW>(&z, x),
             HALF => round::<HALF>(&z, x),
+            POSIT_SUM => round::<POSIT_SUM>(&z, x),
             _ => round::<POSIT>(&z, x),
         };
         // SAFETY: as above.

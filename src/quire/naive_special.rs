@@ -12,19 +12,26 @@
 //! the correctly rounded product and sum (every value and midpoint of these formats is an
 //! f32 whose last bit is 0). The value rounded to odd is formed differently here:
 //!
-//! * **Round to odd is truncation with the last bit set where inexact.** Of the two f32
-//!   neighbours of an inexact value, the one nearer zero (the truncation) and the other
-//!   differ by one in their patterns, and exactly one is odd: the odd one is the
-//!   truncation with its last bit set.
-//! * **Products.** `trunc = x · y` rounded toward zero (AVX-512's per-instruction rounding);
-//!   the fused `x · y - trunc` is zero exactly when the product is exact (it is one rounding
-//!   of the exact difference, at least the product of the operands' last bits when not
-//!   zero, far above f32's subnormals by the caller's range check). Where both operands have
-//!   at most 12 significand bits the product is an f32 and is used as it is; `fma:<A>`
-//!   leaves it unrounded.
-//! * **Sums.** `trunc = c + p` rounded toward zero, and the sum is inexact exactly when the
-//!   sums rounded up and down differ: three additions, against TwoSum's six operations and
-//!   the step to odd.
+//! * **Round to odd is the odd one of the results rounded up and down.** An exact result
+//!   rounds up and down to itself. Of the two f32 neighbours of an inexact finite result,
+//!   the patterns differ by one (they have the same sign: sums and products of the
+//!   operands admitted never come near zero without being exact, see below), so exactly
+//!   one is odd, and rounding to odd picks it. An overflow rounds up and down to the
+//!   largest finite value and Inf, and the largest value (odd) is its rounding to odd. An
+//!   exact zero sum `x + (-x)` rounds up to `+0` and down to `-0`; the upward one is taken,
+//!   the sign rounding toward zero gives (and the definition's f64 sum). So
+//!   an operation is two additions or multiplications with the rounding direction in the
+//!   instruction, one test of the last bit and one blend: four instructions, against
+//!   TwoSum's six operations or the fused remainder of the product, then the step to odd.
+//! * **Products.** Where both operands have at most 12 significand bits the product is an
+//!   f32 and is used as it is; `fma:<A>` leaves it unrounded. Otherwise the product rounded
+//!   to odd as above: it is far above f32's subnormals by the caller's range check, so the
+//!   neighbours argument holds.
+//! * **Sums.** The sum rounded to odd as above: a sum of two nonzero values of these grids
+//!   that is below f32's normal range is exact, and then both directions give it.
+//! * **Posit sums.** Under `naive` in a posit both addends are values of the format, and
+//!   the sum's rounding skips the lower clamp and the zero test
+//!   ([`super::lane_round_avx512::POSIT_SUM`], where the format's table allows it).
 //! * **IEEE binary16.** `S` is the hardware conversion (`vcvtps2ph` with nearest even, then
 //!   back), IEEE 754's correctly rounded conversion of the odd value, with binary16's
 //!   subnormals and overflow to infinity. Binary32 sums are the native add.
@@ -37,9 +44,9 @@
 //! range (see [`super::naive_lanes`]): an Inf or NaN can only come from a rounding that
 //! overflows (a float format that overflows to Inf or NaN, [`LaneRound::keeps_specials`]).
 //! Such roundings keep what they produce: every input that is Inf, NaN or past the
-//! overflow threshold gives Inf or NaN, and so do the truncated sums and products of an
-//! Inf or NaN (Inf plus a finite value is Inf in every rounding direction; NaN compares
-//! unequal, so its last bit is set and it stays NaN). So a lane whose value became special
+//! overflow threshold gives Inf or NaN, and so do the sums and products of an Inf or NaN
+//! rounded to odd (Inf plus a finite value is Inf in both rounding directions, and NaN
+//! gives NaN in both). So a lane whose value became special
 //! through such roundings is special at the end, and a special final sum hands the tile
 //! to the scalar definition. Only where the sums clamp (posits, saturating floats) while
 //! the products may overflow (e4m3 products into posit sums) is the sum's input checked at
@@ -52,7 +59,7 @@
 use std::arch::x86_64::*;
 
 use super::lane_round::LaneRound;
-use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, WIDE};
+use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, POSIT_SUM, WIDE};
 use super::naive_lanes::{Products, TILE};
 use crate::backend::isa::{self, Isa};
 
@@ -71,42 +78,43 @@ const ROUNDED: u8 = 0;
 const EXACT: u8 = 1;
 const FUSED: u8 = 2;
 
-/// Truncation: round toward zero, exceptions suppressed.
-const TRUNCATE: i32 = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+/// Rounding up and down, exceptions suppressed.
+const UP: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
+/// See [`UP`].
+const DOWN: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
 
-/// `trunc` (an operation's result truncated toward zero) rounded to odd: its last bit set
-/// where the operation was `inexact`.
+/// Of an operation's results rounded up and down, the odd one, else the one rounded up:
+/// the exact result rounded to odd at f32 precision (see the module docs). Taking the
+/// upward one where neither is odd keeps an exact zero sum `+0`, as rounding toward zero
+/// gives it (rounding down gives `-0`).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn set_odd(trunc: __m512, inexact: __mmask16) -> __m512i {
-    let bits = _mm512_castps_si512(trunc);
-    _mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1))
+fn odd_of(up: __m512, down: __m512) -> __m512i {
+    let (up, down) = (_mm512_castps_si512(up), _mm512_castps_si512(down));
+    let down_is_odd = _mm512_test_epi32_mask(down, _mm512_set1_epi32(1));
+    _mm512_mask_blend_epi32(down_is_odd, up, down)
 }
 
-/// `x · y` rounded to odd at f32 precision: the truncated product, its last bit set where
-/// the fused `x · y - trunc` (exactly zero only for an exact product) is not zero.
-#[target_feature(enable = "avx512f,fma")]
+/// `x · y` rounded to odd at f32 precision: the odd one of the products rounded up and
+/// down.
+#[target_feature(enable = "avx512f")]
 #[inline]
 fn mul_odd(x: __m512, y: __m512) -> __m512i {
-    let trunc = _mm512_mul_round_ps::<TRUNCATE>(x, y);
-    let rest = _mm512_fmsub_ps(x, y, trunc);
-    set_odd(
-        trunc,
-        _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(rest, _mm512_setzero_ps()),
+    odd_of(
+        _mm512_mul_round_ps::<UP>(x, y),
+        _mm512_mul_round_ps::<DOWN>(x, y),
     )
 }
 
-/// `x + y` rounded to odd at f32 precision: the truncated sum, its last bit set where the
-/// sums rounded up and down differ (the sum is inexact). NaN stays NaN, Inf stays Inf.
+/// `x + y` rounded to odd at f32 precision: the odd one of the sums rounded up and down.
+/// NaN stays NaN, Inf stays Inf.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn add_odd(x: __m512, y: __m512) -> __m512i {
-    const UP: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
-    const DOWN: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
-    let trunc = _mm512_add_round_ps::<TRUNCATE>(x, y);
-    let up = _mm512_add_round_ps::<UP>(x, y);
-    let down = _mm512_add_round_ps::<DOWN>(x, y);
-    set_odd(trunc, _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(up, down))
+    odd_of(
+        _mm512_add_round_ps::<UP>(x, y),
+        _mm512_add_round_ps::<DOWN>(x, y),
+    )
 }
 
 /// Whether `a` and the tile's rows of `b` are all finite.
@@ -234,6 +242,11 @@ fn dispatch(
     let check = sum_clamps && op_overflows && prod != FUSED;
     // One set of registers where both roundings are the same (`naive`).
     let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
+    // Sums of two posit values (`naive` in a posit): no lower clamp or zero test needed.
+    let sum_kind = match op {
+        Some(LaneRound::Posit(p)) if same && p.sums_skip_lower_clamp() => POSIT_SUM,
+        _ => sum_kind,
+    };
     let (o, s) = (&op_zmm, &sum_zmm);
     macro_rules! run {
         ($($ok:ident, $sk:ident, $p:ident;)*) => {
@@ -252,6 +265,12 @@ fn dispatch(
                 }
                 (POSIT, POSIT, EXACT, false, true) => {
                     kernel::<POSIT, POSIT, EXACT, false, true>(o, s, a, b, stride, acc)
+                }
+                (POSIT, POSIT_SUM, ROUNDED, false, true) => {
+                    kernel::<POSIT, POSIT_SUM, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                }
+                (POSIT, POSIT_SUM, EXACT, false, true) => {
+                    kernel::<POSIT, POSIT_SUM, EXACT, false, true>(o, s, a, b, stride, acc)
                 }
                 (NARROW, NARROW, ROUNDED, false, true) => {
                     kernel::<NARROW, NARROW, ROUNDED, false, true>(o, s, a, b, stride, acc)
