@@ -138,6 +138,7 @@ type SpecialLanes<'a> = (Option<&'a LaneRound>, SumRound<'a>);
 
 /// One tile by the specialised register kernel ([`super::naive_special`]): `None` where
 /// there are no specialised roundings or the CPU does not run that kernel.
+/// `operands_finite`: `a` and the tile's rows of `b` are known to be finite.
 #[allow(unused_variables)]
 fn special_tile(
     special: Option<SpecialLanes<'_>>,
@@ -146,6 +147,7 @@ fn special_tile(
     b: &[f32],
     stride: usize,
     acc: &mut [f32; TILE],
+    operands_finite: bool,
 ) -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -155,7 +157,7 @@ fn special_tile(
             SumRound::Round(r) => SumLanes::Round(r),
             SumRound::Binary32 => SumLanes::Binary32,
         };
-        naive_special::tile(op, sum, products, a, b, stride, acc)
+        naive_special::tile(op, sum, products, a, b, stride, acc, operands_finite)
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
@@ -287,6 +289,17 @@ impl NaiveF32 {
             Products::Rounded
         };
         let special = self.special_lanes();
+        // Which rows of A and which tiles of B are finite, found once for all tiles.
+        let row_finite: Vec<bool> = (0..m)
+            .map(|i| af[i * k..i * k + k].iter().all(|x| x.is_finite()))
+            .collect();
+        let tile_finite: Vec<bool> = (0..n)
+            .step_by(TILE)
+            .map(|col| {
+                bf.chunks(stride.max(1))
+                    .all(|row| row[col..col + TILE].iter().all(|x| x.is_finite()))
+            })
+            .collect();
         let row = |i: usize, dst: &mut [f64]| {
             let x = &af[i * k..i * k + k];
             let xs = &a[i * k..i * k + k];
@@ -295,7 +308,8 @@ impl NaiveF32 {
             for col in (0..n).step_by(TILE) {
                 let width = TILE.min(n - col);
                 let tile_b = &bf[col..];
-                let done = special_tile(special, products, x, tile_b, stride, &mut tile)
+                let finite = row_finite[i] && tile_finite[col / TILE];
+                let done = special_tile(special, products, x, tile_b, stride, &mut tile, finite)
                     .unwrap_or_else(|| {
                         naive_lanes::tile(
                             &self.op.plan,

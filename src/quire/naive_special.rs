@@ -38,7 +38,8 @@
 //!
 //! # Inf and NaN
 //!
-//! The tile's operands are checked once (`a` and the tile's rows of `b`); a tile with an
+//! The tile's operands are checked once (`a` and the tile's rows of `b`, or by the caller
+//! once for a whole GEMM); a tile with an
 //! Inf or NaN operand (NaR is NaN here) is left to the caller's scalar definition. With
 //! finite operands of the formats the caller admits, no product or sum leaves f32's normal
 //! range (see [`super::naive_lanes`]): an Inf or NaN can only come from a rounding that
@@ -202,6 +203,7 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const 
 
 /// The kernel for the run-time kinds, on an AVX-512 CPU.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     op: Option<&LaneRound>,
     sum: SumLanes<'_>,
@@ -210,6 +212,7 @@ fn dispatch(
     b: &[f32],
     stride: usize,
     acc: &mut [f32; TILE],
+    operands_finite: bool,
 ) -> Option<bool> {
     let prod = match products {
         Products::Rounded => ROUNDED,
@@ -234,7 +237,7 @@ fn dispatch(
         SumLanes::Binary32 if prod == FUSED => return None,
         SumLanes::Binary32 => (Zmm::none(), BINARY32, false),
     };
-    if !finite_operands(a, b, stride) {
+    if !operands_finite && !finite_operands(a, b, stride) {
         return Some(false);
     }
     // With finite operands, products are finite: only a rounded product's overflow makes a
@@ -309,7 +312,10 @@ fn dispatch(
 /// cap of [`isa::set_cap`]) has no AVX-512, or for fused binary32 sums (the general
 /// kernel's single fused multiply-add); otherwise `Some(done)`, `done` false when a lane met
 /// Inf or NaN (the tile is then left to the scalar definition and `acc` holds no result).
-/// The formats must be ones [`super::naive_lanes`] admits.
+/// The formats must be ones [`super::naive_lanes`] admits. `operands_finite`: the caller
+/// has found `a` and the tile's rows of `b` finite (once for a whole GEMM, instead of once
+/// a tile); otherwise the tile checks them itself.
+#[allow(clippy::too_many_arguments)]
 pub fn tile(
     op: Option<&LaneRound>,
     sum: SumLanes<'_>,
@@ -318,6 +324,7 @@ pub fn tile(
     b: &[f32],
     stride: usize,
     acc: &mut [f32; TILE],
+    operands_finite: bool,
 ) -> Option<bool> {
     assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
     if isa::active() != Isa::Avx512 {
@@ -325,5 +332,5 @@ pub fn tile(
     }
     // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above) and imply the fused
     // multiply-add.
-    unsafe { dispatch(op, sum, products, a, b, stride, acc) }
+    unsafe { dispatch(op, sum, products, a, b, stride, acc, operands_finite) }
 }
