@@ -15,7 +15,7 @@ mod isa_cap;
 use common::{Mismatches, SplitMix};
 use qcandle::format::rounding::Rounding;
 use qcandle::quire::lane_round::LaneRound;
-use qcandle::quire::lane_round_avx512::{round_run, round_sum_run};
+use qcandle::quire::lane_round_avx512::{round_raised_run, round_run};
 use qcandle::Format;
 
 fn fmt(s: &str) -> Format {
@@ -163,16 +163,17 @@ fn specialised_roundings_equal_format_round() {
     bad.assert_none_of("specialised roundings", checked);
 }
 
-/// The rounding of posit sums (`naive` in a posit: both addends are values of the format)
-/// skips the lower clamp and the zero test. It rests on every value being a multiple of
-/// minpos (checked here for every posit above), so that such a sum is `+0` or at least
-/// minpos in magnitude. On such inputs (the inputs above that are, the f32 sums and
-/// differences of neighbouring values, which cancel down to minpos, and of random pairs)
-/// the lanes equal the scalar definition.
+/// `naive` in a posit rounds doubled values (`quire::lane_round_avx512::POSIT_RAISED`), and
+/// its sums without the lower clamp and the zero test (`POSIT_SUM`). The latter rests on
+/// every value being a multiple of minpos (checked here for every posit above), so that a
+/// sum of two values is `+0` or at least minpos in magnitude. On the inputs above whose
+/// doubles are normal f32, and for the sums on those that are `+0` or at least minpos, the
+/// f32 sums and differences of neighbouring values (which cancel down to minpos) and of
+/// random pairs, both equal the scalar definition.
 #[test]
-fn posit_sums_round_without_the_lower_clamp() {
+fn posit_roundings_of_doubled_values() {
     let mut bad = Mismatches::default();
-    let (mut checked, mut skipping) = (0u64, Vec::new());
+    let mut checked = 0u64;
     for name in FORMATS.iter().filter(|n| n.starts_with("posit")) {
         let format = fmt(name);
         let mut values: Vec<f64> = (0..1u32 << format.bits())
@@ -195,17 +196,14 @@ fn posit_sums_round_without_the_lower_clamp() {
             );
         }
         let r = LaneRound::new(&format).expect("a rounding");
-        let LaneRound::Posit(table) = &r else {
-            panic!("{name} is a posit")
+        let doubles_normal = |x: &f32| {
+            x.to_bits() == 0 || (2.0 * x.abs()).is_normal() && x.abs() >= f32::MIN_POSITIVE
         };
-        if !table.sums_skip_lower_clamp() {
-            continue;
-        }
-        skipping.push(*name);
-        let valid = |x: &f32| x.to_bits() == 0 || (x.is_finite() && f64::from(x.abs()) >= minpos);
-        let mut xs: Vec<f32> = inputs(&format).into_iter().filter(valid).collect();
+        let xs: Vec<f32> = inputs(&format).into_iter().filter(doubles_normal).collect();
+        let is_sum = |x: &f32| x.to_bits() == 0 || f64::from(x.abs()) >= minpos;
+        let mut sums: Vec<f32> = xs.iter().copied().filter(is_sum).collect();
         for w in values.windows(2) {
-            xs.extend([
+            sums.extend([
                 (w[1] - w[0]) as f32,
                 (w[0] + w[1]) as f32,
                 (w[0] - w[0]) as f32,
@@ -215,29 +213,27 @@ fn posit_sums_round_without_the_lower_clamp() {
         for _ in 0..20_000 {
             let pick = |rng: &mut SplitMix| values[rng.next_u32() as usize % values.len()];
             let (x, y) = (pick(&mut rng), pick(&mut rng));
-            xs.push((x + y) as f32);
+            sums.push((x + y) as f32);
         }
-        assert!(xs.iter().all(valid));
-        let mut out = vec![0f32; xs.len()];
-        if !round_sum_run(&r, &xs, &mut out) {
-            continue;
-        }
-        checked += xs.len() as u64;
-        for (&x, &got) in xs.iter().zip(&out) {
-            let want = r.round(x);
-            bad.check(same(got, want), || {
-                format!(
-                    "{name} sums: {x:e} = {:#x} -> {got:e}, scalar {want:e}",
-                    x.to_bits()
-                )
-            });
+        assert!(sums.iter().all(|x| is_sum(x) && doubles_normal(x)));
+        for (kind, inputs, is_sums) in [("doubled", &xs, false), ("sums", &sums, true)] {
+            let mut out = vec![0f32; inputs.len()];
+            if !round_raised_run(&r, is_sums, inputs, &mut out) {
+                continue;
+            }
+            checked += inputs.len() as u64;
+            for (&x, &got) in inputs.iter().zip(&out) {
+                let want = r.round(x);
+                bad.check(same(got, want), || {
+                    format!(
+                        "{name} {kind}: {x:e} = {:#x} -> {got:e}, scalar {want:e}",
+                        x.to_bits()
+                    )
+                });
+            }
         }
     }
-    assert!(
-        skipping.contains(&"posit<16,1>"),
-        "posit<16,1> sums skip the clamp"
-    );
-    bad.assert_none_of("posit sums", checked);
+    bad.assert_none_of("posit roundings of doubled values", checked);
 }
 
 #[test]

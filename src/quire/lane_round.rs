@@ -244,17 +244,6 @@ impl LaneRound {
 }
 
 impl PositTable {
-    /// Whether sums of two of the format's values may skip the lower clamp and the zero
-    /// test ([`super::lane_round_avx512`]'s `POSIT_SUM`): true where `+0`, unclamped, reaches
-    /// a table entry that rounds it to `+0` (an entry that rounds at bit 23 or below, or
-    /// maxpos's, which keeps it).
-    pub fn sums_skip_lower_clamp(&self) -> bool {
-        let t = RAISE;
-        let i = ((t >> self.shift) & 31) as usize;
-        let odd = (t & self.mask[i].wrapping_neg() != 0) as u32;
-        ((t + self.half[i] + odd) & self.mask[i]) == RAISE
-    }
-
     /// The tables of `p`: posits with `n <= 17` whose binades all round in f32's normal
     /// range (`maxpos² <= 2^125`).
     pub fn new(p: &Posit) -> Option<Self> {

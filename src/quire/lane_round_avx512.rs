@@ -34,12 +34,18 @@ pub(crate) const NARROW: u8 = 1;
 pub(crate) const HALF: u8 = 2;
 /// See [`WIDE`].
 pub(crate) const POSIT: u8 = 3;
-/// A posit's rounding of the sums of two of its values, with the constants of [`POSIT`]:
-/// without the lower clamp and the zero test, where
-/// [`super::lane_round::PositTable::sums_skip_lower_clamp`]
-/// allows it. Every value of a posit is a multiple of its minpos, so such a sum is `+0` or
-/// at least minpos in magnitude (also rounded to odd: minpos is an f32), where the lower
-/// clamp changes nothing, and `+0` rounds to `+0` through its table entry.
+/// [`POSIT`] on doubled values, with the same constants: the input is `2x` and the output
+/// `2 round(x)`. For every `x` whose double is a normal f32, the pattern of `2|x|` is that
+/// of `|x|` plus `2^23` (the exponent field one higher), which is the posit rounding's `t`;
+/// so `t` is read from the input, and the rounded `t` is the result, without adding and
+/// subtracting `2^23`. A posit GEMM whose operands are doubled once (one factor of each
+/// product) keeps every product and sum doubled, exactly (see [`super::naive_special`]).
+pub(crate) const POSIT_RAISED: u8 = 6;
+/// [`POSIT_RAISED`] for the sums of two values of the posit: without the lower clamp and
+/// the zero test. Every value of a posit is a multiple of its minpos, so such a sum is `+0`
+/// or at least minpos in magnitude (also rounded to odd: minpos is an f32), where the lower
+/// clamp changes nothing; `+0` is `t = 0`, whose table entry (index 0) keeps it: every
+/// entry's increment is below its `2^s`, so `(0 + h + 0) & mask = 0`.
 pub(crate) const POSIT_SUM: u8 = 5;
 
 #[target_feature(enable = "avx512f")]
@@ -154,8 +160,13 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
             _mm512_ternarylogic_epi32::<OR_AND>(r, x, splat(!ABS))
         }
         _ => {
+            let raised = KIND != POSIT;
             let abs = _mm512_and_si512(x, splat(ABS));
-            let t = _mm512_add_epi32(abs, splat(RAISE));
+            let t = if raised {
+                abs
+            } else {
+                _mm512_add_epi32(abs, splat(RAISE))
+            };
             let t = if KIND == POSIT_SUM {
                 t
             } else {
@@ -169,7 +180,12 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
             let odd = _mm512_test_epi32_mask(t, _mm512_sub_epi32(_mm512_setzero_si512(), m));
             let up = _mm512_add_epi32(t, h);
             let up = _mm512_mask_add_epi32(up, odd, up, splat(1));
-            let r = _mm512_sub_epi32(_mm512_and_si512(up, m), splat(RAISE));
+            let r = _mm512_and_si512(up, m);
+            let r = if raised {
+                r
+            } else {
+                _mm512_sub_epi32(r, splat(RAISE))
+            };
             if KIND == POSIT_SUM {
                 _mm512_ternarylogic_epi32::<OR_AND>(r, x, splat(!ABS))
             } else {
@@ -193,17 +209,21 @@ pub fn round_run(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32
     true
 }
 
-/// [`round_run`] with [`POSIT_SUM`], the rounding of sums of two values of the posit `r`
-/// (zero or at least minpos in magnitude; other inputs give what the docs of
-/// [`POSIT_SUM`] imply, not the rounding); false where `r` has none or this CPU no
-/// AVX-512. For the tests.
-pub fn round_sum_run(r: &LaneRound, src: &[f32], dst: &mut [f32]) -> bool {
-    let allowed = matches!(r, LaneRound::Posit(p) if p.sums_skip_lower_clamp());
-    if !allowed || isa::active() != Isa::Avx512 {
+/// [`round_run`] with [`POSIT_RAISED`] (`sums` false) or [`POSIT_SUM`] (`sums` true) on
+/// the doubles of `src`, the results halved: `round(x)` where the kinds apply (`2x` a normal
+/// f32; for [`POSIT_SUM`], `x` zero or at least minpos in magnitude); false where `r` is no
+/// posit or this CPU has no AVX-512. For the tests.
+pub fn round_raised_run(r: &LaneRound, sums: bool, src: &[f32], dst: &mut [f32]) -> bool {
+    if !matches!(r, LaneRound::Posit(_)) || isa::active() != Isa::Avx512 {
         return false;
     }
+    let kind = if sums { POSIT_SUM } else { POSIT_RAISED };
+    let doubled: Vec<f32> = src.iter().map(|x| 2.0 * x).collect();
     // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above).
-    unsafe { round_run_avx512_kind(r, Some(POSIT_SUM), false, src, dst) };
+    unsafe { round_run_avx512_kind(r, Some(kind), false, &doubled, dst) };
+    for d in dst.iter_mut() {
+        *d *= 0.5;
+    }
     true
 }
 
@@ -212,7 +232,8 @@ fn round_run_avx512(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [
     round_run_avx512_kind(r, None, hardware_half, src, dst)
 }
 
-/// The rounds of [`round_run`] and [`round_sum_run`]: `kind` overrides the rounding's own.
+/// The rounds of [`round_run`] and [`round_raised_run`]: `kind` overrides the rounding's
+/// own.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 fn round_run_avx512_kind(
     r: &LaneRound,
@@ -235,6 +256,7 @@ fn round_run_avx512_kind(
             NARROW => round::<NARROW>(&z, x),
             HALF => round::<HALF>(&z, x),
             POSIT_SUM => round::<POSIT_SUM>(&z, x),
+            POSIT_RAISED => round::<POSIT_RAISED>(&z, x),
             _ => round::<POSIT>(&z, x),
         };
         // SAFETY: as above.

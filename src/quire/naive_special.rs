@@ -29,9 +29,15 @@
 //!   neighbours argument holds.
 //! * **Sums.** The sum rounded to odd as above: a sum of two nonzero values of these grids
 //!   that is below f32's normal range is exact, and then both directions give it.
-//! * **Posit sums.** Under `naive` in a posit both addends are values of the format, and
-//!   the sum's rounding skips the lower clamp and the zero test
-//!   ([`super::lane_round_avx512::POSIT_SUM`], where the format's table allows it).
+//! * **`naive` in a posit: doubled values.** Each `a_t` is doubled once (exact), so every
+//!   product, rounded product, sum and rounded sum is the double of the definition's
+//!   (scaling by two commutes with every rounding here: the doubled values stay normal
+//!   f32, as `2 minpos² >= 2^-124` and `2 maxpos² <= 2^126` for the posits admitted). The
+//!   posit rounding of a doubled value reads its `t` from the pattern directly and returns
+//!   the rounded double ([`super::lane_round_avx512::POSIT_RAISED`]), two integer
+//!   operations fewer a rounding, and the sums' rounding, whose addends are both values of
+//!   the format, skips the lower clamp and the zero test as well
+//!   ([`super::lane_round_avx512::POSIT_SUM`]). The sums are halved at the end.
 //! * **IEEE binary16.** `S` is the hardware conversion (`vcvtps2ph` with nearest even, then
 //!   back), IEEE 754's correctly rounded conversion of the odd value, with binary16's
 //!   subnormals and overflow to infinity. Binary32 sums are the native add.
@@ -60,7 +66,7 @@
 use std::arch::x86_64::*;
 
 use super::lane_round::LaneRound;
-use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, POSIT_SUM, WIDE};
+use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
 use super::naive_lanes::{Products, TILE};
 use crate::backend::isa::{self, Isa};
 
@@ -155,6 +161,8 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const 
     // Copies, kept in registers.
     let op = *op;
     let sum = if SAME { op } else { *sum };
+    // Posit products and sums in doubled values (see the module docs).
+    let doubled = OP == POSIT_RAISED;
     let zero = _mm512_setzero_ps();
     let mut c = [zero; TILE / 16];
     let mut flag = [zero; TILE / 16];
@@ -162,7 +170,7 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const 
         let row: &[f32; TILE] = b[t * stride..t * stride + TILE]
             .try_into()
             .expect("a full tile");
-        let xv = _mm512_set1_ps(x);
+        let xv = _mm512_set1_ps(if doubled { 2.0 * x } else { x });
         for r in 0..TILE / 16 {
             // SAFETY: 16 f32 read from inside the row.
             let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
@@ -187,6 +195,11 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const 
                 }
                 _mm512_castsi512_ps(round::<SUM>(&sum, odd))
             };
+        }
+    }
+    if doubled {
+        for v in &mut c {
+            *v = _mm512_mul_ps(*v, _mm512_set1_ps(0.5));
         }
     }
     let mut special = 0u16;
@@ -245,10 +258,11 @@ fn dispatch(
     let check = sum_clamps && op_overflows && prod != FUSED;
     // One set of registers where both roundings are the same (`naive`).
     let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
-    // Sums of two posit values (`naive` in a posit): no lower clamp or zero test needed.
-    let sum_kind = match op {
-        Some(LaneRound::Posit(p)) if same && p.sums_skip_lower_clamp() => POSIT_SUM,
-        _ => sum_kind,
+    // `naive` in a posit: doubled values, sums of two posit values (see the module docs).
+    let (op_kind, sum_kind) = if same && op_kind == POSIT {
+        (POSIT_RAISED, POSIT_SUM)
+    } else {
+        (op_kind, sum_kind)
     };
     let (o, s) = (&op_zmm, &sum_zmm);
     macro_rules! run {
@@ -263,17 +277,11 @@ fn dispatch(
                     }
                 )*
                 // The same format for products and sums: never both clamping and overflowing.
-                (POSIT, POSIT, ROUNDED, false, true) => {
-                    kernel::<POSIT, POSIT, ROUNDED, false, true>(o, s, a, b, stride, acc)
+                (POSIT_RAISED, POSIT_SUM, ROUNDED, false, true) => {
+                    kernel::<POSIT_RAISED, POSIT_SUM, ROUNDED, false, true>(o, s, a, b, stride, acc)
                 }
-                (POSIT, POSIT, EXACT, false, true) => {
-                    kernel::<POSIT, POSIT, EXACT, false, true>(o, s, a, b, stride, acc)
-                }
-                (POSIT, POSIT_SUM, ROUNDED, false, true) => {
-                    kernel::<POSIT, POSIT_SUM, ROUNDED, false, true>(o, s, a, b, stride, acc)
-                }
-                (POSIT, POSIT_SUM, EXACT, false, true) => {
-                    kernel::<POSIT, POSIT_SUM, EXACT, false, true>(o, s, a, b, stride, acc)
+                (POSIT_RAISED, POSIT_SUM, EXACT, false, true) => {
+                    kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true>(o, s, a, b, stride, acc)
                 }
                 (NARROW, NARROW, ROUNDED, false, true) => {
                     kernel::<NARROW, NARROW, ROUNDED, false, true>(o, s, a, b, stride, acc)
