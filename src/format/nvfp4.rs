@@ -156,6 +156,12 @@ fn predecessor(f: &Float, hi: f64) -> f64 {
 /// exact quotient is near it. The candidate is therefore checked with exact products
 /// (`lo · d` and `mid · d` have at most 31 significant bits for the formats used here):
 /// rounding then follows the exact quotient. Stochastic rules use the f64 quotient.
+///
+/// Where `v · d` is exact for every value `v` of `f` (the formats and scales of NVFP4), a
+/// quotient below `v` stays below it in f64 too: `a <= v·d - u` with `u` the unit in the
+/// last place below `v · d`, so `a / d` is at least `u / d` below `v`, more than half the
+/// unit below `v`. The downward step after rounding toward zero then never fires; it guards
+/// divisors of more bits.
 pub fn round_quotient<R: RoundingRule>(a: f64, d: f64, f: &Float, rule: R, random: u32) -> f64 {
     if a.is_nan() || a == 0.0 {
         return a;
@@ -229,5 +235,66 @@ mod tests {
         // 2 / 3 toward zero: 0.5 (f64's 0.6666 is not on the grid, no correction needed).
         assert_eq!(round_quotient(2.0, 3.0, &f, TowardZero, 0), 0.5);
         assert_eq!(round_quotient(100.0, 3.0, &f, TowardZero, 0), 6.0);
+    }
+
+    /// Quotients just below and just above a grid value `v`: `a` is the f64 next to `v · d`
+    /// (an exact product), so `a / d` is within about one unit of f64's last place of `v`.
+    /// Each rounds as the exact quotient: toward zero to `v`'s predecessor from below and to
+    /// `v` from above, to nearest to `v`. From below, f64's quotient never lands on `v`
+    /// itself (see `round_quotient`'s docs), which the count checks.
+    #[test]
+    fn quotients_next_to_a_value_round_as_the_exact_quotient() {
+        let (mut checked, mut landed_from_below) = (0, 0);
+        for f in [e2m1(), e4m3_saturating()] {
+            let mut grid = vec![f.min_positive()];
+            while let Some(&last) = grid.last() {
+                let next = successor(&f, last);
+                if next > f.max_value() {
+                    break;
+                }
+                grid.push(next);
+            }
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            for _ in 0..2000 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // A positive f32 divisor with a random 24-bit significand and exponent.
+                let bits = (seed >> 41) as u32 | (((seed >> 20) as u32 % 40 + 107) << 23);
+                let d = f64::from(f32::from_bits(bits));
+                for (i, &v) in grid.iter().enumerate().skip(1) {
+                    let (below, above) = ((v * d).next_down(), (v * d).next_up());
+                    landed_from_below += usize::from(below / d == v);
+                    let pred = grid[i - 1];
+                    assert_eq!(
+                        round_quotient(below, d, &f, TowardZero, 0),
+                        pred,
+                        "{below:e}/{d:e}"
+                    );
+                    assert_eq!(round_quotient(-below, d, &f, TowardZero, 0), -pred);
+                    assert_eq!(
+                        round_quotient(below, d, &f, NearestEven, 0),
+                        v,
+                        "{below:e}/{d:e}"
+                    );
+                    assert_eq!(
+                        round_quotient(above, d, &f, TowardZero, 0),
+                        v,
+                        "{above:e}/{d:e}"
+                    );
+                    assert_eq!(
+                        round_quotient(above, d, &f, NearestEven, 0),
+                        v,
+                        "{above:e}/{d:e}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 10_000);
+        assert_eq!(
+            landed_from_below, 0,
+            "f64 quotients landed on a value from below"
+        );
     }
 }
