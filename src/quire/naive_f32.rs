@@ -31,9 +31,12 @@
 //! products are exact in f64 and whose sums are rounded to odd there (narrowed to odd for
 //! a plan accumulator, converted to f32 for binary32).
 
+use rayon::prelude::*;
+
 use super::gemm_cpu::{for_rows, Bias, Dims};
 use super::lane_round::LaneRound;
 use super::naive_lanes::{self, Accumulator, Products, TILE};
+use super::quire_i16::Operand;
 use super::round_odd::{add_odd, mul_odd};
 use crate::backend::f32_plan::{F32Plan, RunRounder};
 use crate::format::float::{Overflow, Specials};
@@ -268,15 +271,84 @@ impl NaiveF32 {
             };
             return for_rows(out, m, n, parallel, row);
         }
+        let af: Vec<f32> = a[..m * k].iter().map(|&v| v as f32).collect();
+        self.tiled(
+            &af,
+            |t, j| b[t * n + j] as f32,
+            (m, k, n),
+            bias,
+            out,
+            parallel,
+        );
+    }
+
+    /// [`NaiveF32::gemm`] straight from f32 operands not yet rounded (each in either
+    /// layout), as the f32 outputs: the operands rounded to the operand format in f32 (the
+    /// same values as rounding them in f64 first: the rounding is correct either way), then
+    /// the register kernel, without the f64 copies. `None` where the register kernel does
+    /// not apply (`fma` into a plan accumulator with operands of more than 12 significand
+    /// bits); the bias, if any, already rounded.
+    pub fn gemm_f32(
+        &self,
+        a: Operand,
+        b: Operand,
+        (m, k, n): Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Option<Vec<f32>> {
+        let fused_lanes = matches!(self.sums, Sums::Binary32) || self.exact_products();
+        if self.fused && !fused_lanes {
+            return None;
+        }
+        let rounded = |v: &[f32]| -> Vec<f32> {
+            let mut out = vec![0f32; v.len()];
+            out.par_chunks_mut(4096)
+                .zip(v.par_chunks(4096))
+                .for_each(|(dst, src)| self.op.round(src, dst));
+            out
+        };
+        let af = rounded(&a.row_major(m, k));
+        let bf = rounded(&b.row_major(k, n));
+        let mut out = vec![0f64; m * n];
+        self.tiled(
+            &af,
+            |t, j| bf[t * n + j],
+            (m, k, n),
+            bias,
+            &mut out,
+            parallel,
+        );
+        Some(out.into_iter().map(|v| v as f32).collect())
+    }
+
+    /// The register kernel of [`NaiveF32::gemm`] on `a` (`m x k`, row-major) and `B` read
+    /// by `b(t, j)`, both values of the operand format (Inf and NaN allowed).
+    fn tiled(
+        &self,
+        af: &[f32],
+        b: impl Fn(usize, usize) -> f32 + Sync,
+        (m, k, n): Dims,
+        bias: Bias,
+        out: &mut [f64],
+        parallel: bool,
+    ) {
+        let bias_of = |i: usize| -> Option<Vec<f64>> {
+            match bias {
+                Bias::None => None,
+                Bias::PerCol(v) => Some(v[..n].to_vec()),
+                Bias::PerRow(v) => Some(vec![v[i]; n]),
+            }
+        };
         // B as f32, each row padded with zeros to whole tiles.
         let stride = n.div_ceil(TILE) * TILE;
         let mut bf = vec![0f32; k * stride];
-        for (dst, src) in bf.chunks_mut(stride.max(1)).zip(b.chunks(n.max(1))) {
-            for (d, &v) in dst.iter_mut().zip(src) {
-                *d = v as f32;
-            }
+        if n > 0 {
+            bf.par_chunks_mut(stride).enumerate().for_each(|(t, dst)| {
+                for (j, d) in dst[..n].iter_mut().enumerate() {
+                    *d = b(t, j);
+                }
+            });
         }
-        let af: Vec<f32> = a[..m * k].iter().map(|&v| v as f32).collect();
         let accumulator = match self.sum_plan() {
             Some(r) => Accumulator::Plan(&r.plan),
             None => Accumulator::Binary32,
@@ -302,7 +374,6 @@ impl NaiveF32 {
             .collect();
         let row = |i: usize, dst: &mut [f64]| {
             let x = &af[i * k..i * k + k];
-            let xs = &a[i * k..i * k + k];
             let mut sums = vec![0f32; n];
             let mut tile = [0f32; TILE];
             for col in (0..n).step_by(TILE) {
@@ -325,7 +396,9 @@ impl NaiveF32 {
                     *s = if done {
                         tile[j]
                     } else {
-                        self.scalar_sum(xs, &b[col + j..], n) as f32
+                        let xs: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+                        let ys: Vec<f64> = (0..k).map(|t| f64::from(b(t, col + j))).collect();
+                        self.scalar_sum(&xs, &ys, 1) as f32
                     };
                 }
             }

@@ -22,8 +22,9 @@ use super::accumulate::Accumulate;
 use super::accumulator::quire_support;
 use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
 use super::gemm_checked;
-use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims};
+use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims, OpTables};
 use super::gemm_lns::{lns_gemm, lns_gemm_f32};
+use super::naive_f32::NaiveF32;
 use super::naive_p8;
 use super::p8_units::is_posit8_0;
 use super::quire_i16::{self, Operand};
@@ -185,8 +186,9 @@ impl GemmRule {
     /// rounded. `None` where the rule has no such path (then round with
     /// [`GemmRule::operands`] and call [`GemmRule::gemm`]): today the i16 quire of
     /// posit<8,0> ([`super::quire_i16`]), the checked f64 quire of the other posits
-    /// ([`super::gemm_checked`]), naive posit<8,0> ([`super::naive_p8`]) and the LNS rules
-    /// ([`super::gemm_lns`]), the same bits as the f64 path.
+    /// ([`super::gemm_checked`]), naive posit<8,0> ([`super::naive_p8`]), the register
+    /// kernel of `naive`, `naive:<A>` and `fma:<A>` ([`NaiveF32::gemm_f32`], where it
+    /// applies) and the LNS rules ([`super::gemm_lns`]), the same bits as the f64 path.
     pub fn gemm_f32(
         &self,
         a: Operand,
@@ -209,6 +211,16 @@ impl GemmRule {
             GemmRule::Lns(arith) => Some(lns_gemm_f32(arith, a, b, dims, bias, parallel)),
             GemmRule::Naive(f) if is_posit8_0(f) => {
                 Some(naive_p8::gemm_f32(a, b, dims, bias, parallel))
+            }
+            // The formats `naive_gemm` gives the register kernel (not the 8-bit tables).
+            GemmRule::Naive(f) if OpTables::get(f).is_none() => {
+                NaiveF32::new(f)?.gemm_f32(a, b, dims, bias, parallel)
+            }
+            GemmRule::NaiveSum { op, acc } => {
+                NaiveF32::with_accumulator(op, acc, false)?.gemm_f32(a, b, dims, bias, parallel)
+            }
+            GemmRule::Fma { op, acc } => {
+                NaiveF32::with_accumulator(op, acc, true)?.gemm_f32(a, b, dims, bias, parallel)
             }
             _ => None,
         }
