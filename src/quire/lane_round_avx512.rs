@@ -209,9 +209,9 @@ pub fn round_run(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32
     true
 }
 
-/// [`round_run`] with [`POSIT_RAISED`] (`sums` false) or [`POSIT_SUM`] (`sums` true) on
+/// [`round_run`] with `POSIT_RAISED` (`sums` false) or `POSIT_SUM` (`sums` true) on
 /// the doubles of `src`, the results halved: `round(x)` where the kinds apply (`2x` a normal
-/// f32; for [`POSIT_SUM`], `x` zero or at least minpos in magnitude); false where `r` is no
+/// f32; for `POSIT_SUM`, `x` zero or at least minpos in magnitude); false where `r` is no
 /// posit or this CPU has no AVX-512. For the tests.
 pub fn round_raised_run(r: &LaneRound, sums: bool, src: &[f32], dst: &mut [f32]) -> bool {
     if !matches!(r, LaneRound::Posit(_)) || isa::active() != Isa::Avx512 {

@@ -34,10 +34,10 @@
 //!   (scaling by two commutes with every rounding here: the doubled values stay normal
 //!   f32, as `2 minpos² >= 2^-124` and `2 maxpos² <= 2^126` for the posits admitted). The
 //!   posit rounding of a doubled value reads its `t` from the pattern directly and returns
-//!   the rounded double ([`super::lane_round_avx512::POSIT_RAISED`]), two integer
+//!   the rounded double (`POSIT_RAISED` of [`super::lane_round_avx512`]), two integer
 //!   operations fewer a rounding, and the sums' rounding, whose addends are both values of
-//!   the format, skips the lower clamp and the zero test as well
-//!   ([`super::lane_round_avx512::POSIT_SUM`]). The sums are halved at the end.
+//!   the format, skips the lower clamp and the zero test as well (`POSIT_SUM`). The sums
+//!   are halved at the end.
 //! * **IEEE binary16.** `S` is the hardware conversion (`vcvtps2ph` with nearest even, then
 //!   back), IEEE 754's correctly rounded conversion of the odd value, with binary16's
 //!   subnormals and overflow to infinity. Binary32 sums are the native add.
