@@ -183,6 +183,7 @@ impl Lns {
     }
 
     /// [`Lns::value`] by the exact path alone (the tables of small `f` are built from it).
+    #[cfg(test)]
     pub(crate) fn value_exact(&self, k: i64) -> f64 {
         value_of(k, self.f)
     }

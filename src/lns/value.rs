@@ -98,6 +98,7 @@ impl LnsValue {
     /// (nearest rounding needs no exact floor, unlike the format's general path, which
     /// decides `floor(t)` exactly and so works hard on inputs near a code's own value). The
     /// others go to [`Lns::round_code`].
+    #[inline]
     pub fn nearest(lns: Lns, x: f64) -> Self {
         if let Some((negative, k)) = lns_small_f::nearest(lns, x) {
             // k lies in the range, within i32.
@@ -106,6 +107,12 @@ impl LnsValue {
                 k: k as i32,
             };
         }
+        Self::nearest_estimated(lns, x)
+    }
+
+    /// [`LnsValue::nearest`] without the tables of small `f`.
+    #[inline(never)]
+    fn nearest_estimated(lns: Lns, x: f64) -> Self {
         if x.is_finite() && x != 0.0 {
             let p = parts(x);
             let f = lns.f();
