@@ -31,6 +31,13 @@
 //!   lane by lane. A zero `a[i][p]` skips
 //!   step `p` for the whole tile (every product is zero, and `c ⊕ 0 = c` for every `c` in
 //!   the range). Rows run in parallel.
+//! * On AVX-512 the exact tables run in 32-bit lanes instead where the format and the
+//!   operands allow it (`|k| <= 2^28`: formats up to 30 bits), sixteen lanes per gather,
+//!   two rows of `A` per pass ([`super::lanes_i32`], which shows why its one formula gives
+//!   every case of the addition).
+//! * Operands come from f64 (and go back) through tables for `f <= 10`
+//!   (`format::lns_small_f`: the boundaries of nearest rounding, the values of
+//!   `2^(r/2^f)`), built from the exact paths.
 //! * A NaN anywhere in the operands sends the whole product to the scalar definition (NaN
 //!   absorbs, and is rare).
 
