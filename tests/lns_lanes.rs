@@ -4,7 +4,9 @@
 //! fallback, the table implementation), odd shapes and partial tiles, biases per row and per
 //! column, zeros, exact cancellation, saturation, flush to zero, operands outside the range,
 //! NaN, and differences next to the singularity of db where the f64 path leaves the
-//! decision to the exact evaluation.
+//! decision to the exact evaluation; and the 32-bit AVX-512 kernel of the exact tables at
+//! its bounds (`|k| <= 2^28`, formats up to 30 bits, and the i64 kernels past them), tiles
+//! of every width and row pairs with zero operands in one row.
 
 mod common;
 #[path = "common/isa_cap.rs"]
@@ -115,11 +117,14 @@ fn impls(l: Lns) -> Vec<LnsArith> {
         .collect()
 }
 
-const FORMATS: [(u32, u32); 10] = [
+const FORMATS: [(u32, u32); 13] = [
     (8, 3),
     (12, 6),
     (16, 8),
     (16, 10),
+    (24, 4),
+    (30, 10),
+    (32, 9),
     (16, 11),
     (20, 12),
     (24, 16),
@@ -333,4 +338,68 @@ fn short_slices_are_refused() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("fewer"), "{e}");
+}
+
+/// The 32-bit kernel's bounds: ranges and operands at `±2^28` and just past (where the
+/// product goes to the 64-bit kernels), formats of 30 bits (the widest it takes) and wider,
+/// with extreme products that saturate and flush and sums that cancel.
+#[test]
+fn i32_lane_bounds_equal_the_definition() {
+    for (w, f) in [(30, 10), (30, 0), (29, 7), (31, 10), (32, 4), (16, 8)] {
+        let l = Lns::new(w, f).unwrap();
+        let (lo, hi) = (l.k_min(), l.k_max());
+        let mut rng = SplitMix(u64::from(w * 64 + f));
+        for ar in impls(l).into_iter().take(2) {
+            for outside in [0i64, 1 << 28, (1 << 28) + 1, -(1 << 28), -(1 << 28) - 1] {
+                let (m, k, n) = (3, 13, 37);
+                let pick = |rng: &mut SplitMix| -> LnsValue {
+                    let k = match rng.below(9) {
+                        0 => hi,
+                        1 => lo,
+                        2 => hi / 2 + 1 - rng.below(3) as i64,
+                        3 => lo / 2 - 1 + rng.below(3) as i64,
+                        4 if outside != 0 => outside,
+                        5 => 0,
+                        6 => return LnsValue::Zero,
+                        _ => rng.below(1 << (f + 3)) as i64 - (1 << (f + 2)),
+                    };
+                    LnsValue::Finite {
+                        negative: rng.coin(),
+                        k: k as i32,
+                    }
+                };
+                let a: Vec<LnsValue> = (0..m * k).map(|_| pick(&mut rng)).collect();
+                let mut b: Vec<LnsValue> = (0..k * n).map(|_| pick(&mut rng)).collect();
+                // Column 0: x - x at full scale (exact cancellation at k_max and k_min).
+                for p in 0..k {
+                    b[p * n] = finite(l, p % 2 == 1, if p < 6 { hi } else { lo });
+                }
+                check(&ar, &a, &b, (m, k, n), "i32 bounds");
+            }
+        }
+    }
+}
+
+/// Every tile width from 1 to past two tiles, one to three rows (pairs and a row alone), and
+/// rows of `A` with zeros where the other row of their pair has none.
+#[test]
+fn tiles_of_every_width_equal_the_definition() {
+    let l = Lns::new(16, 8).unwrap();
+    let mut rng = SplitMix(17);
+    for ar in impls(l).into_iter().take(2) {
+        for n in (1..=70).chain([127, 128, 129]) {
+            for m in 1..=3 {
+                let k = 7;
+                let mut a = codes(l, m * k, 2, 1000, &mut rng);
+                // Row 0 zero at p = 1, row 1 zero at p = 2, both zero at p = 4.
+                for (i, p) in [(0, 1), (1, 2), (0, 4), (1, 4)] {
+                    if i < m {
+                        a[i * k + p] = LnsValue::Zero;
+                    }
+                }
+                let b = codes(l, k * n, 2, 6, &mut rng);
+                check(&ar, &a, &b, (m, k, n), "widths");
+            }
+        }
+    }
 }

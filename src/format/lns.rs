@@ -73,6 +73,7 @@ use std::cmp::Ordering;
 use super::grid::{parts, pow2};
 use super::lns_approx::{exp2_fraction_tabled, log2_significand, EXP2_TABLED_ERROR, LOG2_ERROR};
 use super::lns_exact::pow_cmp;
+use super::lns_small_f;
 use super::rounding::{RoundingRule, RuleKind};
 use crate::error::FormatError;
 
@@ -178,6 +179,12 @@ impl Lns {
     /// The f64 nearest to `2^(k/2^f)` (see the module docs: correctly rounded, ±Inf above
     /// f64's range, subnormal or zero below it).
     pub fn value(&self, k: i64) -> f64 {
+        lns_small_f::value(k, self.f, value_of).unwrap_or_else(|| value_of(k, self.f))
+    }
+
+    /// [`Lns::value`] by the exact path alone (the tables of small `f` are built from it).
+    #[cfg(test)]
+    pub(crate) fn value_exact(&self, k: i64) -> f64 {
         value_of(k, self.f)
     }
 

@@ -26,6 +26,7 @@ pub mod grid;
 pub mod lns;
 pub(crate) mod lns_approx;
 mod lns_exact;
+pub(crate) mod lns_small_f;
 pub mod mx;
 pub mod nvfp4;
 mod pattern;

@@ -217,6 +217,9 @@ pub(crate) struct ExactTables {
     db_far: i64,
     /// `sb`, `sb_far`, `db`, `db_far` in one vector (the fast matrix product's look-up).
     both: Vec<i64>,
+    /// The 32-bit lanes' table ([`super::lanes_i32::table`]).
+    #[cfg(target_arch = "x86_64")]
+    lane_table: Vec<i32>,
 }
 
 impl ExactTables {
@@ -240,12 +243,25 @@ impl ExactTables {
         let db_far = exact::gauss_log(Gauss::Difference, -len, f, dir);
         let both = [&sb[..], &[sb_far], &db[..], &[db_far]].concat();
         ExactTables {
+            #[cfg(target_arch = "x86_64")]
+            lane_table: super::lanes_i32::table(&sb, sb_far, &db, db_far),
             sb,
             db,
             sb_far,
             db_far,
             both,
         }
+    }
+
+    /// Entries of each of the `sb` and `db` tables (`(f+2) 2^f`).
+    pub(crate) fn len(&self) -> usize {
+        self.sb.len()
+    }
+
+    /// The 32-bit lanes' table ([`super::lanes_i32::table`]).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn lane_table(&self) -> &[i32] {
+        &self.lane_table
     }
 }
 

@@ -31,6 +31,13 @@
 //!   lane by lane. A zero `a[i][p]` skips
 //!   step `p` for the whole tile (every product is zero, and `c ⊕ 0 = c` for every `c` in
 //!   the range). Rows run in parallel.
+//! * On AVX-512 the exact tables run in 32-bit lanes instead where the format and the
+//!   operands allow it (`|k| <= 2^28`: formats up to 30 bits), sixteen lanes per gather,
+//!   two rows of `A` per pass ([`super::lanes_i32`], which shows why its one formula gives
+//!   every case of the addition).
+//! * Operands come from f64 (and go back) through tables for `f <= 10`
+//!   (`format::lns_small_f`: the boundaries of nearest rounding, the values of
+//!   `2^(r/2^f)`), built from the exact paths.
 //! * A NaN anywhere in the operands sends the whole product to the scalar definition (NaN
 //!   absorbs, and is rare).
 
@@ -39,6 +46,8 @@ use rayon::prelude::*;
 use super::arith::LnsArith;
 use super::error::LnsError;
 use super::gauss::{Sums, SumsRef};
+#[cfg(target_arch = "x86_64")]
+use super::lanes_i32;
 use super::lanes_vec;
 use super::value::LnsValue;
 use crate::rows::for_rows;
@@ -68,6 +77,18 @@ pub(super) struct Range {
 }
 
 impl Range {
+    /// The smallest exponent of the format.
+    #[inline(always)]
+    pub(super) fn k_min(self) -> i64 {
+        self.k_min
+    }
+
+    /// The largest exponent of the format.
+    #[inline(always)]
+    pub(super) fn k_max(self) -> i64 {
+        self.k_max
+    }
+
     /// `±B^k` brought into the range, packed.
     #[inline(always)]
     pub(super) fn bring_in(self, k: i64, neg: i64) -> i64 {
@@ -173,53 +194,6 @@ pub fn lns_gemm_lanes(
         scalar(arith, a, b, (m, k, n), bias, out, parallel);
         return Ok(());
     }
-    let dims = (m, k, n);
-    match arith.sums() {
-        SumsRef::Exact(s) => tiles(
-            s,
-            lanes_vec::row,
-            arith,
-            a,
-            b,
-            dims,
-            bias,
-            bias_slice,
-            out,
-            parallel,
-        ),
-        SumsRef::F64(s) => tiles(
-            s,
-            lanes_vec::row,
-            arith,
-            a,
-            b,
-            dims,
-            bias,
-            bias_slice,
-            out,
-            parallel,
-        ),
-        SumsRef::Table(s) => tiles(
-            s, row_tiles, arith, a, b, dims, bias, bias_slice, out, parallel,
-        ),
-    }
-    Ok(())
-}
-
-/// The product of packed codes with the sums of `sums` (no NaN in the operands).
-#[allow(clippy::too_many_arguments)]
-fn tiles<S: Sums>(
-    sums: &S,
-    row_kernel: RowKernel<S>,
-    arith: &LnsArith,
-    a: &[LnsValue],
-    b: &[LnsValue],
-    (m, k, n): (usize, usize, usize),
-    bias: LnsBias,
-    bias_slice: &[LnsValue],
-    out: &mut [LnsValue],
-    parallel: bool,
-) {
     let lns = arith.lns();
     let range = Range {
         k_min: lns.k_min(),
@@ -230,12 +204,50 @@ fn tiles<S: Sums>(
     let ap: Vec<i64> = a.par_iter().map(|&v| pack(v)).collect();
     let bp: Vec<i64> = b.par_iter().map(|&v| pack(v)).collect();
     let biasp: Vec<i64> = bias_slice.iter().map(|&v| pack(v)).collect();
+    let packed = Packed {
+        range,
+        a: &ap,
+        b: &bp,
+        bias: &biasp,
+    };
+    let dims = (m, k, n);
+    match arith.sums() {
+        #[cfg(target_arch = "x86_64")]
+        SumsRef::Exact(s) if lanes_i32::applies(range, &ap, &bp) => {
+            lanes_i32::gemm(s, range, &ap, &bp, dims, bias, &biasp, out, parallel)
+        }
+        SumsRef::Exact(s) => tiles(s, lanes_vec::row, &packed, dims, bias, out, parallel),
+        SumsRef::F64(s) => tiles(s, lanes_vec::row, &packed, dims, bias, out, parallel),
+        SumsRef::Table(s) => tiles(s, row_tiles, &packed, dims, bias, out, parallel),
+    }
+    Ok(())
+}
+
+/// The packed operands and the format's range.
+struct Packed<'a> {
+    range: Range,
+    a: &'a [i64],
+    b: &'a [i64],
+    bias: &'a [i64],
+}
+
+/// The product of packed codes with the sums of `sums` (no NaN in the operands).
+fn tiles<S: Sums>(
+    sums: &S,
+    row_kernel: RowKernel<S>,
+    packed: &Packed,
+    (m, k, n): (usize, usize, usize),
+    bias: LnsBias,
+    out: &mut [LnsValue],
+    parallel: bool,
+) {
+    let (ap, bp, biasp) = (packed.a, packed.b, packed.bias);
     let row = |i: usize, dst: &mut [LnsValue]| {
         row_kernel(
             sums,
-            range,
+            packed.range,
             &ap[i * k..(i + 1) * k],
-            &bp,
+            bp,
             n,
             dst,
             &|j| match bias {

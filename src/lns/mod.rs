@@ -127,6 +127,8 @@ mod exact;
 mod gauss;
 mod gauss_f64;
 mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod lanes_i32;
 mod lanes_vec;
 mod matmul;
 mod value;

@@ -8,6 +8,7 @@
 use crate::format::grid::{parts, pow2};
 use crate::format::lns::{Lns, LnsCode};
 use crate::format::lns_approx::{log2_significand, LOG2_ERROR};
+use crate::format::lns_small_f;
 use crate::format::rounding::NearestEven;
 
 use super::error::LnsError;
@@ -90,13 +91,28 @@ impl LnsValue {
     /// the smallest magnitude `min` the choice between `±min` and zero is made in the value
     /// (`|x| > min / 2` gives `±min`). `±0` is zero and NaN is NaN.
     ///
-    /// Most inputs take a shortcut: `t` estimated within `2^(f-44)` units (the format's
+    /// For `f <= 10`, a normal `x` whose code lies in the range is read from a table of the
+    /// rounding boundaries (`format::lns_small_f`). Most other inputs take a shortcut: `t` estimated within `2^(f-44)` units (the format's
     /// `log2` estimate), and when that estimate is farther than twice its bound from
     /// a half-integer and its rounding lies inside `[k_min, k_max]`, `k` is that rounding
     /// (nearest rounding needs no exact floor, unlike the format's general path, which
     /// decides `floor(t)` exactly and so works hard on inputs near a code's own value). The
     /// others go to [`Lns::round_code`].
+    #[inline]
     pub fn nearest(lns: Lns, x: f64) -> Self {
+        if let Some((negative, k)) = lns_small_f::nearest(lns, x) {
+            // k lies in the range, within i32.
+            return LnsValue::Finite {
+                negative,
+                k: k as i32,
+            };
+        }
+        Self::nearest_estimated(lns, x)
+    }
+
+    /// [`LnsValue::nearest`] without the tables of small `f`.
+    #[inline(never)]
+    fn nearest_estimated(lns: Lns, x: f64) -> Self {
         if x.is_finite() && x != 0.0 {
             let p = parts(x);
             let f = lns.f();
