@@ -14,9 +14,10 @@
 //! # AVX-512 tiles
 //!
 //! Where the CPU (and the cap of [`crate::backend::isa::set_cap`]) has AVX-512, a row's
-//! outputs run in tiles of 32 and then 8 columns (one f64 lane per output, 8 lanes a
-//! vector, up to four independent chains a tile); the last `n mod 8` columns and the tiles
-//! of a row or column with a non-finite operand run the scalar loop. In a tile every step
+//! outputs run in tiles of 32 and then at most 8 columns (one f64 lane per output, 8 lanes
+//! a vector, up to four independent chains a tile; the last `n mod 8` columns in lanes
+//! that load zeros past the row's end and are not stored); the tiles of a row or column
+//! with a non-finite operand run the scalar loop. In a tile every step
 //! is the scalar step, with these changes, none of which changes a bit:
 //!
 //! * **Round to odd is the odd one of the results rounded up and down**, else the upward
@@ -227,7 +228,7 @@ mod avx512 {
             })
         }
 
-        /// Row `i`'s sums (no bias) in tiles of 32 and 8 columns with finite operands,
+        /// Row `i`'s sums (no bias) in tiles of 32 and at most 8 columns with finite operands,
         /// their `pending` flags cleared; the other columns are left as they are.
         pub(super) fn row(&self, i: usize, dst: &mut [f64], pending: &mut [bool]) {
             let (_, k, n) = self.dims;
@@ -236,16 +237,16 @@ mod avx512 {
             }
             let a = &self.a[i * k..i * k + k];
             let mut j = 0;
-            while j + 8 <= n {
-                let w = if j + 32 <= n { 32 } else { 8 };
+            while j < n {
+                let w = if j + 32 <= n { 32 } else { (n - j).min(8) };
                 if self.col_finite[j..j + w].iter().all(|&f| f) {
                     let (b, out) = (&self.b[j..], &mut dst[j..j + w]);
                     // SAFETY: AVX-512 F is present (checked in `new`).
                     unsafe {
                         if w == 32 {
-                            tile::<4>(&self.c, a, b, n, out);
+                            tile::<4>(&self.c, a, b, n, out, w);
                         } else {
-                            tile::<1>(&self.c, a, b, n, out);
+                            tile::<1>(&self.c, a, b, n, out, w);
                         }
                     }
                     pending[j..j + w].fill(false);
@@ -300,19 +301,32 @@ mod avx512 {
         _mm512_maskz_or_epi64(nonzero, r, sign)
     }
 
-    /// One tile of `8 V` columns: `acc[j] = ` the naive sum of `a · b[.., j]` (no bias).
-    /// `b` starts at the tile's first column, rows `stride` apart.
+    /// One tile of the first `cols` of `8 V` columns (`cols > 8 (V - 1)`): `acc[j] = ` the
+    /// naive sum of `a · b[.., j]` (no bias). `b` starts at the tile's first column, rows
+    /// `stride` apart; the lanes past `cols` load zeros (finite, and never stored).
     #[target_feature(enable = "avx512f")]
-    fn tile<const V: usize>(c: &Consts, a: &[f64], b: &[f64], stride: usize, acc: &mut [f64]) {
-        assert!(acc.len() == 8 * V && (a.is_empty() || b.len() >= (a.len() - 1) * stride + 8 * V));
+    fn tile<const V: usize>(
+        c: &Consts,
+        a: &[f64],
+        b: &[f64],
+        stride: usize,
+        acc: &mut [f64],
+        cols: usize,
+    ) {
+        assert!(cols > 8 * (V - 1) && cols <= 8 * V && acc.len() >= cols);
+        assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + cols);
         let c = *c;
+        // The lanes of each vector inside the tile.
+        let lanes: [__mmask8; V] =
+            std::array::from_fn(|r| (0xffu32 >> (8 * (r + 1)).saturating_sub(cols)) as u8);
         let mut sum = [_mm512_setzero_si512(); V];
         for (t, &x) in a.iter().enumerate() {
             let xv = _mm512_set1_pd(2.0 * x);
-            let row = &b[t * stride..t * stride + 8 * V];
+            let row = b[t * stride..].as_ptr();
             for (r, s) in sum.iter_mut().enumerate() {
-                // SAFETY: 8 f64 read from inside the row.
-                let y = unsafe { _mm512_loadu_pd(row[8 * r..].as_ptr()) };
+                // SAFETY: the lanes loaded lie inside `b` (asserted above); masked lanes are
+                // not read.
+                let y = unsafe { _mm512_maskz_loadu_pd(lanes[r], row.add(8 * r)) };
                 let p = odd_of(
                     _mm512_mul_round_pd::<UP>(xv, y),
                     _mm512_mul_round_pd::<DOWN>(xv, y),
@@ -328,8 +342,8 @@ mod avx512 {
         }
         for (r, s) in sum.iter().enumerate() {
             let v = _mm512_mul_pd(_mm512_castsi512_pd(*s), _mm512_set1_pd(0.5));
-            // SAFETY: 8 f64 written inside the tile.
-            unsafe { _mm512_storeu_pd(acc[8 * r..].as_mut_ptr(), v) };
+            // SAFETY: the lanes stored lie inside `acc` (asserted above).
+            unsafe { _mm512_mask_storeu_pd(acc.as_mut_ptr().add(8 * r), lanes[r], v) };
         }
     }
 }
