@@ -270,6 +270,10 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (3, 100, 72),
     (2, 500, 45),
     (5, 3, 120),
+    (6, 50, 25),
+    (7, 20, 10),
+    (4, 300, 3),
+    (9, 2, 17),
 ];
 
 fn check_gemms(name: &str, seed: u64) {

@@ -14,10 +14,11 @@
 //! # AVX-512 tiles
 //!
 //! Where the CPU (and the cap of [`crate::backend::isa::set_cap`]) has AVX-512, a row's
-//! outputs run in tiles of 32 and then at most 8 columns (one f64 lane per output, 8 lanes
-//! a vector, up to four independent chains a tile; the last `n mod 8` columns in lanes
-//! that load zeros past the row's end and are not stored); the tiles of a row or column
-//! with a non-finite operand run the scalar loop. In a tile every step
+//! outputs run in tiles (one f64 lane per output, 8 lanes a vector): 32 columns of one row,
+//! then at most 8 columns of a block of up to four rows (so that narrow outputs, such as a
+//! convolution's weight gradient, still run several independent chains; the last `n mod
+//! 8` columns in lanes that load zeros past the row's end and are not stored); the outputs
+//! of a row or column with a non-finite operand run the scalar loop. In a tile every step
 //! is the scalar step, with these changes, none of which changes a bit:
 //!
 //! * **Round to odd is the odd one of the results rounded up and down**, else the upward
@@ -49,7 +50,9 @@
 //!   the sum's rounding skips the lower clamp; `t = 0` has `top = 0`, whose `s` is at least
 //!   64 (`1 - k >= 65`), so the mask is 0 and the result `+0`.
 
-use super::gemm_cpu::{for_rows, Bias, Dims};
+use rayon::prelude::*;
+
+use super::gemm_cpu::{Bias, Dims};
 use super::posit_f64::PositF64;
 use super::round_odd::{add_odd, mul_odd};
 use crate::format::rounding::NearestEven;
@@ -69,7 +72,7 @@ pub fn naive_gemm_reference(
     parallel: bool,
 ) {
     let round = |x: f64| format.round_rule(x, NearestEven, 0);
-    rows(round, a, b, dims, bias, out, parallel, |_, _, _| {});
+    rows(round, a, b, dims, bias, out, parallel, 1, |_, _, _| {});
 }
 
 /// The naive GEMM of a posit that [`PositF64`] rounds (see the module docs).
@@ -100,18 +103,27 @@ impl NaivePositF64 {
         let round = |x: f64| self.round.round(x);
         #[cfg(target_arch = "x86_64")]
         if let Some(lanes) = avx512::Lanes::new(&self.round, a, b, dims) {
+            // Blocks of up to four rows give narrow tiles independent chains (rows), while
+            // leaving each thread of the pool a block.
+            let threads = if parallel {
+                rayon::current_num_threads()
+            } else {
+                1
+            };
+            let block = (m / threads).clamp(1, avx512::MAX_ROWS);
             let tiles =
-                |i: usize, dst: &mut [f64], pending: &mut [bool]| lanes.row(i, dst, pending);
-            rows(round, a, b, dims, bias, out, parallel, tiles);
+                |i: usize, dst: &mut [f64], pending: &mut [bool]| lanes.block(i, dst, pending);
+            rows(round, a, b, dims, bias, out, parallel, block, tiles);
             return;
         }
-        rows(round, a, b, dims, bias, out, parallel, |_, _, _| {});
+        rows(round, a, b, dims, bias, out, parallel, 1, |_, _, _| {});
     }
 }
 
-/// The row loop of the definition with rounding `round`; `tiles(i, dst, pending)` may first
-/// compute some of row `i`'s sums (without the bias), clearing their `pending` flags: the
-/// scalar loop computes the others.
+/// The row loop of the definition with rounding `round`, in blocks of `block` rows (the
+/// last one shorter); `tiles(i, dst, pending)` may first compute some of the sums of the
+/// block from row `i` (`dst`, row-major, without the bias), clearing their `pending` flags:
+/// the scalar loop computes the others.
 #[allow(clippy::too_many_arguments)]
 fn rows(
     round: impl Fn(f64) -> f64 + Sync,
@@ -121,31 +133,48 @@ fn rows(
     bias: Bias,
     out: &mut [f64],
     parallel: bool,
+    block: usize,
     tiles: impl Fn(usize, &mut [f64], &mut [bool]) + Sync,
 ) {
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    let row = |i: usize, dst: &mut [f64]| {
+    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n && block > 0);
+    if n == 0 {
+        return;
+    }
+    let rows = |bi: usize, dst: &mut [f64]| {
+        let i0 = bi * block;
         dst.fill(0.0);
-        // The columns the tiles left to the scalar loop.
-        let mut pending = vec![true; n];
-        tiles(i, dst, &mut pending);
-        let scalar = pending.iter().any(|&p| p);
-        for t in (0..k).filter(|_| scalar) {
-            let x = a[i * k + t];
-            let brow = &b[t * n..t * n + n];
-            for ((c, &y), &p) in dst.iter_mut().zip(brow).zip(&pending) {
-                if p {
-                    *c = round(add_odd(*c, round(mul_odd(x, y))));
+        // The outputs the tiles left to the scalar loop.
+        let mut pending = vec![true; dst.len()];
+        tiles(i0, dst, &mut pending);
+        for (r, (dst, pending)) in dst.chunks_mut(n).zip(pending.chunks(n)).enumerate() {
+            let i = i0 + r;
+            let scalar = pending.iter().any(|&p| p);
+            for t in (0..k).filter(|_| scalar) {
+                let x = a[i * k + t];
+                let brow = &b[t * n..t * n + n];
+                for ((c, &y), &p) in dst.iter_mut().zip(brow).zip(pending) {
+                    if p {
+                        *c = round(add_odd(*c, round(mul_odd(x, y))));
+                    }
+                }
+            }
+            for (j, c) in dst.iter_mut().enumerate() {
+                if let Some(v) = bias.at(i, j) {
+                    *c = round(add_odd(*c, v));
                 }
             }
         }
-        for (j, c) in dst.iter_mut().enumerate() {
-            if let Some(v) = bias.at(i, j) {
-                *c = round(add_odd(*c, v));
-            }
-        }
     };
-    for_rows(out, m, n, parallel, row);
+    let out = &mut out[..m * n];
+    if parallel {
+        out.par_chunks_mut(block * n)
+            .enumerate()
+            .for_each(|(bi, dst)| rows(bi, dst));
+    } else {
+        out.chunks_mut(block * n)
+            .enumerate()
+            .for_each(|(bi, dst)| rows(bi, dst));
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -155,6 +184,9 @@ mod avx512 {
     use super::super::gemm_cpu::Dims;
     use super::super::posit_f64::PositF64;
     use crate::backend::isa::{self, Isa};
+
+    /// The most rows of a block ([`Lanes::block`]).
+    pub(super) const MAX_ROWS: usize = 4;
 
     /// Rounding up and down, exceptions suppressed.
     const UP: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
@@ -228,28 +260,51 @@ mod avx512 {
             })
         }
 
-        /// Row `i`'s sums (no bias) in tiles of 32 and at most 8 columns with finite operands,
-        /// their `pending` flags cleared; the other columns are left as they are.
-        pub(super) fn row(&self, i: usize, dst: &mut [f64], pending: &mut [bool]) {
+        /// The sums (no bias) of the block of `dst.len() / n` rows from row `i0` (at most
+        /// [`MAX_ROWS`]), their `pending` flags cleared, in tiles of 32 columns of one row
+        /// and tiles of at most 8 columns of every row of the block, where the operands are
+        /// finite; the other outputs are left as they are.
+        pub(super) fn block(&self, i0: usize, dst: &mut [f64], pending: &mut [bool]) {
             let (_, k, n) = self.dims;
-            if !self.row_finite[i] || k == 0 {
+            let rows = dst.len() / n;
+            assert!(rows <= MAX_ROWS && pending.len() == dst.len());
+            if k == 0 {
                 return;
             }
-            let a = &self.a[i * k..i * k + k];
+            let finite_rows = (i0..i0 + rows).all(|i| self.row_finite[i]);
+            let a = &self.a[i0 * k..(i0 + rows) * k];
             let mut j = 0;
             while j < n {
                 let w = if j + 32 <= n { 32 } else { (n - j).min(8) };
                 if self.col_finite[j..j + w].iter().all(|&f| f) {
-                    let (b, out) = (&self.b[j..], &mut dst[j..j + w]);
-                    // SAFETY: AVX-512 F is present (checked in `new`).
-                    unsafe {
-                        if w == 32 {
-                            tile::<4>(&self.c, a, b, n, out, w);
-                        } else {
-                            tile::<1>(&self.c, a, b, n, out, w);
+                    let b = &self.b[j..];
+                    let out = &mut dst[j..];
+                    // SAFETY (every call): AVX-512 F is present (checked in `new`).
+                    if w == 32 || !finite_rows {
+                        for r in (0..rows).filter(|&r| self.row_finite[i0 + r]) {
+                            let (a, out) = (&a[r * k..r * k + k], &mut out[r * n..]);
+                            unsafe {
+                                if w == 32 {
+                                    tile::<1, 4>(&self.c, a, k, b, n, out, w);
+                                } else {
+                                    tile::<1, 1>(&self.c, a, k, b, n, out, w);
+                                }
+                            }
+                            pending[r * n + j..r * n + j + w].fill(false);
+                        }
+                    } else {
+                        unsafe {
+                            match rows {
+                                1 => tile::<1, 1>(&self.c, a, k, b, n, out, w),
+                                2 => tile::<2, 1>(&self.c, a, k, b, n, out, w),
+                                3 => tile::<3, 1>(&self.c, a, k, b, n, out, w),
+                                _ => tile::<4, 1>(&self.c, a, k, b, n, out, w),
+                            }
+                        }
+                        for r in 0..rows {
+                            pending[r * n + j..r * n + j + w].fill(false);
                         }
                     }
-                    pending[j..j + w].fill(false);
                 }
                 j += w;
             }
@@ -301,49 +356,57 @@ mod avx512 {
         _mm512_maskz_or_epi64(nonzero, r, sign)
     }
 
-    /// One tile of the first `cols` of `8 V` columns (`cols > 8 (V - 1)`): `acc[j] = ` the
-    /// naive sum of `a · b[.., j]` (no bias). `b` starts at the tile's first column, rows
-    /// `stride` apart; the lanes past `cols` load zeros (finite, and never stored).
+    /// One tile of `R` rows and the first `cols` of `8 V` columns (`cols > 8 (V - 1)`):
+    /// `acc[r n + j] = ` the naive sum of `a[r k..r k + k] · b[.., j]` (no bias), `n` and `k`
+    /// the strides of `acc` and `a`. `b` starts at the tile's first column, rows `n` apart;
+    /// the lanes past `cols` load zeros (finite, and never stored).
     #[target_feature(enable = "avx512f")]
-    fn tile<const V: usize>(
+    fn tile<const R: usize, const V: usize>(
         c: &Consts,
         a: &[f64],
+        k: usize,
         b: &[f64],
-        stride: usize,
+        n: usize,
         acc: &mut [f64],
         cols: usize,
     ) {
-        assert!(cols > 8 * (V - 1) && cols <= 8 * V && acc.len() >= cols);
-        assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + cols);
+        assert!(cols > 8 * (V - 1) && cols <= 8 * V && a.len() >= (R - 1) * k + k);
+        assert!(acc.len() >= (R - 1) * n + cols);
+        assert!(k == 0 || b.len() >= (k - 1) * n + cols);
         let c = *c;
         // The lanes of each vector inside the tile.
         let lanes: [__mmask8; V] =
-            std::array::from_fn(|r| (0xffu32 >> (8 * (r + 1)).saturating_sub(cols)) as u8);
-        let mut sum = [_mm512_setzero_si512(); V];
-        for (t, &x) in a.iter().enumerate() {
-            let xv = _mm512_set1_pd(2.0 * x);
-            let row = b[t * stride..].as_ptr();
-            for (r, s) in sum.iter_mut().enumerate() {
-                // SAFETY: the lanes loaded lie inside `b` (asserted above); masked lanes are
-                // not read.
-                let y = unsafe { _mm512_maskz_loadu_pd(lanes[r], row.add(8 * r)) };
-                let p = odd_of(
-                    _mm512_mul_round_pd::<UP>(xv, y),
-                    _mm512_mul_round_pd::<DOWN>(xv, y),
-                );
-                let p = _mm512_castsi512_pd(round::<false>(&c, p));
-                let cur = _mm512_castsi512_pd(*s);
-                let q = odd_of(
-                    _mm512_add_round_pd::<UP>(cur, p),
-                    _mm512_add_round_pd::<DOWN>(cur, p),
-                );
-                *s = round::<true>(&c, q);
+            std::array::from_fn(|v| (0xffu32 >> (8 * (v + 1)).saturating_sub(cols)) as u8);
+        let mut sum = [[_mm512_setzero_si512(); V]; R];
+        for t in 0..k {
+            let row = b[t * n..].as_ptr();
+            // SAFETY: the lanes loaded lie inside `b` (asserted above); masked lanes are
+            // not read.
+            let y: [__m512d; V] =
+                std::array::from_fn(|v| unsafe { _mm512_maskz_loadu_pd(lanes[v], row.add(8 * v)) });
+            for (r, sums) in sum.iter_mut().enumerate() {
+                let xv = _mm512_set1_pd(2.0 * a[r * k + t]);
+                for (s, &y) in sums.iter_mut().zip(&y) {
+                    let p = odd_of(
+                        _mm512_mul_round_pd::<UP>(xv, y),
+                        _mm512_mul_round_pd::<DOWN>(xv, y),
+                    );
+                    let p = _mm512_castsi512_pd(round::<false>(&c, p));
+                    let cur = _mm512_castsi512_pd(*s);
+                    let q = odd_of(
+                        _mm512_add_round_pd::<UP>(cur, p),
+                        _mm512_add_round_pd::<DOWN>(cur, p),
+                    );
+                    *s = round::<true>(&c, q);
+                }
             }
         }
-        for (r, s) in sum.iter().enumerate() {
-            let v = _mm512_mul_pd(_mm512_castsi512_pd(*s), _mm512_set1_pd(0.5));
-            // SAFETY: the lanes stored lie inside `acc` (asserted above).
-            unsafe { _mm512_mask_storeu_pd(acc.as_mut_ptr().add(8 * r), lanes[r], v) };
+        for (r, sums) in sum.iter().enumerate() {
+            for (v, s) in sums.iter().enumerate() {
+                let x = _mm512_mul_pd(_mm512_castsi512_pd(*s), _mm512_set1_pd(0.5));
+                // SAFETY: the lanes stored lie inside `acc` (asserted above).
+                unsafe { _mm512_mask_storeu_pd(acc.as_mut_ptr().add(r * n + 8 * v), lanes[v], x) };
+            }
         }
     }
 }
