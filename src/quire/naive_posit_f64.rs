@@ -40,11 +40,13 @@
 //!   with `top = t >> (52 + es) = k + 1024 / 2^es`, regime `k` keeps `fb = n - 1 - len - es`
 //!   fraction bits, `len = max(k + 2, 1 - k)` its length, so `s = 52 - fb = max(top + c1,
 //!   c2 - top)` for two constants; the mask is `-1 << s` (`vpsllvq`), the increment
-//!   `!mask >> 1`, the parity bit `(t >> s) & 1`. The parity of the two regimes whose
-//!   pattern ends in the regime (`len = n - 1`: `k = n - 3` and `k = -(n - 2)`) is the
-//!   regime's last bit, 0 and 1, while bit `s` of `t` is the low bit of `k` (`1024 / 2^es`
-//!   is even): they differ in both regimes exactly when `n` is even, where the lanes flip
-//!   the parity there. maxpos (`t` at the upper clamp) is kept as it is.
+//!   `!mask >> 1`, the parity bit `t & -mask` (`-mask = 2^s`), a lane mask that adds one.
+//!   The parity of the two regimes whose pattern ends in the regime (`len = n - 1`: `k =
+//!   n - 3` and `k = -(n - 2)`) is the regime's last bit, 0 and 1, while bit `s` of `t` is
+//!   the low bit of `k` (`1024 / 2^es` is even): they differ in both regimes exactly when
+//!   `n` is even, where the lanes flip the parity there. maxpos (`t` at the upper clamp,
+//!   regime `n - 2`, which the tables keep with mask all ones) is put back as it is, since
+//!   the computed `s` would round its bits.
 //! * **Zeros.** A product's rounding sends `t = 0` (a zero product) to `+0`. A sum of two
 //!   posit values (both multiples of minpos) is `+0` or at least minpos in magnitude, so
 //!   the sum's rounding skips the lower clamp; `t = 0` has `top = 0`, whose `s` is at least
@@ -327,7 +329,6 @@ mod avx512 {
     fn round<const SUM: bool>(c: &Consts, v: __m512i) -> __m512i {
         let sign_bit = _mm512_set1_epi64(i64::MIN);
         let ones = _mm512_set1_epi64(-1);
-        let one = _mm512_set1_epi64(1);
         let t_hi = _mm512_set1_epi64(c.t_hi);
         let sign = _mm512_and_si512(v, sign_bit);
         let abs = _mm512_andnot_si512(sign_bit, v);
@@ -345,13 +346,15 @@ mod avx512 {
         );
         let mask = _mm512_sllv_epi64(ones, s);
         let half = _mm512_srli_epi64::<1>(_mm512_andnot_si512(mask, ones));
-        let mut odd = _mm512_and_si512(_mm512_srlv_epi64(t, s), one);
+        // Bit s of t (`-mask = 2^s`), flipped in the two regimes ending in the regime.
+        let mut odd = _mm512_test_epi64_mask(t, _mm512_sub_epi64(_mm512_setzero_si512(), mask));
         if c.flip_a >= 0 {
-            let flip = _mm512_cmpeq_epi64_mask(top, _mm512_set1_epi64(c.flip_a))
+            odd ^= _mm512_cmpeq_epi64_mask(top, _mm512_set1_epi64(c.flip_a))
                 | _mm512_cmpeq_epi64_mask(top, _mm512_set1_epi64(c.flip_b));
-            odd = _mm512_mask_xor_epi64(odd, flip, odd, one);
         }
-        let r = _mm512_and_si512(_mm512_add_epi64(_mm512_add_epi64(t, half), odd), mask);
+        let up = _mm512_add_epi64(t, half);
+        // `up - (-1)` in the odd lanes.
+        let r = _mm512_and_si512(_mm512_mask_sub_epi64(up, odd, up, ones), mask);
         let r = _mm512_mask_mov_epi64(r, _mm512_cmpeq_epi64_mask(t, t_hi), t_hi);
         _mm512_maskz_or_epi64(nonzero, r, sign)
     }
