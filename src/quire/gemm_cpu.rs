@@ -37,7 +37,8 @@
 //! ([`OpTables`]); the others compute each operation in f64 rounded to odd and
 //! round that once ([`super::round_odd`]), which is the correctly rounded operation, a whole
 //! output row at a time through the format's f32 fast path where that applies
-//! ([`super::naive_f32`]).
+//! ([`super::naive_f32`]), else, for the wider posits (posit<32,2>, ...), with the posit
+//! rounding on the f64 pattern and AVX-512 tiles ([`super::naive_posit_f64`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -48,6 +49,7 @@ use rayon::prelude::*;
 use super::accumulator::Quire;
 use super::gemm_checked;
 use super::naive_f32::NaiveF32;
+use super::naive_posit_f64::{naive_gemm_reference, NaivePositF64};
 use super::quire_i16;
 use super::round_odd::{add_odd, i128_to_f64_odd, mul_odd};
 use crate::format::grid::pow2;
@@ -585,23 +587,9 @@ pub fn naive_gemm(
         for_rows(out, m, n, parallel, row);
     } else if let Some(fast) = NaiveF32::new(format) {
         fast.gemm(a, b, (m, k, n), bias, out, parallel);
+    } else if let Some(fast) = NaivePositF64::new(format) {
+        fast.gemm(a, b, dims, bias, out, parallel);
     } else {
-        let round = |x: f64| format.round_rule(x, NearestEven, 0);
-        let row = |i: usize, dst: &mut [f64]| {
-            dst.fill(0.0);
-            for t in 0..k {
-                let x = a[i * k + t];
-                let brow = &b[t * n..t * n + n];
-                for (c, &y) in dst.iter_mut().zip(brow) {
-                    *c = round(add_odd(*c, round(mul_odd(x, y))));
-                }
-            }
-            for (j, c) in dst.iter_mut().enumerate() {
-                if let Some(v) = bias.at(i, j) {
-                    *c = round(add_odd(*c, v));
-                }
-            }
-        };
-        for_rows(out, m, n, parallel, row);
+        naive_gemm_reference(format, a, b, dims, bias, out, parallel);
     }
 }

@@ -17,6 +17,8 @@
 //! * [`p8_units`], [`p8_lanes`] and [`naive_p8`]: the naive GEMM of posit<8,0> on i16
 //!   values in units of minpos (products by table, sums rounded by integer steps) in
 //!   vector lanes.
+//! * [`posit_f64`] and [`naive_posit_f64`]: the posit rounding on f64 patterns and the
+//!   naive GEMM of the posits past the f32 kernels (posit<32,2>, ...) with it.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
@@ -54,11 +56,13 @@ pub mod layer_matmul;
 pub mod naive_f32;
 pub mod naive_lanes;
 pub mod naive_p8;
+pub mod naive_posit_f64;
 #[cfg(target_arch = "x86_64")]
 pub mod naive_special;
 pub mod ops;
 pub mod p8_lanes;
 pub mod p8_units;
+pub mod posit_f64;
 pub mod quire_i16;
 pub mod round_odd;
 pub mod rule;
