@@ -140,3 +140,49 @@ fn nar_and_overflow_propagate_through_the_row_kernel() {
     );
     assert_eq!(out, [f64::INFINITY, 0.0]);
 }
+
+/// Operands off the f32 grid (not values of the format: the definition still rounds each
+/// product and sum) take the row kernel, in `A` or in `B`: the tiles, which read operands as
+/// f32, would round them first. The operand just above the midpoint between 1 and the next
+/// value `1 + u` (the even neighbour is 1) times 1 rounds up to `1 + u`; read as f32 it
+/// would be the midpoint itself, which rounds to 1.
+#[test]
+fn operands_off_the_f32_grid_take_the_row_kernel() {
+    for (name, u) in [
+        ("posit<16,1>", 2f64.powi(-12)),
+        ("fp16", 2f64.powi(-10)),
+        ("e4m3", 0.125),
+    ] {
+        let format: Format = name.parse().unwrap();
+        let kernel = NaiveF32::new(&format).expect("the f32 kernel");
+        let off = 1.0 + u / 2.0 + 2f64.powi(-40);
+        assert_ne!(f64::from(off as f32), off, "off the f32 grid");
+        let (m, k, n) = (3, 17, 70);
+        for off_in_a in [false, true] {
+            let mut a = values(&format, m * k, 4);
+            let mut b = values(&format, k * n, 5);
+            // Output (1, j) starts with the term off · 1 (or 1 · off for j = 5).
+            if off_in_a {
+                a[k] = off;
+                b[..n].fill(1.0);
+            } else {
+                a[k] = 1.0;
+                b[5] = off;
+            }
+            let mut out = vec![0.0; m * n];
+            kernel.gemm(&a, &b, (m, k, n), Bias::None, &mut out, false);
+            let expected = reference(&format, &a, &b, (m, k, n), &vec![0.0; n]);
+            let bad = out
+                .iter()
+                .zip(&expected)
+                .filter(|(x, y)| !same(**x, **y))
+                .count();
+            assert_eq!(bad, 0, "{name}, off-grid operand in A: {off_in_a}");
+            // The first term alone (k = 1) is the rounding of the off-grid product.
+            let mut one = [0.0];
+            let (x, y) = if off_in_a { (off, 1.0) } else { (1.0, off) };
+            kernel.gemm(&[x], &[y], (1, 1, 1), Bias::None, &mut one, false);
+            assert_eq!(one[0], 1.0 + u, "{name}: {x} · {y}");
+        }
+    }
+}

@@ -166,6 +166,22 @@ fn special_tile(
     None
 }
 
+/// `B` (`k x n`) as f32 rows padded with zeros to whole tiles (`k x stride`, `stride` the
+/// next multiple of [`TILE`]): `fill(t, dst)` writes row `t` into its first `n` elements and
+/// says whether it could (`None` as soon as one row could not).
+fn padded(k: usize, n: usize, mut fill: impl FnMut(usize, &mut [f32]) -> bool) -> Option<Vec<f32>> {
+    let stride = n.div_ceil(TILE) * TILE;
+    let mut bf = vec![0f32; k * stride];
+    if n > 0 {
+        for (t, dst) in bf.chunks_mut(stride).enumerate() {
+            if !fill(t, &mut dst[..n]) {
+                return None;
+            }
+        }
+    }
+    Some(bf)
+}
+
 /// How a kernel rounds its sums.
 enum Sums {
     /// To the operand format (`naive`).
@@ -255,8 +271,20 @@ impl NaiveF32 {
         assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
         let is_f32 = |v: &f64| v.is_nan() || f64::from(*v as f32) == *v;
         let fused_lanes = matches!(self.sums, Sums::Binary32) || self.exact_products();
-        let registers =
-            (!self.fused || fused_lanes) && a[..m * k].iter().chain(&b[..k * n]).all(is_f32);
+        // B as f32 padded to whole tiles, checked on the f32 grid as it is copied.
+        let copy = |t: usize, dst: &mut [f32]| {
+            let src = &b[t * n..t * n + n];
+            src.iter().zip(dst).all(|(v, d)| {
+                *d = *v as f32;
+                is_f32(v)
+            })
+        };
+        let bf = if !self.fused || fused_lanes {
+            padded(k, n, copy)
+        } else {
+            None
+        };
+        let registers = bf.is_some() && a[..m * k].iter().all(is_f32);
         let bias_of = |i: usize| -> Option<Vec<f64>> {
             match bias {
                 Bias::None => None,
@@ -272,14 +300,8 @@ impl NaiveF32 {
             return for_rows(out, m, n, parallel, row);
         }
         let af: Vec<f32> = a[..m * k].iter().map(|&v| v as f32).collect();
-        self.tiled(
-            &af,
-            |t, j| b[t * n + j] as f32,
-            (m, k, n),
-            bias,
-            out,
-            parallel,
-        );
+        let bf = bf.expect("checked above");
+        self.tiled(&af, &bf, (m, k, n), bias, out, parallel);
     }
 
     /// [`NaiveF32::gemm`] straight from f32 operands not yet rounded (each in either
@@ -300,33 +322,33 @@ impl NaiveF32 {
         if self.fused && !fused_lanes {
             return None;
         }
-        let rounded = |v: &[f32]| -> Vec<f32> {
-            let mut out = vec![0f32; v.len()];
-            out.par_chunks_mut(4096)
-                .zip(v.par_chunks(4096))
+        let a_rows = a.row_major(m, k);
+        let mut af = vec![0f32; m * k];
+        if parallel {
+            af.par_chunks_mut(4096)
+                .zip(a_rows.par_chunks(4096))
                 .for_each(|(dst, src)| self.op.round(src, dst));
-            out
+        } else {
+            self.op.round(&a_rows, &mut af);
+        }
+        let b_rows = b.row_major(k, n);
+        let round_row = |t: usize, dst: &mut [f32]| {
+            self.op.round(&b_rows[t * n..t * n + n], dst);
+            true
         };
-        let af = rounded(&a.row_major(m, k));
-        let bf = rounded(&b.row_major(k, n));
+        let bf = padded(k, n, round_row).expect("every row rounded");
         let mut out = vec![0f64; m * n];
-        self.tiled(
-            &af,
-            |t, j| bf[t * n + j],
-            (m, k, n),
-            bias,
-            &mut out,
-            parallel,
-        );
+        self.tiled(&af, &bf, (m, k, n), bias, &mut out, parallel);
         Some(out.into_iter().map(|v| v as f32).collect())
     }
 
-    /// The register kernel of [`NaiveF32::gemm`] on `a` (`m x k`, row-major) and `B` read
-    /// by `b(t, j)`, both values of the operand format (Inf and NaN allowed).
+    /// The register kernel of [`NaiveF32::gemm`] on `af` (`m x k`, row-major) and `bf`
+    /// (`k x n`, each row padded to whole tiles: see [`padded`]), both values of the
+    /// operand format (Inf and NaN allowed).
     fn tiled(
         &self,
         af: &[f32],
-        b: impl Fn(usize, usize) -> f32 + Sync,
+        bf: &[f32],
         (m, k, n): Dims,
         bias: Bias,
         out: &mut [f64],
@@ -339,16 +361,7 @@ impl NaiveF32 {
                 Bias::PerRow(v) => Some(vec![v[i]; n]),
             }
         };
-        // B as f32, each row padded with zeros to whole tiles.
         let stride = n.div_ceil(TILE) * TILE;
-        let mut bf = vec![0f32; k * stride];
-        if n > 0 {
-            bf.par_chunks_mut(stride).enumerate().for_each(|(t, dst)| {
-                for (j, d) in dst[..n].iter_mut().enumerate() {
-                    *d = b(t, j);
-                }
-            });
-        }
         let accumulator = match self.sum_plan() {
             Some(r) => Accumulator::Plan(&r.plan),
             None => Accumulator::Binary32,
@@ -397,7 +410,9 @@ impl NaiveF32 {
                         tile[j]
                     } else {
                         let xs: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-                        let ys: Vec<f64> = (0..k).map(|t| f64::from(b(t, col + j))).collect();
+                        let ys: Vec<f64> = (0..k)
+                            .map(|t| f64::from(bf[t * stride + col + j]))
+                            .collect();
                         self.scalar_sum(&xs, &ys, 1) as f32
                     };
                 }
