@@ -435,7 +435,7 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
 }
 
 #[test]
-fn gemm_f32_dispatches_to_the_quire_paths_and_naive_posit8_0_only() {
+fn gemm_f32_dispatches_to_the_quire_paths_and_the_naive_register_kernels() {
     let x = [1.5f32, -2.0, 0.25, 3.0];
     let op = Operand::rows(&x);
     let p8: Format = "posit<8,0>".parse().expect("format");
@@ -477,18 +477,32 @@ fn gemm_f32_dispatches_to_the_quire_paths_and_naive_posit8_0_only() {
     naive.gemm(&v, &v, (2, 2, 2), Bias::None, &mut want, false);
     let got: Vec<f64> = got.into_iter().map(f64::from).collect();
     assert_eq!(got, want, "naive posit<8,0>");
-    // naive:fp16 on e4m3 has no f32 entry; gemm_any falls back to the rounded f64 path.
-    let (setting, format) = ("naive:fp16", "e4m3");
-    let f: Format = format.parse().expect("format");
-    let acc: Accumulate = setting.parse().expect("setting");
-    let rule = GemmRule::new(&acc, &f).expect("rule").expect("not f32");
+    // naive:fp16 on e4m3 takes the register kernel's f32 entry, with the f64 path's bits.
+    let round_trip = |rule: &GemmRule| {
+        let v = rule.operands(&x);
+        let mut want = vec![0.0; 4];
+        rule.gemm(&v, &v, (2, 2, 2), Bias::None, &mut want, false);
+        want
+    };
+    let e4m3: Format = "e4m3".parse().expect("format");
+    let acc: Accumulate = "naive:fp16".parse().expect("setting");
+    let rule = GemmRule::new(&acc, &e4m3).expect("rule").expect("not f32");
+    let got = rule
+        .gemm_f32(op, op, (2, 2, 2), Bias::None, false)
+        .expect("naive:fp16 on e4m3 has an f32 path");
+    let got: Vec<f64> = got.into_iter().map(f64::from).collect();
+    assert_eq!(got, round_trip(&rule), "naive:fp16 e4m3");
+    // naive e4m3 (the 8-bit operation tables) has none: gemm_any falls back to the rounded
+    // f64 path, the same as gemm.
+    let rule = GemmRule::new(&Accumulate::Naive, &e4m3)
+        .expect("rule")
+        .expect("not f32");
     assert!(rule
         .gemm_f32(op, op, (2, 2, 2), Bias::None, false)
         .is_none());
-    // gemm_any falls back to the rounded f64 path: the same as gemm.
-    let got = rule.gemm_any(op, op, (2, 2, 2));
-    let v = rule.operands(&x);
-    let mut want = vec![0.0; 4];
-    rule.gemm(&v, &v, (2, 2, 2), Bias::None, &mut want, false);
-    assert_eq!(got, want, "{setting} {format}");
+    assert_eq!(
+        rule.gemm_any(op, op, (2, 2, 2)),
+        round_trip(&rule),
+        "naive e4m3"
+    );
 }
