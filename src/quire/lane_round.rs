@@ -243,6 +243,25 @@ impl LaneRound {
     }
 }
 
+/// Regime `k` of posit `p` rounded on a float pattern with `fraction_field` fraction bits
+/// and the exponent field raised by one (see the module docs): the rounding bit `s =
+/// fraction_field - fb(k)` of `t`, and the correction of the increment `2^(s-1) - 1` by the
+/// parity. Where the whole exponent is cut (`fb(k) = -es`) the kept pattern ends in the
+/// regime, whose last bit is 0 for `k >= 0` and 1 for `k < 0`, while the bit added as
+/// parity is bit `s` of `t`, the low bit of `k` plus the raised bias over `2^es` (even for
+/// f32 patterns with `es <= 6` and f64 ones with `es <= 9`): the correction is their
+/// difference. Shared by the f32 tables here and the f64 ones of [`super::posit_f64`].
+pub(crate) fn regime_step(p: &Posit, k: i32, fraction_field: i32) -> (i32, i64) {
+    // Every binade of the regime has the same fraction bits.
+    let fb = p.frac_bits(k << p.es());
+    let correction = if fb == -(p.es() as i32) {
+        i64::from(k < 0) - i64::from(k & 1)
+    } else {
+        0
+    };
+    (fraction_field - fb, correction)
+}
+
 impl PositTable {
     /// The tables of `p`: posits with `n <= 17` whose binades all round in f32's normal
     /// range (`maxpos² <= 2^125`).
@@ -269,23 +288,12 @@ impl PositTable {
             if k == k_max {
                 continue;
             }
-            // Every binade of the regime has the same fraction bits.
-            let fb = p.frac_bits(k << es);
-            let s = 23 - fb;
+            let (s, correction) = regime_step(p, k, 23);
             if s <= 0 {
                 return None;
             }
             let s = s as u32;
-            let mut half = (1 << (s - 1)) - 1;
-            if fb == -es {
-                // The whole exponent is cut: the kept pattern ends in the regime, whose last
-                // bit is 0 for k >= 0 and 1 for k < 0, while the bit added is bit s of t,
-                // the low bit of `top`, the same for the whole regime.
-                let added = (top & 1) as u32;
-                let odd = (k < 0) as u32;
-                half = half + odd - added;
-            }
-            table.half[i] = half;
+            table.half[i] = ((1i64 << (s - 1)) - 1 + correction) as u32;
             table.mask[i] = !((1u32 << s) - 1);
         }
         Some(table)

@@ -42,6 +42,7 @@
 //! The regimes run from `-(n - 2)` to `n - 2`: at most 61, indexed by `k + n - 2` in tables
 //! of 64 entries.
 
+use super::lane_round::regime_step;
 use crate::format::{Format, Posit};
 
 const SIGN: u64 = 1 << 63;
@@ -97,18 +98,11 @@ impl PositF64 {
             mask: [u64::MAX; 64],
         };
         for k in -k_max..k_max {
-            let top = k + (1024 >> es);
             let i = (k + k_max) as usize;
-            let fb = p.frac_bits(k << es);
-            let s = (52 - fb) as u32; // 52 - fb <= 52 + es < 64, and fb <= n - 3 - es < 52
-            let mut half = (1u64 << (s - 1)) - 1;
-            if fb == -es {
-                // The kept pattern ends in the regime (see the module docs).
-                let added = (top & 1) as u64;
-                let odd = (k < 0) as u64;
-                half = half + odd - added;
-            }
-            table.half[i] = half;
+            // The parity correction where the exponent is cut: see the module docs.
+            let (s, correction) = regime_step(p, k, 52);
+            let s = s as u32; // 52 - fb <= 52 + es < 64, and fb <= n - 3 - es < 52
+            table.half[i] = ((1i64 << (s - 1)) - 1 + correction) as u64;
             table.mask[i] = !((1u64 << s) - 1);
         }
         Some(table)
