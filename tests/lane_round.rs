@@ -1,7 +1,9 @@
 //! The specialised roundings of the naive register kernel (`quire::lane_round`: integer
 //! rounding for bf16-like floats, the magic-constant addition for fp16/e5m2/e4m3, per-regime
 //! tables for posits with n <= 17) against `Format::round`, bit for bit, both the scalar
-//! definition and the AVX-512 lanes (with the hardware's binary16 conversion and without):
+//! definition and the vector lanes of each instruction set this CPU has (AVX-512, and AVX2
+//! with its arithmetic form of the posit tables; with the hardware's binary16 conversion
+//! and without):
 //! every f32 exponent byte with its fraction's low bits varied at every position, every
 //! value of the format, every midpoint between neighbours and the f32 values next to those,
 //! minpos/maxpos and the overflow threshold's neighbourhoods, subnormals, zeros and Inf.
@@ -13,9 +15,10 @@ mod common;
 mod isa_cap;
 
 use common::{Mismatches, SplitMix};
+use isa_cap::on_every_isa;
+use qcandle::backend::isa::{self, Isa};
 use qcandle::format::rounding::Rounding;
-use qcandle::quire::lane_round::LaneRound;
-use qcandle::quire::lane_round_avx512::{round_raised_run, round_run};
+use qcandle::quire::lane_round::{round_raised_run, round_run, LaneRound};
 use qcandle::Format;
 
 fn fmt(s: &str) -> Format {
@@ -105,10 +108,18 @@ fn same(x: f32, y: f32) -> bool {
     x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
 }
 
-/// Compares the scalar definition with `Format::round`, and the AVX-512 lanes (where this
-/// CPU has them) with the scalar definition, on `xs`.
-fn compare(name: &str, format: &Format, r: &LaneRound, xs: &[f32], bad: &mut Mismatches) {
-    for &x in xs {
+/// Compares the scalar definition with `Format::round` (where `scalar`), and the vector
+/// lanes of the active instruction set (where it has them) with the scalar definition, on
+/// `xs`.
+fn compare(
+    name: &str,
+    format: &Format,
+    r: &LaneRound,
+    xs: &[f32],
+    scalar: bool,
+    bad: &mut Mismatches,
+) {
+    for &x in xs.iter().filter(|_| scalar) {
         let got = r.round(x);
         if !x.is_finite() {
             // The kernel checks the inputs of roundings that clamp specials.
@@ -127,20 +138,20 @@ fn compare(name: &str, format: &Format, r: &LaneRound, xs: &[f32], bad: &mut Mis
     }
     for hardware_half in [false, true] {
         let mut out = vec![0f32; xs.len()];
-        if !round_run(r, hardware_half, xs, &mut out) {
+        let Some(isa) = round_run(r, hardware_half, xs, &mut out) else {
             continue;
-        }
+        };
         for (&x, &got) in xs.iter().zip(&out) {
             if !x.is_finite() {
                 bad.check(!r.keeps_specials() || !got.is_finite(), || {
-                    format!("{name} AVX-512: {x:e} -> {got:e}, not Inf or NaN")
+                    format!("{name} {isa:?}: {x:e} -> {got:e}, not Inf or NaN")
                 });
                 continue;
             }
             let want = r.round(x);
             bad.check(same(got, want), || {
                 format!(
-                    "{name} AVX-512 (hardware half {hardware_half}): {x:e} = {:#x} -> {got:e}, \
+                    "{name} {isa:?} (hardware half {hardware_half}): {x:e} = {:#x} -> {got:e}, \
                      scalar {want:e}",
                     x.to_bits()
                 )
@@ -157,10 +168,47 @@ fn specialised_roundings_equal_format_round() {
         let format = fmt(name);
         let r = LaneRound::new(&format).unwrap_or_else(|| panic!("{name} has a rounding"));
         let xs = inputs(&format);
-        checked += xs.len() as u64;
-        compare(name, &format, &r, &xs, &mut bad);
+        on_every_isa(|isa| {
+            checked += xs.len() as u64;
+            compare(name, &format, &r, &xs, isa == Isa::Portable, &mut bad);
+        });
     }
     bad.assert_none_of("specialised roundings", checked);
+}
+
+/// Every posit the tables serve has the arithmetic form of AVX2 ([`RegimeArith`]): the
+/// table's entries and the form agree (checked when the table is built), and the form's
+/// parity flip is what changes the even posits' cut regimes (without it their ties
+/// round the wrong way).
+#[test]
+fn posit_tables_have_an_arithmetic_form() {
+    use qcandle::quire::lane_round::PositTable;
+    for name in FORMATS.iter().filter(|n| n.starts_with("posit")) {
+        let Format::Posit(p) = fmt(name) else {
+            unreachable!()
+        };
+        let table = PositTable::new(&p).expect("a table");
+        let arith = table
+            .arith
+            .unwrap_or_else(|| panic!("{name}: no arithmetic form"));
+        // The minpos regime's tie: the midpoint between minpos and the next value, on t.
+        let t_tie = table.t_lo + (1 << (table.shift - 1));
+        assert_eq!(
+            arith.round_t(t_tie, table.shift),
+            table.round_t(t_tie),
+            "{name}"
+        );
+        let unflipped = qcandle::quire::lane_round::RegimeArith {
+            flip: i32::MAX,
+            ..arith
+        };
+        let differs = unflipped.round_t(t_tie, table.shift) != table.round_t(t_tie);
+        assert_eq!(
+            differs,
+            p.n() % 2 == 0,
+            "{name}: the flip at the minpos tie"
+        );
+    }
 }
 
 /// `naive` in a posit rounds doubled values (`quire::lane_round_avx512::POSIT_RAISED`), and
@@ -216,22 +264,24 @@ fn posit_roundings_of_doubled_values() {
             sums.push((x + y) as f32);
         }
         assert!(sums.iter().all(|x| is_sum(x) && doubles_normal(x)));
-        for (kind, inputs, is_sums) in [("doubled", &xs, false), ("sums", &sums, true)] {
-            let mut out = vec![0f32; inputs.len()];
-            if !round_raised_run(&r, is_sums, inputs, &mut out) {
-                continue;
+        on_every_isa(|_| {
+            for (kind, inputs, is_sums) in [("doubled", &xs, false), ("sums", &sums, true)] {
+                let mut out = vec![0f32; inputs.len()];
+                let Some(isa) = round_raised_run(&r, is_sums, inputs, &mut out) else {
+                    continue;
+                };
+                checked += inputs.len() as u64;
+                for (&x, &got) in inputs.iter().zip(&out) {
+                    let want = r.round(x);
+                    bad.check(same(got, want), || {
+                        format!(
+                            "{name} {kind} {isa:?}: {x:e} = {:#x} -> {got:e}, scalar {want:e}",
+                            x.to_bits()
+                        )
+                    });
+                }
             }
-            checked += inputs.len() as u64;
-            for (&x, &got) in inputs.iter().zip(&out) {
-                let want = r.round(x);
-                bad.check(same(got, want), || {
-                    format!(
-                        "{name} {kind}: {x:e} = {:#x} -> {got:e}, scalar {want:e}",
-                        x.to_bits()
-                    )
-                });
-            }
-        }
+        });
     }
     bad.assert_none_of("posit roundings of doubled values", checked);
 }
@@ -297,49 +347,73 @@ fn ties_go_to_the_even_neighbour() {
         ] {
             assert_eq!(r.round(x), want as f32, "{name}: {x:e}");
             let mut out = [0f32];
-            for hardware_half in [false, true] {
-                if round_run(&r, hardware_half, &[x], &mut out) {
-                    assert_eq!(out[0], want as f32, "{name} AVX-512: {x:e}");
+            on_every_isa(|_| {
+                for hardware_half in [false, true] {
+                    if let Some(isa) = round_run(&r, hardware_half, &[x], &mut out) {
+                        assert_eq!(out[0], want as f32, "{name} {isa:?}: {x:e}");
+                    }
                 }
-            }
+            });
         }
     }
 }
 
 /// All 2^32 f32 patterns for posit<16,1>, e4m3, e5m2, fp16 and bf16 (about a minute a
-/// format on two cores): `cargo test --release --test lane_round -- --ignored`.
+/// format on two cores): `cargo test --release --test lane_round -- --ignored`. The scalar
+/// definition against `Format::round`, and the lanes of each vector instruction set this
+/// CPU has against it.
 #[test]
 #[ignore]
 fn every_f32_pattern() {
-    use std::thread;
+    let _guard = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
+    let vector: Vec<Isa> = isa_cap::available()
+        .into_iter()
+        .filter(|&isa| isa >= Isa::Avx2)
+        .collect();
+    let passes: Vec<(Option<Isa>, bool)> = match vector.split_last() {
+        // The widest set's lanes in the pass that checks the scalar definition.
+        Some((_, narrower)) => std::iter::once((None, true))
+            .chain(narrower.iter().map(|&isa| (Some(isa), false)))
+            .collect(),
+        None => vec![(None, true)],
+    };
     for name in ["posit<16,1>", "e4m3", "e5m2", "fp16", "bf16"] {
         let format = fmt(name);
         let r = LaneRound::new(&format).unwrap();
-        let threads = thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-        let chunk = (1u64 << 32) / threads;
-        let bad = thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|w| {
-                    let (format, r) = (&format, &r);
-                    s.spawn(move || {
-                        let mut bad = Mismatches::default();
-                        let mut xs = Vec::with_capacity(1 << 16);
-                        let mut p = w * chunk;
-                        while p < (w + 1) * chunk {
-                            xs.clear();
-                            xs.extend((p..p + (1 << 16)).map(|b| f32::from_bits(b as u32)));
-                            compare(name, format, r, &xs, &mut bad);
-                            p += 1 << 16;
-                        }
-                        bad
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("a worker"))
-                .fold(Mismatches::default(), Mismatches::merge)
-        });
-        bad.assert_none_of(name, 1 << 32);
+        for &(cap, scalar) in &passes {
+            isa::set_cap(cap);
+            every_pattern_under_cap(name, &format, &r, scalar);
+        }
+        isa::set_cap(None);
     }
+}
+
+/// The patterns of [`every_f32_pattern`] under the cap set now.
+fn every_pattern_under_cap(name: &str, format: &Format, r: &LaneRound, scalar: bool) {
+    use std::thread;
+    let threads = thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    let chunk = (1u64 << 32) / threads;
+    let bad = thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|w| {
+                s.spawn(move || {
+                    let mut bad = Mismatches::default();
+                    let mut xs = Vec::with_capacity(1 << 16);
+                    let mut p = w * chunk;
+                    while p < (w + 1) * chunk {
+                        xs.clear();
+                        xs.extend((p..p + (1 << 16)).map(|b| f32::from_bits(b as u32)));
+                        compare(name, format, r, &xs, scalar, &mut bad);
+                        p += 1 << 16;
+                    }
+                    bad
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a worker"))
+            .fold(Mismatches::default(), Mismatches::merge)
+    });
+    bad.assert_none_of(name, 1 << 32);
 }

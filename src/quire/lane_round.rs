@@ -4,8 +4,9 @@
 //!
 //! Each rounding here is defined on f32 patterns by [`LaneRound::round`] (the scalar
 //! definition, which the tests compare with [`Format::round`] over every f32 pattern class)
-//! and computed 16 lanes at a time by [`super::lane_round_avx512`]. All round to nearest,
-//! ties to even, and agree with [`Format::round`] on every f32 that is not NaN.
+//! and computed 16 lanes at a time by [`super::lane_round_avx512`], 8 by
+//! [`super::lane_round_avx2`]. All round to nearest, ties to even, and agree with
+//! [`Format::round`] on every f32 that is not NaN.
 //!
 //! # Floats with f32's exponent range ([`LaneRound::Wide`]: bf16, `float<8,m>`)
 //!
@@ -59,7 +60,8 @@
 //!   2^(7 - es)`, index a table per regime by their low 5 bits, distinct for the `2 (n - 2) +
 //!   1 <= 32` regimes of posits with `n <= 17`; the AVX-512 kernel looks it up with one
 //!   `vpermt2d` (32 entries in two registers) per table. Each entry holds the rounding
-//!   increment `h = 2^(s-1) - 1` and the mask `!(2^s - 1)`.
+//!   increment `h = 2^(s-1) - 1` and the mask `!(2^s - 1)`. AVX2 computes the same entries
+//!   from `t` instead ([`RegimeArith`]), kept only where they match the table.
 //! * **Parity.** Rounding to nearest even is `(t + h + odd) & mask` with `odd` the last bit
 //!   of the kept posit pattern. Where fraction or exponent bits remain it is bit `s` of
 //!   `t` (at `s = 23` the low exponent bit, by the raised exponent byte), found as
@@ -76,6 +78,7 @@
 //! The entries are built from [`Posit::frac_bits`](crate::format::Posit), the definition
 //! the quantize plan uses; the tests compare the result with [`Format::round`].
 
+use crate::backend::isa::Isa;
 use crate::format::float::{Overflow, Specials};
 use crate::format::grid::parts;
 use crate::format::{Float, Format, Posit};
@@ -120,7 +123,7 @@ pub struct NarrowFloat {
 }
 
 /// The constants of [`LaneRound::Posit`]: per regime (index `t >> shift`, low 5 bits) the
-/// increment and the mask.
+/// increment and the mask, and the same steps in arithmetic form.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PositTable {
     /// `23 + es`.
@@ -133,6 +136,71 @@ pub struct PositTable {
     pub half: [u32; 32],
     /// `!(2^s - 1)` (all ones for maxpos).
     pub mask: [u32; 32],
+    /// The steps of the table computed from `t` ([`RegimeArith`]), where that form gives
+    /// every entry's rounding.
+    pub arith: Option<RegimeArith>,
+}
+
+/// [`PositTable`]'s per-regime step computed from `t` instead of looked up, for vector units
+/// without a 32-entry table lookup (AVX2, [`super::lane_round_avx2`]).
+///
+/// A regime `k` of posit<n, es> (below maxpos's) has `rl(k) = max(k + 2, 1 - k)` regime
+/// bits, so `fb(k) = n - 1 - es - rl(k)` fraction bits, and its rounding bit in `t` is
+/// `s = 23 - fb(k) = (24 - n + es) + rl(k)`. With `top = t >> (23 + es) = k + 2^(7 - es)`
+/// that is `s = max(top + up, down - top)`. The increment is `2^(s-1) - 1` and the mask
+/// `!(2^s - 1)`.
+///
+/// maxpos's regime `n - 2` is never rounded in this form: `t` is clamped to `t_hi - 1`
+/// instead of `t_hi`, the last `t` of regime `n - 3`, which rounds up to maxpos (`t_hi`'s
+/// low `23 + es` bits are zero, the regime rounds at bit `23 + es`, and `t_hi - 1` lies
+/// above its midpoint). `+0` (the sums' `t = 0`, not clamped) gives `s >= 32`, whose mask
+/// and parity bit are 0: it stays `+0`.
+///
+/// Parity: bit `s` of `t` is the kept pattern's last bit except where the whole exponent
+/// is cut (`s = 23 + es`, regimes `n - 3` and `-(n - 2)`, whose kept patterns end in 0 and
+/// 1). There bit `s` of `t` is the low bit of `k` (the raised bias `2^(7 - es)` is even),
+/// which is `n - 3` resp. `n - 2`, so it is the wrong one exactly when `n` is even: `flip`
+/// is `23 + es` then (the parity bit is inverted where `s` equals it), and past any `s`
+/// otherwise. [`PositTable::new`] keeps this form only where it gives every entry of the
+/// table and leaves `t`'s upper clamp unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegimeArith {
+    /// `s = max(top + up, down - top)`.
+    pub up: i32,
+    /// See [`RegimeArith::up`].
+    pub down: i32,
+    /// The `s` whose parity bit is inverted (`23 + es` for even `n`, else never reached).
+    pub flip: i32,
+}
+
+impl RegimeArith {
+    /// The form for posit<n, es> read on `t` shifted right by `shift = 23 + es`.
+    fn new(n: i32, es: i32) -> Self {
+        let bias = 128 >> es;
+        let base = 24 - n + es;
+        RegimeArith {
+            up: 2 - bias + base,
+            down: 1 + bias + base,
+            flip: if n % 2 == 0 { 23 + es } else { i32::MAX },
+        }
+    }
+
+    /// The rounding bit `s` of `t` (the regime's).
+    pub fn s(&self, t: u32, shift: u32) -> u32 {
+        let top = (t >> shift) as i32;
+        (top + self.up).max(self.down - top) as u32
+    }
+
+    /// `t` (raised, clamped to `[t_lo, t_hi - 1]`, or 0) rounded to nearest even: the
+    /// scalar form of the AVX2 lanes (shifts by 32 or more give 0, as there).
+    pub fn round_t(&self, t: u32, shift: u32) -> u32 {
+        let s = self.s(t, shift);
+        let mask = u32::MAX.checked_shl(s).unwrap_or(0);
+        let half = !mask >> 1;
+        let bit = t.checked_shr(s).unwrap_or(0);
+        let odd = (bit ^ u32::from(s as i32 == self.flip)) & 1;
+        (t.wrapping_add(half).wrapping_add(odd)) & mask
+    }
 }
 
 /// The bias of the raised exponent byte.
@@ -228,10 +296,7 @@ impl LaneRound {
                 let sign = bits & SIGN;
                 let abs = bits ^ sign;
                 let t = (abs + RAISE).clamp(p.t_lo, p.t_hi);
-                let i = ((t >> p.shift) & 31) as usize;
-                // Bit s of t: the lowest bit the mask keeps.
-                let odd = (t & p.mask[i].wrapping_neg() != 0) as u32;
-                let r = ((t + p.half[i] + odd) & p.mask[i]) - RAISE;
+                let r = p.round_t(t) - RAISE;
                 if abs == 0 {
                     0
                 } else {
@@ -278,6 +343,7 @@ impl PositTable {
             t_hi: (p.max_pos() as f32).to_bits() + RAISE,
             half: [0; 32],
             mask: [u32::MAX; 32],
+            arith: None,
         };
         for k in -k_max..=k_max {
             // The top bits of t in regime k.
@@ -296,6 +362,97 @@ impl PositTable {
             table.half[i] = ((1i64 << (s - 1)) - 1 + correction) as u32;
             table.mask[i] = !((1u32 << s) - 1);
         }
+        let arith = RegimeArith::new(n, es);
+        table.arith = table.agrees_with(&arith).then_some(arith);
         Some(table)
     }
+
+    /// `t` (clamped, raised) rounded by the table: the steps of [`LaneRound::round`].
+    pub fn round_t(&self, t: u32) -> u32 {
+        let i = ((t >> self.shift) & 31) as usize;
+        // Bit s of t: the lowest bit the mask keeps.
+        let odd = (t & self.mask[i].wrapping_neg() != 0) as u32;
+        (t + self.half[i] + odd) & self.mask[i]
+    }
+
+    /// Whether `arith` rounds as the table: for every regime below maxpos, at the regime's
+    /// first `t` (no bit below `23 + es`), its last, and the midpoints and their neighbours
+    /// of its first binade (both parities of the kept pattern's last bit where fraction or
+    /// exponent bits remain); `t_hi - 1` to maxpos, and `0` to itself.
+    fn agrees_with(&self, arith: &RegimeArith) -> bool {
+        let regimes = (self.t_lo >> self.shift)..(self.t_hi >> self.shift);
+        let same = |t: u32| arith.round_t(t, self.shift) == self.round_t(t);
+        regimes.into_iter().all(|top| {
+            let t0 = (top << self.shift).max(self.t_lo);
+            let end = ((top + 1) << self.shift) - 1;
+            let s = arith.s(t0, self.shift);
+            let mut ts = vec![t0, end];
+            for step in [0u32, 1, 2, 3] {
+                let base = t0 + (step << s);
+                if s > 0 {
+                    let mid = base + (1 << (s - 1));
+                    ts.extend([base, mid - 1, mid, mid + 1]);
+                }
+            }
+            ts.into_iter().filter(|&t| t <= end).all(same)
+        }) && arith.round_t(self.t_hi - 1, self.shift) == self.t_hi
+            && arith.round_t(0, self.shift) == 0
+    }
+}
+
+/// Rounds `src` into `dst` with the vector lanes of the active instruction set
+/// ([`crate::backend::isa::active`]: AVX-512 in [`super::lane_round_avx512`], AVX2 in
+/// [`super::lane_round_avx2`]), `hardware_half` choosing the conversion for binary16; the
+/// instruction set that ran, `None` where none did (portable, or no AVX2 form of `r`).
+/// For the tests, which compare the lanes with the scalar definition under each cap.
+pub fn round_run(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32]) -> Option<Isa> {
+    round_run_kind(r, None, hardware_half, src, dst)
+}
+
+/// [`round_run`] with the posit kinds on doubled values (`sums` false: products,
+/// `POSIT_RAISED`; true: sums of two values, `POSIT_SUM`), the results halved: `round(x)`
+/// where the kinds apply (`2x` a normal f32; for sums, `x` zero or at least minpos in
+/// magnitude); `None` where `r` is no posit or no lanes ran. For the tests.
+pub fn round_raised_run(r: &LaneRound, sums: bool, src: &[f32], dst: &mut [f32]) -> Option<Isa> {
+    if !matches!(r, LaneRound::Posit(_)) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    let kind = Some(if sums {
+        super::lane_round_avx512::POSIT_SUM
+    } else {
+        super::lane_round_avx512::POSIT_RAISED
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let kind = None;
+    let doubled: Vec<f32> = src.iter().map(|x| 2.0 * x).collect();
+    let isa = round_run_kind(r, kind, false, &doubled, dst)?;
+    for d in dst.iter_mut() {
+        *d *= 0.5;
+    }
+    Some(isa)
+}
+
+#[allow(unused_variables)]
+fn round_run_kind(
+    r: &LaneRound,
+    kind: Option<u8>,
+    hardware_half: bool,
+    src: &[f32],
+    dst: &mut [f32],
+) -> Option<Isa> {
+    assert!(dst.len() >= src.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{lane_round_avx2, lane_round_avx512};
+        if lane_round_avx512::round_run_kind(r, kind, hardware_half, src, dst) {
+            return Some(Isa::Avx512);
+        }
+        if crate::backend::isa::active() == Isa::Avx2
+            && lane_round_avx2::round_run_kind(r, kind, hardware_half, src, dst)
+        {
+            return Some(Isa::Avx2);
+        }
+    }
+    None
 }

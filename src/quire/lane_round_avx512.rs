@@ -197,43 +197,26 @@ pub(crate) fn round<const KIND: u8>(r: &Zmm, x: __m512i) -> __m512i {
 }
 
 /// Rounds `src` into `dst` with the AVX-512 lanes of `r` (16 at a time, the tail padded),
+/// `kind` overriding the rounding's own (`POSIT_RAISED` or `POSIT_SUM` on doubled values),
 /// `hardware_half` choosing the conversion for binary16; false where this CPU (or the cap
-/// of [`isa::set_cap`]) has no AVX-512 and nothing was written. For the tests, which
-/// compare the lanes with the scalar definition.
-pub fn round_run(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32]) -> bool {
+/// of [`isa::set_cap`]) has no AVX-512 and nothing was written. For the tests, through
+/// [`super::lane_round::round_run`].
+pub(crate) fn round_run_kind(
+    r: &LaneRound,
+    kind: Option<u8>,
+    hardware_half: bool,
+    src: &[f32],
+    dst: &mut [f32],
+) -> bool {
     if isa::active() != Isa::Avx512 {
         return false;
     }
     // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above).
-    unsafe { round_run_avx512(r, hardware_half, src, dst) };
+    unsafe { round_run_avx512_kind(r, kind, hardware_half, src, dst) };
     true
 }
 
-/// [`round_run`] with `POSIT_RAISED` (`sums` false) or `POSIT_SUM` (`sums` true) on
-/// the doubles of `src`, the results halved: `round(x)` where the kinds apply (`2x` a normal
-/// f32; for `POSIT_SUM`, `x` zero or at least minpos in magnitude); false where `r` is no
-/// posit or this CPU has no AVX-512. For the tests.
-pub fn round_raised_run(r: &LaneRound, sums: bool, src: &[f32], dst: &mut [f32]) -> bool {
-    if !matches!(r, LaneRound::Posit(_)) || isa::active() != Isa::Avx512 {
-        return false;
-    }
-    let kind = if sums { POSIT_SUM } else { POSIT_RAISED };
-    let doubled: Vec<f32> = src.iter().map(|x| 2.0 * x).collect();
-    // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above).
-    unsafe { round_run_avx512_kind(r, Some(kind), false, &doubled, dst) };
-    for d in dst.iter_mut() {
-        *d *= 0.5;
-    }
-    true
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-fn round_run_avx512(r: &LaneRound, hardware_half: bool, src: &[f32], dst: &mut [f32]) {
-    round_run_avx512_kind(r, None, hardware_half, src, dst)
-}
-
-/// The rounds of [`round_run`] and [`round_raised_run`]: `kind` overrides the rounding's
-/// own.
+/// The rounds of [`round_run_kind`].
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 fn round_run_avx512_kind(
     r: &LaneRound,

@@ -48,6 +48,8 @@ pub mod int_operand;
 pub mod int_round;
 pub mod lane_round;
 #[cfg(target_arch = "x86_64")]
+pub mod lane_round_avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod lane_round_avx512;
 pub mod layer_conv;
 mod layer_io;
@@ -59,6 +61,8 @@ pub mod naive_p8;
 pub mod naive_posit_f64;
 #[cfg(target_arch = "x86_64")]
 pub mod naive_special;
+#[cfg(target_arch = "x86_64")]
+mod naive_special_avx2;
 pub mod ops;
 pub mod p8_lanes;
 pub mod p8_units;

@@ -1,8 +1,9 @@
 //! The naive GEMM's vectorised kernels for formats that round through f32.
 //!
 //! [`NaiveF32::gemm`] keeps the running sums in registers, [`naive_lanes::TILE`] output
-//! columns at a time ([`super::naive_lanes`], whose docs prove each step; on AVX-512 CPUs
-//! [`super::naive_special`] where both formats have a rounding of their own), and adds the bias
+//! columns at a time ([`super::naive_lanes`], whose docs prove each step; on AVX-512 and
+//! AVX2 CPUs [`super::naive_special`] where both formats have a rounding of their own), and
+//! adds the bias
 //! and rounds the outputs per row with the run rounding below. The row kernel
 //! ([`NaiveF32::row`]) serves `fma:<A>` and operands off the f32 grid:
 //!

@@ -89,8 +89,9 @@
 //!   above f32's largest value, and a fused one only with products near `2^127`).
 //!
 //! Where both formats have a rounding specialised to them ([`super::lane_round`]: fp16,
-//! bf16, e4m3, e5m2, posits up to 17 bits, ...) and the CPU has AVX-512, the caller takes
-//! [`super::naive_special`] instead, the same definition with fewer instructions a step.
+//! bf16, e4m3, e5m2, posits up to 17 bits, ...) and the CPU has AVX-512 or AVX2 (with F16C),
+//! the caller takes [`super::naive_special`] instead, the same definition with fewer
+//! instructions a step.
 //!
 //! The kernel is compiled for AVX-512 (16 lanes a register, fused multiply-add), AVX2
 //! (8 lanes, fused multiply-add) and the portable baseline (products in f64), chosen at run

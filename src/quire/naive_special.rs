@@ -1,5 +1,7 @@
 //! The naive GEMM's register kernel with roundings specialised to the formats
-//! ([`super::lane_round`]), written for AVX-512: the same definition and the same steps as
+//! ([`super::lane_round`]), written for AVX-512 (and for AVX2 in
+//! [`super::naive_special_avx2`], whose differences its docs give): the same definition and
+//! the same steps as
 //! [`super::naive_lanes`] (whose docs prove that each step is the correctly rounded
 //! operation), with the quantize plan's general step replaced by the format's own rounding
 //! and the checks for Inf and NaN made cheaper.
@@ -80,10 +82,129 @@ pub enum SumLanes<'a> {
 }
 
 /// The kind of binary32 sums, beside the roundings' kinds.
-const BINARY32: u8 = 4;
-const ROUNDED: u8 = 0;
-const EXACT: u8 = 1;
-const FUSED: u8 = 2;
+pub(crate) const BINARY32: u8 = 4;
+/// Products rounded to the operand format, rounded to odd first ([`Products::Rounded`]).
+pub(crate) const ROUNDED: u8 = 0;
+/// Products rounded to the operand format, exact in f32 ([`Products::RoundedExact`]).
+pub(crate) const EXACT: u8 = 1;
+/// Products left exact ([`Products::Fused`]).
+pub(crate) const FUSED: u8 = 2;
+
+/// The kinds a tile's kernel is compiled for: the operand rounding's and the sums' (the
+/// kinds of [`super::lane_round_avx512`], or [`BINARY32`]), the products', whether the sums'
+/// inputs are checked for Inf and NaN at every step, and whether the accumulator is the
+/// operand format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kinds {
+    pub op: u8,
+    pub sum: u8,
+    pub prod: u8,
+    pub check: bool,
+    pub same: bool,
+}
+
+/// The kind of a specialised rounding, binary16 taking the conversion where
+/// `hardware_half`.
+fn kind_of(r: &LaneRound, hardware_half: bool) -> u8 {
+    match r {
+        LaneRound::Wide(_) => WIDE,
+        LaneRound::Narrow(_) if r.is_binary16() && hardware_half => HALF,
+        LaneRound::Narrow(_) => NARROW,
+        LaneRound::Posit(_) => POSIT,
+    }
+}
+
+impl Kinds {
+    /// The kinds of a tile (see [`tile`]); `None` where no specialised kernel serves it
+    /// (no operand rounding for rounded products, fused binary32 sums).
+    pub(crate) fn new(
+        op: Option<&LaneRound>,
+        sum: SumLanes<'_>,
+        products: Products,
+        hardware_half: bool,
+    ) -> Option<Kinds> {
+        let prod = match products {
+            Products::Rounded => ROUNDED,
+            Products::RoundedExact => EXACT,
+            Products::Fused => FUSED,
+        };
+        let (op_kind, op_overflows) = match op {
+            Some(r) => (kind_of(r, hardware_half), r.keeps_specials()),
+            // Fused products ignore the operand rounding (HALF stands for none).
+            None if prod == FUSED => (HALF, false),
+            None => return None,
+        };
+        let (sum_kind, sum_clamps) = match sum {
+            SumLanes::Round(r) => (kind_of(r, hardware_half), !r.keeps_specials()),
+            // Fused binary32 sums are one fused multiply-add in the general kernel already.
+            SumLanes::Binary32 if prod == FUSED => return None,
+            SumLanes::Binary32 => (BINARY32, false),
+        };
+        // With finite operands, products are finite: only a rounded product's overflow
+        // makes a term Inf or NaN, which a clamping accumulator would hide.
+        let check = sum_clamps && op_overflows && prod != FUSED;
+        // One set of registers where both roundings are the same (`naive`).
+        let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
+        // `naive` in a posit: doubled values, sums of two posit values (see the module docs).
+        let (op_kind, sum_kind) = if same && op_kind == POSIT {
+            (POSIT_RAISED, POSIT_SUM)
+        } else {
+            (op_kind, sum_kind)
+        };
+        Some(Kinds {
+            op: op_kind,
+            sum: sum_kind,
+            prod,
+            check,
+            same,
+        })
+    }
+}
+
+/// Calls `$kernel::<OP, SUM, PROD, CHECK, SAME>$args` for the run-time [`Kinds`] `$k`, or
+/// returns `None` from the enclosing function for a combination no kernel is compiled for.
+/// Shared by the AVX-512 and AVX2 dispatches, whose kernels take the same parameters; the
+/// caller has the kinds' constants in scope.
+macro_rules! run_kernel {
+    ($kernel:ident, $k:expr, $args:tt) => {{
+        let k: $crate::quire::naive_special::Kinds = $k;
+        run_kernel!(@sums $kernel, k, $args;
+            NARROW, ROUNDED; NARROW, EXACT;
+            HALF, ROUNDED; HALF, EXACT; HALF, FUSED;
+            POSIT, ROUNDED; POSIT, EXACT;
+        )
+    }};
+    (@sums $kernel:ident, $k:ident, $args:tt; $($ok:ident, $p:ident;)*) => {
+        run_kernel!(@run $kernel, $k, $args; $(
+            $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
+        )*)
+    };
+    (@run $kernel:ident, $k:ident, $args:tt; $($ok:ident, $sk:ident, $p:ident;)*) => {
+        match ($k.op, $k.sum, $k.prod, $k.check, $k.same) {
+            $(
+                ($ok, $sk, $p, false, false) => $kernel::<$ok, $sk, $p, false, false> $args,
+                ($ok, $sk, $p, true, false) => $kernel::<$ok, $sk, $p, true, false> $args,
+            )*
+            // The same format for products and sums: never both clamping and overflowing.
+            (POSIT_RAISED, POSIT_SUM, ROUNDED, false, true) => {
+                $kernel::<POSIT_RAISED, POSIT_SUM, ROUNDED, false, true> $args
+            }
+            (POSIT_RAISED, POSIT_SUM, EXACT, false, true) => {
+                $kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true> $args
+            }
+            (NARROW, NARROW, ROUNDED, false, true) => {
+                $kernel::<NARROW, NARROW, ROUNDED, false, true> $args
+            }
+            (NARROW, NARROW, EXACT, false, true) => {
+                $kernel::<NARROW, NARROW, EXACT, false, true> $args
+            }
+            (HALF, HALF, ROUNDED, false, true) => $kernel::<HALF, HALF, ROUNDED, false, true> $args,
+            (HALF, HALF, EXACT, false, true) => $kernel::<HALF, HALF, EXACT, false, true> $args,
+            _ => return None,
+        }
+    };
+}
+pub(crate) use run_kernel;
 
 /// Rounding up and down, exceptions suppressed.
 const UP: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
@@ -227,97 +348,27 @@ fn dispatch(
     acc: &mut [f32; TILE],
     operands_finite: bool,
 ) -> Option<bool> {
-    let prod = match products {
-        Products::Rounded => ROUNDED,
-        Products::RoundedExact => EXACT,
-        Products::Fused => FUSED,
+    let kinds = Kinds::new(op, sum, products, true)?;
+    let op_zmm = match op {
+        Some(r) => Zmm::new(r, true).0,
+        None => Zmm::none(),
     };
-    let (op_zmm, op_kind, op_overflows) = match op {
-        Some(r) => {
-            let (z, kind) = Zmm::new(r, true);
-            (z, kind, r.keeps_specials())
-        }
-        // Fused products ignore the operand rounding (HALF stands for none).
-        None if prod == FUSED => (Zmm::none(), HALF, false),
-        None => return None,
-    };
-    let (sum_zmm, sum_kind, sum_clamps) = match sum {
-        SumLanes::Round(r) => {
-            let (z, kind) = Zmm::new(r, true);
-            (z, kind, !r.keeps_specials())
-        }
-        // Fused binary32 sums are one fused multiply-add in the general kernel already.
-        SumLanes::Binary32 if prod == FUSED => return None,
-        SumLanes::Binary32 => (Zmm::none(), BINARY32, false),
+    let sum_zmm = match sum {
+        SumLanes::Round(r) => Zmm::new(r, true).0,
+        SumLanes::Binary32 => Zmm::none(),
     };
     if !operands_finite && !finite_operands(a, b, stride) {
         return Some(false);
     }
-    // With finite operands, products are finite: only a rounded product's overflow makes a
-    // term Inf or NaN, which a clamping accumulator would hide.
-    let check = sum_clamps && op_overflows && prod != FUSED;
-    // One set of registers where both roundings are the same (`naive`).
-    let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
-    // `naive` in a posit: doubled values, sums of two posit values (see the module docs).
-    let (op_kind, sum_kind) = if same && op_kind == POSIT {
-        (POSIT_RAISED, POSIT_SUM)
-    } else {
-        (op_kind, sum_kind)
-    };
     let (o, s) = (&op_zmm, &sum_zmm);
-    macro_rules! run {
-        ($($ok:ident, $sk:ident, $p:ident;)*) => {
-            match (op_kind, sum_kind, prod, check, same) {
-                $(
-                    ($ok, $sk, $p, false, false) => {
-                        kernel::<$ok, $sk, $p, false, false>(o, s, a, b, stride, acc)
-                    }
-                    ($ok, $sk, $p, true, false) => {
-                        kernel::<$ok, $sk, $p, true, false>(o, s, a, b, stride, acc)
-                    }
-                )*
-                // The same format for products and sums: never both clamping and overflowing.
-                (POSIT_RAISED, POSIT_SUM, ROUNDED, false, true) => {
-                    kernel::<POSIT_RAISED, POSIT_SUM, ROUNDED, false, true>(o, s, a, b, stride, acc)
-                }
-                (POSIT_RAISED, POSIT_SUM, EXACT, false, true) => {
-                    kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true>(o, s, a, b, stride, acc)
-                }
-                (NARROW, NARROW, ROUNDED, false, true) => {
-                    kernel::<NARROW, NARROW, ROUNDED, false, true>(o, s, a, b, stride, acc)
-                }
-                (NARROW, NARROW, EXACT, false, true) => {
-                    kernel::<NARROW, NARROW, EXACT, false, true>(o, s, a, b, stride, acc)
-                }
-                (HALF, HALF, ROUNDED, false, true) => {
-                    kernel::<HALF, HALF, ROUNDED, false, true>(o, s, a, b, stride, acc)
-                }
-                (HALF, HALF, EXACT, false, true) => {
-                    kernel::<HALF, HALF, EXACT, false, true>(o, s, a, b, stride, acc)
-                }
-                _ => return None,
-            }
-        };
-    }
-    macro_rules! sums {
-        ($($ok:ident, $p:ident;)*) => {
-            run! {$(
-                $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
-            )*}
-        };
-    }
-    let done = sums! {
-        NARROW, ROUNDED; NARROW, EXACT;
-        HALF, ROUNDED; HALF, EXACT; HALF, FUSED;
-        POSIT, ROUNDED; POSIT, EXACT;
-    };
-    Some(done)
+    Some(run_kernel!(kernel, kinds, (o, s, a, b, stride, acc)))
 }
 
 /// The sums of one tile as [`super::naive_lanes::tile`] computes them (same definition,
 /// same bits), with the specialised roundings `op` (products; `None` only for
 /// [`Products::Fused`], which does not round them) and `sum`. `None` where the CPU (or the
-/// cap of [`isa::set_cap`]) has no AVX-512, or for fused binary32 sums (the general
+/// cap of [`isa::set_cap`]) has neither AVX-512 nor AVX2 (with F16C), where a rounding has no
+/// AVX2 form, or for fused binary32 sums (the general
 /// kernel's single fused multiply-add); otherwise `Some(done)`, `done` false when a lane met
 /// Inf or NaN (the tile is then left to the scalar definition and `acc` holds no result).
 /// The formats must be ones [`super::naive_lanes`] admits. `operands_finite`: the caller
@@ -335,10 +386,13 @@ pub fn tile(
     operands_finite: bool,
 ) -> Option<bool> {
     assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
-    if isa::active() != Isa::Avx512 {
-        return None;
+    match isa::active() {
+        // SAFETY: AVX-512 F/BW/DQ/VL are present (checked by `active`) and imply the fused
+        // multiply-add.
+        Isa::Avx512 => unsafe { dispatch(op, sum, products, a, b, stride, acc, operands_finite) },
+        Isa::Avx2 => {
+            super::naive_special_avx2::tile(op, sum, products, a, b, stride, acc, operands_finite)
+        }
+        Isa::Portable => None,
     }
-    // SAFETY: AVX-512 F/BW/DQ/VL are present (checked above) and imply the fused
-    // multiply-add.
-    unsafe { dispatch(op, sum, products, a, b, stride, acc, operands_finite) }
 }
