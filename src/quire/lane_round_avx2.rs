@@ -5,9 +5,10 @@
 //! conversion to half precision and back (`HALF`), and for posits the per-regime step.
 //!
 //! AVX2 has no 32-entry table lookup, so the posit kinds compute the step of the regime
-//! from `t` in the arithmetic form [`RegimeArith`] (a maximum, a cap and per-lane shifts),
-//! which [`PositTable::new`](super::lane_round::PositTable::new) keeps only where it gives
-//! every entry of the table. The kinds `POSIT_RAISED` and `POSIT_SUM` are those of
+//! from `t` in the arithmetic form [`RegimeArith`](super::lane_round::RegimeArith) (a
+//! maximum and per-lane shifts), which
+//! [`PositTable::new`](super::lane_round::PositTable::new) keeps only where it gives every
+//! entry of the table. The kinds `POSIT_RAISED` and `POSIT_SUM` are those of
 //! [`super::lane_round_avx512`] (doubled values; sums of two values of the posit).
 
 #![cfg(target_arch = "x86_64")]
@@ -24,7 +25,7 @@ use crate::backend::isa::{self, Isa};
 /// * `WIDE`: count `s`; `half = 2^(s-1) - 1`, `mask = !(2^s - 1)`.
 /// * `NARROW`: `e_lo`, `e_hi`, `shift`, `limit`, `over` (see [`LaneRound::Narrow`]).
 /// * `HALF`: none.
-/// * `POSIT`: count `23 + es`; `t_lo`, `t_hi - 1` (see [`RegimeArith`]), then its `up`,
+/// * `POSIT`: count `23 + es`; `t_lo`, `t_hi - 1` (see [`RegimeArith`](super::lane_round::RegimeArith)), then its `up`,
 ///   `down` and `flip`.
 #[derive(Clone, Copy)]
 pub(crate) struct Ymm {

@@ -62,7 +62,7 @@ pub mod naive_posit_f64;
 #[cfg(target_arch = "x86_64")]
 pub mod naive_special;
 #[cfg(target_arch = "x86_64")]
-mod naive_special_avx2;
+pub mod naive_special_avx2;
 pub mod ops;
 pub mod p8_lanes;
 pub mod p8_units;
