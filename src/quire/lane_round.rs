@@ -255,6 +255,20 @@ impl LaneRound {
         }))
     }
 
+    /// The lane constants of a float rounding, shared by the AVX-512 and AVX2 lanes: a
+    /// shift count and five values (`Wide`: `s`, then `2^(s-1) - 1` and `!(2^s - 1)`;
+    /// `Narrow`: 0, then `e_lo`, `e_hi`, `shift`, `limit`, `over`); `None` for posits.
+    pub(crate) fn float_lanes(&self) -> Option<(u32, [u32; 5])> {
+        match self {
+            LaneRound::Wide(w) => Some((
+                w.s,
+                [(1u32 << (w.s - 1)) - 1, !((1u32 << w.s) - 1), 0, 0, 0],
+            )),
+            LaneRound::Narrow(n) => Some((0, [n.e_lo, n.e_hi, n.shift, n.limit, n.over])),
+            LaneRound::Posit(_) => None,
+        }
+    }
+
     /// Whether the format is IEEE binary16 (the hardware's half precision).
     pub fn is_binary16(&self) -> bool {
         matches!(self, LaneRound::Narrow(n) if n.binary16)
@@ -448,9 +462,7 @@ fn round_run_kind(
         if lane_round_avx512::round_run_kind(r, kind, hardware_half, src, dst) {
             return Some(Isa::Avx512);
         }
-        if crate::backend::isa::active() == Isa::Avx2
-            && lane_round_avx2::round_run_kind(r, kind, hardware_half, src, dst)
-        {
+        if lane_round_avx2::round_run_kind(r, kind, hardware_half, src, dst) {
             return Some(Isa::Avx2);
         }
     }

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::lane_round::LaneRound;
-use super::lane_round_avx512::{HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
+use super::lane_round_avx512::{kind_of, HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
 use crate::backend::isa::{self, Isa};
 
 /// A specialised rounding's constants in registers: a shift count and six vectors, whose
@@ -45,59 +45,37 @@ pub(crate) fn has_f16c() -> bool {
 }
 
 impl Ymm {
-    /// The registers of `r`, and its kind ([`WIDE`], [`NARROW`], [`HALF`] or [`POSIT`]);
-    /// binary16 takes the conversion where `hardware_half` (the caller checks F16C).
-    /// `None` for a posit whose table has no arithmetic form.
+    /// The registers of `r` for its kind ([`kind_of`]); `None` for a posit whose table has
+    /// no arithmetic form.
     #[target_feature(enable = "avx2")]
-    pub(crate) fn new(r: &LaneRound, hardware_half: bool) -> Option<(Ymm, u8)> {
-        let zero = _mm256_setzero_si256();
-        Some(match r {
-            LaneRound::Wide(w) => (
-                Ymm {
-                    count: _mm_cvtsi32_si128(w.s as i32),
-                    v: [
-                        splat((1u32 << (w.s - 1)) - 1),
-                        splat(!((1u32 << w.s) - 1)),
-                        zero,
-                        zero,
-                        zero,
-                        zero,
-                    ],
-                },
-                WIDE,
-            ),
-            LaneRound::Narrow(n) if n.binary16 && hardware_half => (Ymm::none(), HALF),
-            LaneRound::Narrow(n) => (
-                Ymm {
-                    count: _mm_setzero_si128(),
-                    v: [
-                        splat(n.e_lo),
-                        splat(n.e_hi),
-                        splat(n.shift),
-                        splat(n.limit),
-                        splat(n.over),
-                        zero,
-                    ],
-                },
-                NARROW,
-            ),
-            LaneRound::Posit(p) => {
-                let a = p.arith?;
-                (
-                    Ymm {
-                        count: _mm_cvtsi32_si128(p.shift as i32),
-                        v: [
-                            splat(p.t_lo),
-                            splat(p.t_hi - 1),
-                            _mm256_set1_epi32(a.up),
-                            _mm256_set1_epi32(a.down),
-                            _mm256_set1_epi32(a.flip),
-                            zero,
-                        ],
-                    },
-                    POSIT,
-                )
-            }
+    pub(crate) fn new(r: &LaneRound) -> Option<Ymm> {
+        if let Some((count, c)) = r.float_lanes() {
+            return Some(Ymm {
+                count: _mm_cvtsi32_si128(count as i32),
+                v: [
+                    splat(c[0]),
+                    splat(c[1]),
+                    splat(c[2]),
+                    splat(c[3]),
+                    splat(c[4]),
+                    _mm256_setzero_si256(),
+                ],
+            });
+        }
+        let LaneRound::Posit(p) = r else {
+            unreachable!("float roundings have lane constants")
+        };
+        let a = p.arith?;
+        Some(Ymm {
+            count: _mm_cvtsi32_si128(p.shift as i32),
+            v: [
+                splat(p.t_lo),
+                splat(p.t_hi - 1),
+                _mm256_set1_epi32(a.up),
+                _mm256_set1_epi32(a.down),
+                _mm256_set1_epi32(a.flip),
+                _mm256_setzero_si256(),
+            ],
         })
     }
 
@@ -208,10 +186,10 @@ fn round_run_avx2(
     src: &[f32],
     dst: &mut [f32],
 ) -> bool {
-    let Some((y, own)) = Ymm::new(r, hardware_half) else {
+    let Some(y) = Ymm::new(r) else {
         return false;
     };
-    let kind = kind.unwrap_or(own);
+    let kind = kind.unwrap_or_else(|| kind_of(r, hardware_half));
     for (s, d) in src.chunks(8).zip(dst.chunks_mut(8)) {
         let mut lanes = [0u32; 8];
         for (l, &v) in lanes.iter_mut().zip(s) {

@@ -65,53 +65,43 @@ fn table(t: &[u32; 32]) -> [__m512i; 2] {
     }
 }
 
+/// The kind of a specialised rounding ([`WIDE`], [`NARROW`], [`HALF`] or [`POSIT`]),
+/// binary16 taking the conversion where `hardware_half`; the same for the AVX-512 and AVX2
+/// lanes.
+pub(crate) fn kind_of(r: &LaneRound, hardware_half: bool) -> u8 {
+    match r {
+        LaneRound::Wide(_) => WIDE,
+        LaneRound::Narrow(_) if r.is_binary16() && hardware_half => HALF,
+        LaneRound::Narrow(_) => NARROW,
+        LaneRound::Posit(_) => POSIT,
+    }
+}
+
 impl Zmm {
-    /// The registers of `r`, and its kind ([`WIDE`], [`NARROW`], [`HALF`] or [`POSIT`]);
-    /// binary16 takes the conversion where `hardware_half`.
+    /// The registers of `r` for its kind ([`kind_of`]).
     #[target_feature(enable = "avx512f")]
-    pub(crate) fn new(r: &LaneRound, hardware_half: bool) -> (Zmm, u8) {
-        let zero = _mm512_setzero_si512();
-        match r {
-            LaneRound::Wide(w) => (
-                Zmm {
-                    count: _mm_cvtsi32_si128(w.s as i32),
-                    v: [
-                        splat((1u32 << (w.s - 1)) - 1),
-                        splat(!((1u32 << w.s) - 1)),
-                        zero,
-                        zero,
-                        zero,
-                        zero,
-                    ],
-                },
-                WIDE,
-            ),
-            LaneRound::Narrow(n) if n.binary16 && hardware_half => (Zmm::none(), HALF),
-            LaneRound::Narrow(n) => (
-                Zmm {
-                    count: _mm_setzero_si128(),
-                    v: [
-                        splat(n.e_lo),
-                        splat(n.e_hi),
-                        splat(n.shift),
-                        splat(n.limit),
-                        splat(n.over),
-                        zero,
-                    ],
-                },
-                NARROW,
-            ),
-            LaneRound::Posit(p) => {
-                let [h0, h1] = table(&p.half);
-                let [m0, m1] = table(&p.mask);
-                (
-                    Zmm {
-                        count: _mm_cvtsi32_si128(p.shift as i32),
-                        v: [splat(p.t_lo), splat(p.t_hi), h0, h1, m0, m1],
-                    },
-                    POSIT,
-                )
-            }
+    pub(crate) fn new(r: &LaneRound) -> Zmm {
+        if let Some((count, c)) = r.float_lanes() {
+            return Zmm {
+                count: _mm_cvtsi32_si128(count as i32),
+                v: [
+                    splat(c[0]),
+                    splat(c[1]),
+                    splat(c[2]),
+                    splat(c[3]),
+                    splat(c[4]),
+                    _mm512_setzero_si512(),
+                ],
+            };
+        }
+        let LaneRound::Posit(p) = r else {
+            unreachable!("float roundings have lane constants")
+        };
+        let [h0, h1] = table(&p.half);
+        let [m0, m1] = table(&p.mask);
+        Zmm {
+            count: _mm_cvtsi32_si128(p.shift as i32),
+            v: [splat(p.t_lo), splat(p.t_hi), h0, h1, m0, m1],
         }
     }
 
@@ -225,8 +215,8 @@ fn round_run_avx512_kind(
     src: &[f32],
     dst: &mut [f32],
 ) {
-    let (z, own) = Zmm::new(r, hardware_half);
-    let kind = kind.unwrap_or(own);
+    let z = Zmm::new(r);
+    let kind = kind.unwrap_or_else(|| kind_of(r, hardware_half));
     for (s, d) in src.chunks(16).zip(dst.chunks_mut(16)) {
         let mut lanes = [0u32; 16];
         for (l, &v) in lanes.iter_mut().zip(s) {

@@ -68,7 +68,9 @@
 use std::arch::x86_64::*;
 
 use super::lane_round::LaneRound;
-use super::lane_round_avx512::{round, Zmm, HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
+use super::lane_round_avx512::{
+    kind_of, round, Zmm, HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE,
+};
 use super::naive_lanes::{Products, TILE};
 use crate::backend::isa::{self, Isa};
 
@@ -101,17 +103,6 @@ pub(crate) struct Kinds {
     pub prod: u8,
     pub check: bool,
     pub same: bool,
-}
-
-/// The kind of a specialised rounding, binary16 taking the conversion where
-/// `hardware_half`.
-fn kind_of(r: &LaneRound, hardware_half: bool) -> u8 {
-    match r {
-        LaneRound::Wide(_) => WIDE,
-        LaneRound::Narrow(_) if r.is_binary16() && hardware_half => HALF,
-        LaneRound::Narrow(_) => NARROW,
-        LaneRound::Posit(_) => POSIT,
-    }
 }
 
 impl Kinds {
@@ -350,11 +341,11 @@ fn dispatch(
 ) -> Option<bool> {
     let kinds = Kinds::new(op, sum, products, true)?;
     let op_zmm = match op {
-        Some(r) => Zmm::new(r, true).0,
+        Some(r) => Zmm::new(r),
         None => Zmm::none(),
     };
     let sum_zmm = match sum {
-        SumLanes::Round(r) => Zmm::new(r, true).0,
+        SumLanes::Round(r) => Zmm::new(r),
         SumLanes::Binary32 => Zmm::none(),
     };
     if !operands_finite && !finite_operands(a, b, stride) {

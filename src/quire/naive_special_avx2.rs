@@ -167,11 +167,11 @@ fn dispatch(
 ) -> Option<bool> {
     let kinds = Kinds::new(op, sum, products, true)?;
     let op_ymm = match op {
-        Some(r) => Ymm::new(r, true)?.0,
+        Some(r) => Ymm::new(r)?,
         None => Ymm::none(),
     };
     let sum_ymm = match sum {
-        SumLanes::Round(r) => Ymm::new(r, true)?.0,
+        SumLanes::Round(r) => Ymm::new(r)?,
         SumLanes::Binary32 => Ymm::none(),
     };
     if !operands_finite && !finite_operands(a, b, stride) {
