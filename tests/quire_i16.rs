@@ -242,16 +242,36 @@ fn quantized_int(posit: Posit, xs: &[f32]) -> Vec<Option<i16>> {
 fn check_int_operand(posit: Posit, xs: &[f32]) {
     let table = IntOperand::get(posit).expect("a table for small posits");
     let want = quantized_int(posit, xs);
+    check_keys(posit, &table, xs, &want);
+    for (isa, parallel) in caps() {
+        isa::set_cap(isa);
+        check_fill(posit, &table, xs, &want, parallel, isa);
+        isa::set_cap(None);
+    }
+}
+
+/// `IntOperand::int` of each of `xs` against `want`.
+fn check_keys(posit: Posit, table: &IntOperand, xs: &[f32], want: &[Option<i16>]) {
     let bad: Vec<_> = xs
         .iter()
-        .zip(&want)
+        .zip(want)
         .filter(|(x, w)| table.int(**x) != **w)
         .map(|(x, w)| (x.to_bits(), table.int(*x), *w))
         .take(5)
         .collect();
     assert!(bad.is_empty(), "{posit:?}: (bits, table, kernel) {bad:x?}");
-    // The matrix fill (sixteen keys at a time where the CPU has AVX-512, under each cap),
-    // as rows of 37 and as their transpose.
+}
+
+/// The matrix fill (sixteen keys at a time where the CPU has AVX-512) under the cap set now,
+/// as rows of 37 and as their transpose, against `want`; `cap` names it in a failure.
+fn check_fill(
+    posit: Posit,
+    table: &IntOperand,
+    xs: &[f32],
+    want: &[Option<i16>],
+    parallel: bool,
+    cap: Option<Isa>,
+) {
     let cols = 37;
     let rows = xs.len() / cols;
     let xs = &xs[..rows * cols];
@@ -259,26 +279,22 @@ fn check_int_operand(posit: Posit, xs: &[f32]) {
     let xt: Vec<f32> = (0..rows * cols)
         .map(|i| xs[(i % rows) * cols + i / rows])
         .collect();
-    for (isa, parallel) in caps() {
-        for (src, transposed) in [(xs, false), (&xt[..], true)] {
-            let mut dst = vec![7i16; rows * cols];
-            let mut nar = vec![false; rows];
-            isa::set_cap(isa);
-            table.fill(src, transposed, (rows, cols), &mut dst, &mut nar, parallel);
-            isa::set_cap(None);
-            let mut bad = 0;
-            for r in 0..rows {
-                let w = want_row(r);
-                bad += usize::from(nar[r] != w.iter().any(|v| v.is_none()));
-                for (d, v) in dst[r * cols..r * cols + cols].iter().zip(w) {
-                    bad += usize::from(*d != v.unwrap_or(0));
-                }
+    for (src, transposed) in [(xs, false), (&xt[..], true)] {
+        let mut dst = vec![7i16; rows * cols];
+        let mut nar = vec![false; rows];
+        table.fill(src, transposed, (rows, cols), &mut dst, &mut nar, parallel);
+        let mut bad = 0;
+        for r in 0..rows {
+            let w = want_row(r);
+            bad += usize::from(nar[r] != w.iter().any(|v| v.is_none()));
+            for (d, v) in dst[r * cols..r * cols + cols].iter().zip(w) {
+                bad += usize::from(*d != v.unwrap_or(0));
             }
-            assert_eq!(
-                bad, 0,
-                "{posit:?} fill {isa:?} transposed {transposed}: {bad} differ"
-            );
         }
+        assert_eq!(
+            bad, 0,
+            "{posit:?} fill {cap:?} parallel {parallel} transposed {transposed}: {bad} differ"
+        );
     }
 }
 
@@ -316,17 +332,35 @@ fn int_operand_equals_the_quantize_kernel() {
     }
 }
 
-/// Every f32 of posit<8,0> (340 s in a release build on the loaded 2-core machine).
+/// Every f32 of posit<8,0>: the table's keys once, and the fill under the detected
+/// instruction set and each narrower cap (one cap at a time, the f32s split over the
+/// threads; each fill runs on one thread).
 #[test]
 #[ignore]
 fn int_operand_equals_the_quantize_kernel_on_every_f32() {
+    use rayon::prelude::*;
     let posit = i16_posits()[0];
-    let step = 1u64 << 24;
-    for start in (0..1u64 << 32).step_by(step as usize) {
-        let xs: Vec<f32> = (start..start + step)
-            .map(|b| f32::from_bits(b as u32))
-            .collect();
-        check_int_operand(posit, &xs);
+    let table = IntOperand::get(posit).expect("a table for small posits");
+    let step = 1u64 << 20;
+    let cap_passes = std::iter::once(None).chain(
+        Isa::ALL
+            .into_iter()
+            .filter(|&i| i < isa::detected())
+            .map(Some),
+    );
+    for cap in cap_passes {
+        isa::set_cap(cap);
+        (0..(1u64 << 32) / step).into_par_iter().for_each(|chunk| {
+            let xs: Vec<f32> = (chunk * step..(chunk + 1) * step)
+                .map(|b| f32::from_bits(b as u32))
+                .collect();
+            let want = quantized_int(posit, &xs);
+            if cap.is_none() {
+                check_keys(posit, &table, &xs, &want);
+            }
+            check_fill(posit, &table, &xs, &want, false, cap);
+        });
+        isa::set_cap(None);
     }
 }
 
