@@ -108,6 +108,7 @@ const SETTINGS: &[(&str, &str, bool)] = &[
     ("posit<16,1>", "naive", false),
     ("posit<32,2>", "quire", true),
     ("posit<32,2>", "naive", false),
+    ("e4m3", "naive", false),
     ("posit<8,2>", "quire", false),
     ("e4m3", "naive:fp16", false),
     ("e4m3", "naive:fp32", false),

@@ -379,3 +379,169 @@ fn specialised_tiles_equal_the_definition() {
         }
     });
 }
+
+/// The finite values of `format`, from every bit pattern.
+fn all_values(format: &Format) -> Vec<f64> {
+    (0..1u32 << format.bits())
+        .filter_map(|p| format.decode(p).ok())
+        .filter(|v| v.is_finite())
+        .collect()
+}
+
+/// `LaneRound::sums_exact`, which lets the AVX2 kernel add without rounding to odd: where
+/// it holds, every sum of two values of the format is an f32 (all pairs checked); where it
+/// does not, the largest value plus the smallest positive one is no f32, except for
+/// float<4,10>, whose sums are all f32s though the bound misses it (a large value's
+/// neighbours are coarse: the bound is sufficient, not necessary).
+#[test]
+fn sums_exact_holds_where_every_pair_of_values_sums_to_an_f32() {
+    use qcandle::quire::lane_round::LaneRound;
+    // x + y is an f32: the f64 sum is exact (TwoSum's error is zero) and an f32.
+    let sum_is_f32 = |x: f64, y: f64| {
+        let s = x + y;
+        let yy = s - x;
+        let error = (x - (s - yy)) + (y - yy);
+        error == 0.0 && f64::from(s as f32) == s
+    };
+    let every_pair_sums_to_an_f32 = |values: &[f64]| {
+        values
+            .iter()
+            .all(|&x| values.iter().all(|&y| sum_is_f32(x, y)))
+    };
+    let cases = [
+        ("posit<8,0>", true),
+        ("posit<6,1>", true),
+        ("posit<10,0>", true),
+        ("posit<13,0>", true),
+        ("posit<7,1>", true),
+        ("posit<14,0>", false),
+        ("posit<8,1>", false),
+        ("posit<8,2>", false),
+        ("posit<16,1>", false),
+        ("e4m3", true),
+        ("float<4,3,fn,sat>", true),
+        ("float<3,2>", true),
+        ("float<2,1>", true),
+        ("float<4,9>", true),
+        ("float<4,10>", false),
+        ("e5m2", false),
+        ("fp16", false),
+        ("bf16", false),
+    ];
+    for (name, exact) in cases {
+        let format = fmt(name);
+        let lanes = LaneRound::new(&format).unwrap_or_else(|| panic!("{name}: lanes"));
+        assert_eq!(lanes.sums_exact(), exact, "{name}: sums_exact");
+        let values = all_values(&format);
+        if exact || name == "float<4,10>" {
+            assert!(
+                every_pair_sums_to_an_f32(&values),
+                "{name}: a sum is no f32"
+            );
+        } else {
+            let max = values.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let min = values
+                .iter()
+                .filter(|v| **v > 0.0)
+                .fold(f64::INFINITY, |m, &v| m.min(v));
+            assert!(!sum_is_f32(max, min), "{name}: {max:e} + {min:e} is an f32");
+        }
+    }
+}
+
+/// `naive` in the 8-bit formats takes the register kernel's f32 entry where it runs with
+/// specialised roundings (AVX2 with F16C, AVX-512; with sums exact in f32 for posit<8,0>
+/// and e4m3), posit<8,0> its i16 lanes on AVX-512 and one lane at a time without the
+/// register kernel, the others the operation tables through the rounded f64 path: the
+/// same bits as the f64 definition under every cap, from f32 operands off the grid, with
+/// a bias.
+#[test]
+fn naive_8bit_formats_take_the_register_kernel_where_it_is_specialised() {
+    use qcandle::backend::isa::Isa;
+    use qcandle::quire::quire_i16::Operand;
+    use qcandle::quire::{Accumulate, GemmRule};
+    on_every_isa(|isa| {
+        for name in [
+            "posit<8,0>",
+            "e4m3",
+            "e5m2",
+            "posit<8,1>",
+            "float<4,3,fn,sat>",
+        ] {
+            let format = fmt(name);
+            let rule = GemmRule::new(&Accumulate::Naive, &format)
+                .expect("rule")
+                .expect("not f32");
+            let kernel = NaiveF32::new(&format).expect("the register kernel admits it");
+            let specialised = kernel.specialised();
+            assert_eq!(
+                specialised,
+                isa != Isa::Portable,
+                "{name}: specialised under {isa:?}"
+            );
+            let (m, k, n) = (3, 45, 70);
+            let mut rng = SplitMix(7);
+            let scale = format.max_finite().expect("finite") / 8.0;
+            let mut draw = |len: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|_| ((rng.next_u32() as f64 / 2f64.powi(31) - 1.0) * scale) as f32)
+                    .collect()
+            };
+            let (a, b) = (draw(m * k), draw(k * n));
+            let bias = rule.operands(&draw(n));
+            let got = rule.gemm_f32(
+                Operand::rows(&a),
+                Operand::rows(&b),
+                (m, k, n),
+                Bias::PerCol(&bias),
+                true,
+            );
+            let p8 = name == "posit<8,0>";
+            assert_eq!(
+                got.is_some(),
+                specialised || p8,
+                "{name} under {isa:?}: f32 entry"
+            );
+            let (av, bv) = (rule.operands(&a), rule.operands(&b));
+            let mut want = vec![0.0; m * n];
+            rule.gemm(&av, &bv, (m, k, n), Bias::PerCol(&bias), &mut want, true);
+            let got = got.unwrap_or_else(|| want.iter().map(|&v| v as f32).collect());
+            let bad = got
+                .iter()
+                .zip(&want)
+                .filter(|(g, w)| !same(f64::from(**g), **w))
+                .count();
+            assert_eq!(bad, 0, "{name} under {isa:?}: {bad} of {} differ", m * n);
+        }
+    });
+}
+
+/// A sum whose f32 rounding lands on a midpoint of the format while the exact sum lies
+/// below it is rounded by the definition, not twice: in float<5,11> (12-bit significands,
+/// products exact in f32) `(1 + 2^-11) + (2^-12 - 2^-24)` is a tie in f32 that rounds up
+/// to the midpoint `1 + 2^-11 + 2^-12`, which would then go to the even `1 + 2^-10`; the
+/// exact sum rounds to `1 + 2^-11`. Sums of such formats are rounded to odd first (they
+/// are not exact in f32: `LaneRound::sums_exact`).
+#[test]
+fn a_sum_rounded_to_a_midpoint_in_f32_is_rounded_once() {
+    let format = fmt("float<5,11>");
+    let c = 1.0 + 2f64.powi(-11);
+    let t = 2f64.powi(-12) - 2f64.powi(-24);
+    for v in [c, t] {
+        assert_eq!(
+            format.round(v, Rounding::NearestEven, 0),
+            v,
+            "{v:e} is a value"
+        );
+    }
+    let want = format.round(c + t, Rounding::NearestEven, 0);
+    assert_eq!(want, c, "the definition");
+    let f32_first = format.round(f64::from((c + t) as f32), Rounding::NearestEven, 0);
+    assert_eq!(f32_first, 1.0 + 2f64.powi(-10), "rounded twice");
+    on_every_isa(|isa| {
+        let n = 2 * TILE + 3;
+        let b: Vec<f64> = [vec![c; n], vec![t; n]].concat();
+        let what = format!("double rounding, {isa:?}");
+        check(&what, &format, None, &[1.0, 1.0], &b, (1, 2, n), Bias::None);
+    });
+}

@@ -274,6 +274,39 @@ impl LaneRound {
         matches!(self, LaneRound::Narrow(n) if n.binary16)
     }
 
+    /// Whether the sum of any two values of the format is an f32 by the bound below, so
+    /// that it needs no rounding to odd before this rounding (the naive GEMM's sums in
+    /// small formats). The bound is sufficient, not necessary: float<4,10>'s sums are all
+    /// f32s (the values near its largest are coarse), but it is not claimed.
+    ///
+    /// Every value is a multiple of `2^q` and a sum of two is below `2^top` in magnitude,
+    /// or equal to it (a power of two): the sum is an integer below `2^(top - q)` times
+    /// `2^q`, an f32 where `top - q <= 24` (`2^q` is at least f32's smallest subnormal by
+    /// the formats' admission).
+    /// * A float with `m` fraction bits and exponents `emin..=emax`: `q = emin - m` (its
+    ///   subnormals' spacing), `top = emax + 2`. e4m3: `10 + 9 = 19`, exact; e5m2:
+    ///   `17 + 16 = 33`, not.
+    /// * posit<n, es> with `maxpos = 2^E`, `minpos = 2^-E`: `q = -E`, `top = E + 1`, exact
+    ///   for `E <= 11` (posit<8,0>: `E = 6`). Every posit is a multiple of minpos: a value
+    ///   of scale `s` with `f` fraction bits has spacing `2^(s - f)`, and in regime `k < 0`
+    ///   (`1 - k` regime bits, so `f = n - 2 - es + k`) with exponent field `e`,
+    ///   `s - f = k·(2^es - 1) + e - n + 2 + es >= -(n - 2 - es)·2^es >= -E` as
+    ///   `k >= -(n - 2 - es)` there; values whose fraction is cut are powers of two at or
+    ///   above minpos, and regimes `k >= 0` have spacing at least `2^-(n - 3)`.
+    /// * IEEE-range floats (`Wide`): never.
+    pub fn sums_exact(&self) -> bool {
+        let exponent = |bits: u32| (bits >> 23) as i32 - 127;
+        let (q, top) = match self {
+            LaneRound::Wide(_) => return false,
+            LaneRound::Narrow(n) => {
+                let m = 23 - (n.shift >> 23) as i32;
+                (exponent(n.e_lo) - m, exponent(n.e_hi) + 1)
+            }
+            LaneRound::Posit(t) => (exponent(t.t_lo - RAISE), exponent(t.t_hi - RAISE) + 1),
+        };
+        top - q <= 24
+    }
+
     /// Whether every Inf or NaN input, and every finite input beyond the format's overflow
     /// threshold, rounds to Inf or NaN: the formats that overflow to Inf or NaN. Posits and
     /// saturating floats clamp instead.

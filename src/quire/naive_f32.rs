@@ -247,6 +247,34 @@ impl NaiveF32 {
         }
     }
 
+    /// Whether tiles run the register kernel with roundings specialised to the formats
+    /// ([`super::naive_special`]) on this CPU (or under its instruction-set cap): a tile of
+    /// no terms is run to find out.
+    pub fn specialised(&self) -> bool {
+        let mut tile = [0f32; TILE];
+        special_tile(
+            self.special_lanes(),
+            self.products(),
+            &[],
+            &[],
+            TILE,
+            &mut tile,
+            true,
+        )
+        .is_some()
+    }
+
+    /// The kind of products the register kernel forms.
+    fn products(&self) -> Products {
+        if self.fused {
+            Products::Fused
+        } else if self.exact_products() {
+            Products::RoundedExact
+        } else {
+            Products::Rounded
+        }
+    }
+
     /// Whether operands of the operand format have products that are f32 values.
     fn exact_products(&self) -> bool {
         self.op.significand_bits <= 12
@@ -367,13 +395,7 @@ impl NaiveF32 {
             Some(r) => Accumulator::Plan(&r.plan),
             None => Accumulator::Binary32,
         };
-        let products = if self.fused {
-            Products::Fused
-        } else if self.exact_products() {
-            Products::RoundedExact
-        } else {
-            Products::Rounded
-        };
+        let products = self.products();
         let special = self.special_lanes();
         // Which rows of A and which tiles of B are finite, found once for all tiles.
         let row_finite: Vec<bool> = (0..m)

@@ -94,8 +94,10 @@ pub(crate) const FUSED: u8 = 2;
 
 /// The kinds a tile's kernel is compiled for: the operand rounding's and the sums' (the
 /// kinds of [`super::lane_round_avx512`], or [`BINARY32`]), the products', whether the sums'
-/// inputs are checked for Inf and NaN at every step, and whether the accumulator is the
-/// operand format.
+/// inputs are checked for Inf and NaN at every step, whether the accumulator is the
+/// operand format, and whether its sums are f32 values ([`LaneRound::sums_exact`], with
+/// products exact in f32: the sum of two values of the format then needs no rounding to
+/// odd).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Kinds {
     pub op: u8,
@@ -103,6 +105,7 @@ pub(crate) struct Kinds {
     pub prod: u8,
     pub check: bool,
     pub same: bool,
+    pub exact_sums: bool,
 }
 
 impl Kinds {
@@ -136,6 +139,8 @@ impl Kinds {
         let check = sum_clamps && op_overflows && prod != FUSED;
         // One set of registers where both roundings are the same (`naive`).
         let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
+        // Both addends values of the format (the products rounded to it from exact ones).
+        let exact_sums = same && prod == EXACT && op.is_some_and(LaneRound::sums_exact);
         // `naive` in a posit: doubled values, sums of two posit values (see the module docs).
         let (op_kind, sum_kind) = if same && op_kind == POSIT {
             (POSIT_RAISED, POSIT_SUM)
@@ -148,11 +153,13 @@ impl Kinds {
             prod,
             check,
             same,
+            exact_sums,
         })
     }
 }
 
-/// Calls `$kernel::<OP, SUM, PROD, CHECK, SAME>$args` for the run-time [`Kinds`] `$k`, or
+/// Calls `$kernel::<OP, SUM, PROD, CHECK, SAME, EXACT_SUMS>$args` for the run-time
+/// [`Kinds`] `$k`, or
 /// returns `None` from the enclosing function for a combination no kernel is compiled for.
 /// Shared by the AVX-512 and AVX2 dispatches, whose kernels take the same parameters; the
 /// caller has the kinds' constants in scope.
@@ -171,26 +178,41 @@ macro_rules! run_kernel {
         )*)
     };
     (@run $kernel:ident, $k:ident, $args:tt; $($ok:ident, $sk:ident, $p:ident;)*) => {
-        match ($k.op, $k.sum, $k.prod, $k.check, $k.same) {
+        match ($k.op, $k.sum, $k.prod, $k.check, $k.same, $k.exact_sums) {
             $(
-                ($ok, $sk, $p, false, false) => $kernel::<$ok, $sk, $p, false, false> $args,
-                ($ok, $sk, $p, true, false) => $kernel::<$ok, $sk, $p, true, false> $args,
+                ($ok, $sk, $p, false, false, false) => {
+                    $kernel::<$ok, $sk, $p, false, false, false> $args
+                }
+                ($ok, $sk, $p, true, false, false) => {
+                    $kernel::<$ok, $sk, $p, true, false, false> $args
+                }
             )*
             // The same format for products and sums: never both clamping and overflowing.
-            (POSIT_RAISED, POSIT_SUM, ROUNDED, false, true) => {
-                $kernel::<POSIT_RAISED, POSIT_SUM, ROUNDED, false, true> $args
+            (POSIT_RAISED, POSIT_SUM, ROUNDED, false, true, false) => {
+                $kernel::<POSIT_RAISED, POSIT_SUM, ROUNDED, false, true, false> $args
             }
-            (POSIT_RAISED, POSIT_SUM, EXACT, false, true) => {
-                $kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true> $args
+            (POSIT_RAISED, POSIT_SUM, EXACT, false, true, false) => {
+                $kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true, false> $args
             }
-            (NARROW, NARROW, ROUNDED, false, true) => {
-                $kernel::<NARROW, NARROW, ROUNDED, false, true> $args
+            (NARROW, NARROW, ROUNDED, false, true, false) => {
+                $kernel::<NARROW, NARROW, ROUNDED, false, true, false> $args
             }
-            (NARROW, NARROW, EXACT, false, true) => {
-                $kernel::<NARROW, NARROW, EXACT, false, true> $args
+            (NARROW, NARROW, EXACT, false, true, false) => {
+                $kernel::<NARROW, NARROW, EXACT, false, true, false> $args
             }
-            (HALF, HALF, ROUNDED, false, true) => $kernel::<HALF, HALF, ROUNDED, false, true> $args,
-            (HALF, HALF, EXACT, false, true) => $kernel::<HALF, HALF, EXACT, false, true> $args,
+            (HALF, HALF, ROUNDED, false, true, false) => {
+                $kernel::<HALF, HALF, ROUNDED, false, true, false> $args
+            }
+            (HALF, HALF, EXACT, false, true, false) => {
+                $kernel::<HALF, HALF, EXACT, false, true, false> $args
+            }
+            // Sums exact in f32: small posits (posit<8,0>) and floats (e4m3).
+            (POSIT_RAISED, POSIT_SUM, EXACT, false, true, true) => {
+                $kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true, true> $args
+            }
+            (NARROW, NARROW, EXACT, false, true, true) => {
+                $kernel::<NARROW, NARROW, EXACT, false, true, true> $args
+            }
             _ => return None,
         }
     };
@@ -260,9 +282,17 @@ fn finite_operands(a: &[f32], b: &[f32], stride: usize) -> bool {
 /// The tile loop for operand rounding `OP`, accumulator `SUM` and products `PROD` (finite
 /// operands). `CHECK`: the sums' inputs are checked for Inf and NaN at every step (the
 /// accumulator clamps while products may overflow to Inf or NaN). `SAME`: the accumulator
-/// is the operand format (`sum` is not read).
+/// is the operand format (`sum` is not read). `EXACT_SUMS`: the sums are f32 values; this
+/// kernel rounds them to odd all the same (four instructions here, one add on AVX2).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
-fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const SAME: bool>(
+fn kernel<
+    const OP: u8,
+    const SUM: u8,
+    const PROD: u8,
+    const CHECK: bool,
+    const SAME: bool,
+    const EXACT_SUMS: bool,
+>(
     op: &Zmm,
     sum: &Zmm,
     a: &[f32],

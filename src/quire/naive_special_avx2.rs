@@ -15,6 +15,11 @@
 //!   carries the largest finite value, and either way such lanes leave their tile to the
 //!   scalar definition (the roundings that can meet them keep specials, see
 //!   [`super::naive_special`]).
+//! * **Sums exact in f32 are the native add.** Where both addends are values of a format
+//!   whose pairwise sums are f32 values ([`super::lane_round::LaneRound::sums_exact`]:
+//!   `naive` in posit<8,0> or e4m3, whose products are exact in f32 and rounded to the
+//!   format), the sum is its own rounding to odd: one add instead of TwoSum and the step to
+//!   odd (thirteen operations).
 //! * **Posit steps by arithmetic.** The posit kinds compute each regime's step from `t`
 //!   ([`super::lane_round::RegimeArith`]); a posit without that form takes the general
 //!   kernel.
@@ -85,9 +90,16 @@ fn finite_operands(a: &[f32], b: &[f32], stride: usize) -> bool {
 }
 
 /// The tile loop of [`super::naive_special`]'s kernel with the same type parameters, on 8
-/// lanes a register.
+/// lanes a register; `EXACT_SUMS`: the sums are f32 values and are the native add.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const SAME: bool>(
+fn kernel<
+    const OP: u8,
+    const SUM: u8,
+    const PROD: u8,
+    const CHECK: bool,
+    const SAME: bool,
+    const EXACT_SUMS: bool,
+>(
     op: &Ymm,
     sum: &Ymm,
     a: &[f32],
@@ -125,7 +137,11 @@ fn kernel<const OP: u8, const SUM: u8, const PROD: u8, const CHECK: bool, const 
             c[r] = if SUM == BINARY32 {
                 _mm256_add_ps(c[r], term)
             } else {
-                let odd = add_odd(c[r], term);
+                let odd = if EXACT_SUMS {
+                    _mm256_castps_si256(_mm256_add_ps(c[r], term))
+                } else {
+                    add_odd(c[r], term)
+                };
                 if CHECK {
                     // `odd · 0 + flag` is NaN once odd was Inf or NaN.
                     flag[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(odd), zero, flag[r]);

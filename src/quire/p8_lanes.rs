@@ -36,8 +36,8 @@ use crate::backend::isa::{self, Isa};
 /// Columns of one tile (i16 lanes of a 512-bit register).
 pub const LANES: usize = 32;
 
-/// Whether the AVX-512 kernels run.
-fn avx512() -> bool {
+/// Whether the AVX-512 kernels run (elsewhere the sums run one lane at a time).
+pub fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         isa::active() == Isa::Avx512

@@ -7,7 +7,10 @@
 //!
 //! * `quire`: [`super::gemm_cpu::quire_gemm`] (the narrowest exact accumulator);
 //! * `naive`: [`super::gemm_cpu::naive_gemm`] (i16 lanes for posit<8,0>, operation tables
-//!   for other 8-bit formats);
+//!   for other 8-bit formats); from f32 operands ([`GemmRule::gemm_f32`]) the 8-bit formats
+//!   take the register kernel where it runs with roundings specialised to the format
+//!   ([`super::naive_special`]: AVX2 with F16C, and AVX-512 but for posit<8,0>, whose i16
+//!   lanes are faster there);
 //! * `naive:<A>` and `fma:<A>`: [`super::gemm_acc`];
 //! * `lns:<impl>`: [`super::gemm_lns`].
 //!
@@ -26,6 +29,7 @@ use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias
 use super::gemm_lns::{lns_gemm, lns_gemm_f32};
 use super::naive_f32::NaiveF32;
 use super::naive_p8;
+use super::p8_lanes;
 use super::p8_units::is_posit8_0;
 use super::quire_i16::{self, Operand};
 use crate::format::rounding::NearestEven;
@@ -186,9 +190,11 @@ impl GemmRule {
     /// rounded. `None` where the rule has no such path (then round with
     /// [`GemmRule::operands`] and call [`GemmRule::gemm`]): today the i16 quire of
     /// posit<8,0> ([`super::quire_i16`]), the checked f64 quire of the other posits
-    /// ([`super::gemm_checked`]), naive posit<8,0> ([`super::naive_p8`]), the register
-    /// kernel of `naive`, `naive:<A>` and `fma:<A>` ([`NaiveF32::gemm_f32`], where it
-    /// applies) and the LNS rules ([`super::gemm_lns`]), the same bits as the f64 path.
+    /// ([`super::gemm_checked`]), naive posit<8,0> on AVX-512 ([`super::naive_p8`]), the
+    /// register kernel of `naive` (for the 8-bit formats only where
+    /// [`NaiveF32::specialised`]; posit<8,0> without it takes [`super::naive_p8`]),
+    /// `naive:<A>` and `fma:<A>` ([`NaiveF32::gemm_f32`], where it applies) and the LNS
+    /// rules ([`super::gemm_lns`]), the same bits as the f64 path.
     pub fn gemm_f32(
         &self,
         a: Operand,
@@ -209,13 +215,21 @@ impl GemmRule {
                 Some(gemm_checked::gemm_f32(*p, a, b, dims, bias, parallel).0)
             }
             GemmRule::Lns(arith) => Some(lns_gemm_f32(arith, a, b, dims, bias, parallel)),
-            GemmRule::Naive(f) if is_posit8_0(f) => {
+            // posit<8,0>: i16 lanes on AVX-512.
+            GemmRule::Naive(f) if is_posit8_0(f) && p8_lanes::avx512() => {
                 Some(naive_p8::gemm_f32(a, b, dims, bias, parallel))
             }
-            // The formats `naive_gemm` gives the register kernel (not the 8-bit tables).
-            GemmRule::Naive(f) if OpTables::get(f).is_none() => {
-                NaiveF32::new(f)?.gemm_f32(a, b, dims, bias, parallel)
+            // The 8-bit formats: the register kernel where it runs with specialised
+            // roundings (faster than the operation tables and than posit<8,0>'s lanes summed
+            // one at a time), else those.
+            GemmRule::Naive(f) if OpTables::get(f).is_some() || is_posit8_0(f) => {
+                match NaiveF32::new(f).filter(NaiveF32::specialised) {
+                    Some(kernel) => kernel.gemm_f32(a, b, dims, bias, parallel),
+                    None if is_posit8_0(f) => Some(naive_p8::gemm_f32(a, b, dims, bias, parallel)),
+                    None => None,
+                }
             }
+            GemmRule::Naive(f) => NaiveF32::new(f)?.gemm_f32(a, b, dims, bias, parallel),
             GemmRule::NaiveSum { op, acc } => {
                 NaiveF32::with_accumulator(op, acc, false)?.gemm_f32(a, b, dims, bias, parallel)
             }
