@@ -75,12 +75,10 @@ fn inputs(format: &Format) -> Vec<f32> {
             xs.push(f32::from_bits((byte << 23) | (rng.next_u32() & 0x7f_ffff)));
         }
     }
-    let mut values: Vec<f64> = (0..1u32 << format.bits())
-        .map(|p| format.decode(p).expect("a pattern"))
-        .filter(|v| v.is_finite() && *v >= 0.0)
+    let values: Vec<f64> = common::finite_values(format)
+        .into_iter()
+        .filter(|v| *v >= 0.0)
         .collect();
-    values.sort_by(f64::total_cmp);
-    values.dedup();
     let mut near = |v: f64| {
         let x = v as f32;
         xs.extend([x, x.next_up(), x.next_down()]);
@@ -230,12 +228,7 @@ fn posit_roundings_of_doubled_values() {
     let mut checked = 0u64;
     for name in FORMATS.iter().filter(|n| n.starts_with("posit")) {
         let format = fmt(name);
-        let mut values: Vec<f64> = (0..1u32 << format.bits())
-            .map(|p| format.decode(p).expect("a pattern"))
-            .filter(|v| v.is_finite())
-            .collect();
-        values.sort_by(f64::total_cmp);
-        values.dedup();
+        let values = common::finite_values(&format);
         let minpos = values
             .iter()
             .copied()

@@ -380,14 +380,6 @@ fn specialised_tiles_equal_the_definition() {
     });
 }
 
-/// The finite values of `format`, from every bit pattern.
-fn all_values(format: &Format) -> Vec<f64> {
-    (0..1u32 << format.bits())
-        .filter_map(|p| format.decode(p).ok())
-        .filter(|v| v.is_finite())
-        .collect()
-}
-
 /// `LaneRound::sums_exact`, which lets the AVX2 kernel add without rounding to odd: where
 /// it holds, every sum of two values of the format is an f32 (all pairs checked); where it
 /// does not, the largest value plus the smallest positive one is no f32, except for
@@ -432,7 +424,7 @@ fn sums_exact_holds_where_every_pair_of_values_sums_to_an_f32() {
         let format = fmt(name);
         let lanes = LaneRound::new(&format).unwrap_or_else(|| panic!("{name}: lanes"));
         assert_eq!(lanes.sums_exact(), exact, "{name}: sums_exact");
-        let values = all_values(&format);
+        let values = common::finite_values(&format);
         if exact || name == "float<4,10>" {
             assert!(
                 every_pair_sums_to_an_f32(&values),

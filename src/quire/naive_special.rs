@@ -175,9 +175,17 @@ macro_rules! run_kernel {
     (@sums $kernel:ident, $k:ident, $args:tt; $($ok:ident, $p:ident;)*) => {
         run_kernel!(@run $kernel, $k, $args; $(
             $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
-        )*)
+        )*;
+            // The same format for products and sums (never both clamping and overflowing),
+            // `EXACT_SUMS` last: small posits (posit<8,0>) and floats (e4m3) have it.
+            POSIT_RAISED, POSIT_SUM, ROUNDED, false; POSIT_RAISED, POSIT_SUM, EXACT, false;
+            NARROW, NARROW, ROUNDED, false; NARROW, NARROW, EXACT, false;
+            HALF, HALF, ROUNDED, false; HALF, HALF, EXACT, false;
+            POSIT_RAISED, POSIT_SUM, EXACT, true; NARROW, NARROW, EXACT, true;
+        )
     };
-    (@run $kernel:ident, $k:ident, $args:tt; $($ok:ident, $sk:ident, $p:ident;)*) => {
+    (@run $kernel:ident, $k:ident, $args:tt; $($ok:ident, $sk:ident, $p:ident;)*;
+        $($so:ident, $ss:ident, $sp:ident, $ex:tt;)*) => {
         match ($k.op, $k.sum, $k.prod, $k.check, $k.same, $k.exact_sums) {
             $(
                 ($ok, $sk, $p, false, false, false) => {
@@ -187,32 +195,9 @@ macro_rules! run_kernel {
                     $kernel::<$ok, $sk, $p, true, false, false> $args
                 }
             )*
-            // The same format for products and sums: never both clamping and overflowing.
-            (POSIT_RAISED, POSIT_SUM, ROUNDED, false, true, false) => {
-                $kernel::<POSIT_RAISED, POSIT_SUM, ROUNDED, false, true, false> $args
-            }
-            (POSIT_RAISED, POSIT_SUM, EXACT, false, true, false) => {
-                $kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true, false> $args
-            }
-            (NARROW, NARROW, ROUNDED, false, true, false) => {
-                $kernel::<NARROW, NARROW, ROUNDED, false, true, false> $args
-            }
-            (NARROW, NARROW, EXACT, false, true, false) => {
-                $kernel::<NARROW, NARROW, EXACT, false, true, false> $args
-            }
-            (HALF, HALF, ROUNDED, false, true, false) => {
-                $kernel::<HALF, HALF, ROUNDED, false, true, false> $args
-            }
-            (HALF, HALF, EXACT, false, true, false) => {
-                $kernel::<HALF, HALF, EXACT, false, true, false> $args
-            }
-            // Sums exact in f32: small posits (posit<8,0>) and floats (e4m3).
-            (POSIT_RAISED, POSIT_SUM, EXACT, false, true, true) => {
-                $kernel::<POSIT_RAISED, POSIT_SUM, EXACT, false, true, true> $args
-            }
-            (NARROW, NARROW, EXACT, false, true, true) => {
-                $kernel::<NARROW, NARROW, EXACT, false, true, true> $args
-            }
+            $(
+                ($so, $ss, $sp, false, true, $ex) => $kernel::<$so, $ss, $sp, false, true, $ex> $args,
+            )*
             _ => return None,
         }
     };

@@ -1,7 +1,7 @@
 //! Shared by the test files: a mismatch collector that counts every failure, keeps the
 //! first few descriptions, and merges across parallel workers; the one seeded generator
-//! ([`SplitMix`]), so every run sees the same inputs and failures reproduce; and the
-//! reference decoders of [`reference`].
+//! ([`SplitMix`]), so every run sees the same inputs and failures reproduce; a format's
+//! finite values ([`finite_values`]); and the reference decoders of [`reference`].
 
 pub mod reference;
 
@@ -97,4 +97,17 @@ impl SplitMix {
         let s = if self.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
         s * m * 2f64.powi(e)
     }
+}
+
+/// The finite values of `format` from every bit pattern, ascending, each once (`-0` and `+0`
+/// are one).
+#[allow(dead_code)] // each test file uses part of it
+pub fn finite_values(format: &qcandle::Format) -> Vec<f64> {
+    let mut values: Vec<f64> = (0..1u32 << format.bits())
+        .map(|p| format.decode(p).expect("a pattern"))
+        .filter(|v| v.is_finite())
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.dedup();
+    values
 }
