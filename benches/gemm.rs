@@ -109,6 +109,7 @@ const SETTINGS: &[(&str, &str, bool)] = &[
     ("posit<32,2>", "quire", true),
     ("posit<32,2>", "naive", false),
     ("e4m3", "naive", false),
+    ("e5m2", "naive", false),
     ("posit<8,2>", "quire", false),
     ("e4m3", "naive:fp16", false),
     ("e4m3", "naive:fp32", false),

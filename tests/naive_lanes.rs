@@ -123,6 +123,10 @@ const PAIRS: &[(&str, Option<&str>)] = &[
     ("posit<8,0>", Some("posit<16,1>")),
     ("posit<16,1>", Some("fp16")),
     ("fp16", Some("e5m2")),
+    ("e4m3", Some("bf16")),
+    ("e5m2", Some("bf16")),
+    ("fp16", Some("bf16")),
+    ("float<5,6>", Some("float<5,3>")),
 ];
 
 #[test]
@@ -535,5 +539,131 @@ fn a_sum_rounded_to_a_midpoint_in_f32_is_rounded_once() {
         let b: Vec<f64> = [vec![c; n], vec![t; n]].concat();
         let what = format!("double rounding, {isa:?}");
         check(&what, &format, None, &[1.0, 1.0], &b, (1, 2, n), Bias::None);
+    });
+}
+
+/// `LaneRound::rounds_plain_sums` and `LaneRound::contains`, which let the kernels sum with
+/// the native f32 add (proof in `quire::lane_round`'s docs): claimed for floats of at most
+/// 11 significand bits and for sums exact in f32, not for 12 bits or posits that need
+/// rounding; where claimed, the native sum rounded to the accumulator is the correctly
+/// rounded sum for every pair of an operand value and an accumulator value (the 8-bit
+/// operand formats against every value of fp16, bf16 and e5m2), and, for fp16 and bf16
+/// summed in themselves, for every positive value of the binade at the smallest normal, of
+/// the binade at 1, of the top binade and every power of two, each against every value
+/// (the negative ones round as their mirror images).
+/// `contains` is compared with the operand format's every value.
+#[test]
+fn plain_sums_round_correctly_where_claimed() {
+    use qcandle::quire::lane_round::LaneRound;
+    use rayon::prelude::*;
+    let lanes = |name: &str| LaneRound::new(&fmt(name)).unwrap_or_else(|| panic!("{name}"));
+    for (name, claimed) in [
+        ("fp16", true),
+        ("bf16", true),
+        ("e5m2", true),
+        ("e4m3", true),
+        ("float<6,10>", true),
+        ("float<8,10>", true),
+        ("float<5,11>", false),
+        ("float<8,11>", false),
+        ("float<4,12>", false),
+        ("posit<8,0>", true),
+        ("posit<8,1>", false),
+        ("posit<16,1>", false),
+    ] {
+        assert_eq!(lanes(name).rounds_plain_sums(), claimed, "{name}");
+    }
+    // (accumulator, operand format, contains)
+    for (acc, op, contains) in [
+        ("fp16", "e4m3", true),
+        ("fp16", "e5m2", true),
+        ("bf16", "e4m3", true),
+        ("bf16", "e5m2", true),
+        ("e5m2", "e5m2", true),
+        ("fp16", "float<5,10,sat>", true),
+        ("float<4,3,fn,sat>", "e4m3", true),
+        ("e4m3", "float<4,3>", true),
+        ("float<4,3>", "e4m3", false),
+        ("bf16", "fp16", false),
+        ("e5m2", "e4m3", false),
+        ("e4m3", "e5m2", false),
+        ("fp16", "float<6,3>", false),
+        ("float<5,3>", "float<5,6>", false),
+        // Contained, but posits are not claimed.
+        ("fp16", "posit<8,0>", false),
+    ] {
+        let (accf, opf) = (fmt(acc), fmt(op));
+        let every = common::finite_values(&opf)
+            .iter()
+            .all(|&v| accf.round(v, Rounding::NearestEven, 0) == v);
+        let posit = op.starts_with("posit");
+        assert_eq!(every, contains || posit, "{op} in {acc}: the values");
+        assert_eq!(lanes(acc).contains(&lanes(op)), contains, "{op} in {acc}");
+    }
+    let plain_is_correct = |acc: &Format, xs: &[f64], ys: &[f64]| -> usize {
+        xs.par_iter()
+            .map(|&x| {
+                ys.iter()
+                    .filter(|&&y| {
+                        let plain = f64::from(x as f32 + y as f32);
+                        let (got, want) = (
+                            acc.round(plain, Rounding::NearestEven, 0),
+                            acc.round(add_odd(x, y), Rounding::NearestEven, 0),
+                        );
+                        !same(got, want)
+                    })
+                    .count()
+            })
+            .sum()
+    };
+    for (acc, op) in [
+        ("fp16", "e4m3"),
+        ("fp16", "e5m2"),
+        ("bf16", "e4m3"),
+        ("bf16", "e5m2"),
+        ("e5m2", "e5m2"),
+    ] {
+        let (accf, opf) = (fmt(acc), fmt(op));
+        let (xs, ys) = (common::finite_values(&accf), common::finite_values(&opf));
+        let bad = plain_is_correct(&accf, &xs, &ys);
+        assert_eq!(bad, 0, "{op} into {acc}: {bad} plain sums rounded wrongly");
+    }
+    for (name, emin, emax) in [("fp16", -14, 15), ("bf16", -126, 127)] {
+        let format = fmt(name);
+        let all = common::finite_values(&format);
+        let binade = |e: i32| {
+            all.iter()
+                .copied()
+                .filter(move |v| *v >= 2f64.powi(e) && *v < 2f64.powi(e + 1))
+        };
+        let mut xs: Vec<f64> = binade(emin).chain(binade(0)).chain(binade(emax)).collect();
+        xs.extend((emin..=emax).map(|e| 2f64.powi(e)));
+        let bad = plain_is_correct(&format, &xs, &all);
+        assert_eq!(bad, 0, "{name}: {bad} plain sums rounded wrongly");
+    }
+}
+
+/// Plain sums are only taken where the accumulator contains the operand format: float<5,6>
+/// products into float<5,3> sums (both take plain sums alone) would round `2^-17 + 272`
+/// as the f32 `272`, a tie of float<5,3> that goes to `256`, where the exact sum goes to
+/// `288`; the kernel gives the definition's under every cap.
+#[test]
+fn a_product_finer_than_the_accumulator_is_summed_exactly() {
+    let (op, acc) = (fmt("float<5,6>"), fmt("float<5,3>"));
+    let round = |v: f64| acc.round(v, Rounding::NearestEven, 0);
+    let tiny = 2f64.powi(-17);
+    assert_eq!(round(tiny), tiny, "a value of the accumulator");
+    assert_eq!(round(tiny + 272.0), 288.0, "the definition");
+    assert_eq!(
+        round(f64::from(tiny as f32 + 272.0)),
+        256.0,
+        "rounded twice"
+    );
+    on_every_isa(|isa| {
+        let n = 2 * TILE + 3;
+        let a = [2f64.powi(-9), 16.0];
+        let b: Vec<f64> = [vec![2f64.powi(-8); n], vec![17.0; n]].concat();
+        let what = format!("a finer product, {isa:?}");
+        check(&what, &op, Some(&acc), &a, &b, (1, 2, n), Bias::None);
     });
 }

@@ -77,6 +77,38 @@
 //!
 //! The entries are built from [`Posit::frac_bits`](crate::format::Posit), the definition
 //! the quantize plan uses; the tests compare the result with [`Format::round`].
+//!
+//! # Plain sums ([`LaneRound::rounds_plain_sums`])
+//!
+//! The naive GEMM rounds `x + y` to the format `A` (`x`, `y` values of `A`). Rounding the
+//! exact sum to odd at f32 precision first is always correct; where `A` is a float with
+//! `p <= 11` significand bits (fp16, bf16, e5m2, e4m3, ...), the native f32 add (nearest
+//! even) serves as well: rounding its result to `A` gives the correctly rounded sum.
+//!
+//! Proof. Let `|y| <= |x|`, `e` the binade of `x`, `u` `A`'s spacing at `y`. Spacings
+//! grow with magnitude and are powers of two, so both addends are multiples of `u`, and
+//! `|x + y| < 2^(e+2)`: the sum is an f32, rounded once, unless `2^24 u <= 2^(e+2)`, that
+//! is `u <= 2^(e-23)`. Then `|y| < 2^p u <= 2^(e - 23 + p) <= 2^(e-12)` (`y` has at most
+//! `p` significant bits above `u`), so `|y|` is at most `A`'s largest value below
+//! `2^(e-12)`, `2^(e-12) - 2^(e-12-p)` or less; and `x` is normal in `A` (were it
+//! subnormal, `u` would be the subnormal spacing and `|x + y| < 2^24 u`). `A`'s rounding
+//! changes or ties only at the midpoints of its grid, extended past the largest value
+//! (overflow is decided after rounding), all f32 values. The midpoints nearest `x` lie
+//! `2^(e-p) >= 2^(e-11)` away, or `2^(e-p-1) >= 2^(e-12)` just below `x = 2^e`. So the
+//! exact sum lies at least `2^(e-12)` from every midpoint, or, just below `x = 2^e`, at
+//! least `2^(e-12-p) >= 2^(e-23)`, while f32's half spacing at the sum is at most
+//! `2^(e-23)`, and `2^(e-25)` below `2^e`. Rounding to f32 is monotone and moves the sum
+//! by at most that half spacing, so the rounded sum lies strictly between the same two
+//! midpoints as the exact one and rounds to the same value of `A`. With `p = 12` it
+//! fails: in float<5,11>, `(1 + 2^-11) + (2^-12 - 2^-24)` is an f32 tie that rounds up
+//! onto a midpoint. Sums exact in f32 ([`LaneRound::sums_exact`]) need no proof and cover
+//! posits such as posit<8,0>; other posits are not claimed (where the exponent is cut,
+//! their rounding changes at powers of two, not midpoints).
+//!
+//! In `naive:<A>` one addend is a value of the operand format: the same holds where every
+//! value of it is a value of `A` ([`LaneRound::contains`]: e4m3 and e5m2 in fp16 or bf16);
+//! where not, a plain sum can fail (fp16 products into bf16 sums: `2^-24 + 1028` is the
+//! f32 `1028`, a bf16 tie that goes to `1024`; the exact sum goes to `1032`).
 
 use crate::backend::isa::Isa;
 use crate::format::float::{Overflow, Specials};
@@ -305,6 +337,46 @@ impl LaneRound {
             LaneRound::Posit(t) => (exponent(t.t_lo - RAISE), exponent(t.t_hi - RAISE) + 1),
         };
         top - q <= 24
+    }
+
+    /// A float rounding's grid: the mantissa bits `m`, the exponent of the subnormals'
+    /// spacing `emin - m`, and the largest finite value's pattern; `None` for posits.
+    fn float_grid(&self) -> Option<(i32, i32, u32)> {
+        let exponent = |bits: u32| (bits >> 23) as i32 - 127;
+        match self {
+            LaneRound::Wide(w) => {
+                let m = 23 - w.s as i32;
+                Some((m, -126 - m, 0x7f7f_ffff & !((1u32 << w.s) - 1)))
+            }
+            LaneRound::Narrow(n) => {
+                let m = 23 - (n.shift >> 23) as i32;
+                Some((m, exponent(n.e_lo) - m, n.limit))
+            }
+            LaneRound::Posit(_) => None,
+        }
+    }
+
+    /// Whether the native f32 sum of two values of the format, rounded by this rounding, is
+    /// their correctly rounded sum, so that the naive GEMM needs no rounding to odd first
+    /// (see "Plain sums" in the module docs): sums exact in f32 ([`LaneRound::sums_exact`])
+    /// or a float with at most 11 significand bits (10 mantissa bits).
+    pub fn rounds_plain_sums(&self) -> bool {
+        self.sums_exact() || self.float_grid().is_some_and(|(m, _, _)| m <= 10)
+    }
+
+    /// Whether every finite value of `other`'s format is a value of this one: the same
+    /// rounding, or floats where `other` has no more mantissa bits, no finer subnormal
+    /// spacing and no larger finite value (its spacing is then a multiple of this one's in
+    /// every binade, and its values lie within this range). Posits only contain
+    /// themselves.
+    pub fn contains(&self, other: &LaneRound) -> bool {
+        if self == other {
+            return true;
+        }
+        match (self.float_grid(), other.float_grid()) {
+            (Some((m, q, max)), Some((mo, qo, maxo))) => mo <= m && qo >= q && maxo <= max,
+            _ => false,
+        }
     }
 
     /// Whether every Inf or NaN input, and every finite input beyond the format's overflow

@@ -30,7 +30,10 @@
 //!   to odd as above: it is far above f32's subnormals by the caller's range check, so the
 //!   neighbours argument holds.
 //! * **Sums.** The sum rounded to odd as above: a sum of two nonzero values of these grids
-//!   that is below f32's normal range is exact, and then both directions give it.
+//!   that is below f32's normal range is exact, and then both directions give it. Where
+//!   the native f32 sum rounded to the accumulator is already the correctly rounded sum
+//!   ([`LaneRound::rounds_plain_sums`], whose docs prove it for floats of at most 11
+//!   significand bits; both addends values of the accumulator), the sum is one add.
 //! * **`naive` in a posit: doubled values.** Each `a_t` is doubled once (exact), so every
 //!   product, rounded product, sum and rounded sum is the double of the definition's
 //!   (scaling by two commutes with every rounding here: the doubled values stay normal
@@ -95,9 +98,9 @@ pub(crate) const FUSED: u8 = 2;
 /// The kinds a tile's kernel is compiled for: the operand rounding's and the sums' (the
 /// kinds of [`super::lane_round_avx512`], or [`BINARY32`]), the products', whether the sums'
 /// inputs are checked for Inf and NaN at every step, whether the accumulator is the
-/// operand format, and whether its sums are f32 values ([`LaneRound::sums_exact`], with
-/// products exact in f32: the sum of two values of the format then needs no rounding to
-/// odd).
+/// operand format, and whether the native f32 sum serves ([`LaneRound::rounds_plain_sums`],
+/// with products exact in f32 and rounded to a format the accumulator contains: the sum of
+/// two values of the accumulator then needs no rounding to odd).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Kinds {
     pub op: u8,
@@ -105,7 +108,7 @@ pub(crate) struct Kinds {
     pub prod: u8,
     pub check: bool,
     pub same: bool,
-    pub exact_sums: bool,
+    pub plain_sums: bool,
 }
 
 impl Kinds {
@@ -139,8 +142,13 @@ impl Kinds {
         let check = sum_clamps && op_overflows && prod != FUSED;
         // One set of registers where both roundings are the same (`naive`).
         let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
-        // Both addends values of the format (the products rounded to it from exact ones).
-        let exact_sums = same && prod == EXACT && op.is_some_and(LaneRound::sums_exact);
+        // Both addends values of the accumulator (the products rounded to a format it
+        // contains, from exact ones).
+        let plain_sums = prod == EXACT
+            && match (op, sum) {
+                (Some(o), SumLanes::Round(s)) => s.rounds_plain_sums() && s.contains(o),
+                _ => false,
+            };
         // `naive` in a posit: doubled values, sums of two posit values (see the module docs).
         let (op_kind, sum_kind) = if same && op_kind == POSIT {
             (POSIT_RAISED, POSIT_SUM)
@@ -153,16 +161,18 @@ impl Kinds {
             prod,
             check,
             same,
-            exact_sums,
+            plain_sums,
         })
     }
 }
 
-/// Calls `$kernel::<OP, SUM, PROD, CHECK, SAME, EXACT_SUMS>$args` for the run-time
-/// [`Kinds`] `$k`, or
-/// returns `None` from the enclosing function for a combination no kernel is compiled for.
-/// Shared by the AVX-512 and AVX2 dispatches, whose kernels take the same parameters; the
-/// caller has the kinds' constants in scope.
+/// Calls `$kernel::<OP, SUM, PROD, CHECK, SAME, PLAIN_SUMS>$args` for the run-time
+/// [`Kinds`] `$k`, or returns `None` from the enclosing function for a combination no
+/// kernel is compiled for. Plain sums are compiled for the combinations that have them
+/// (a float operand format into a float accumulator of at most 11 significand bits, or
+/// the same format); elsewhere the flag is ignored and the sums are rounded to odd first,
+/// which is correct for every combination. Shared by the AVX-512 and AVX2 dispatches,
+/// whose kernels take the same parameters; the caller has the kinds' constants in scope.
 macro_rules! run_kernel {
     ($kernel:ident, $k:expr, $args:tt) => {{
         let k: $crate::quire::naive_special::Kinds = $k;
@@ -173,25 +183,37 @@ macro_rules! run_kernel {
         )
     }};
     (@sums $kernel:ident, $k:ident, $args:tt; $($ok:ident, $p:ident;)*) => {
-        run_kernel!(@run $kernel, $k, $args; $(
+        run_kernel!(@run $kernel, $k, $args;
+            // Plain sums of two formats: e4m3 or e5m2 products into fp16, bf16 or a
+            // narrow float containing them.
+            NARROW, NARROW; NARROW, HALF; NARROW, WIDE;
+        ; $(
             $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
         )*;
             // The same format for products and sums (never both clamping and overflowing),
-            // `EXACT_SUMS` last: small posits (posit<8,0>) and floats (e4m3) have it.
+            // plain sums last: small posits (posit<8,0>) and floats (e4m3, e5m2, fp16)
+            // have them.
             POSIT_RAISED, POSIT_SUM, ROUNDED, false; POSIT_RAISED, POSIT_SUM, EXACT, false;
             NARROW, NARROW, ROUNDED, false; NARROW, NARROW, EXACT, false;
             HALF, HALF, ROUNDED, false; HALF, HALF, EXACT, false;
             POSIT_RAISED, POSIT_SUM, EXACT, true; NARROW, NARROW, EXACT, true;
+            HALF, HALF, EXACT, true;
         )
     };
-    (@run $kernel:ident, $k:ident, $args:tt; $($ok:ident, $sk:ident, $p:ident;)*;
+    (@run $kernel:ident, $k:ident, $args:tt; $($po:ident, $ps:ident;)*;
+        $($ok:ident, $sk:ident, $p:ident;)*;
         $($so:ident, $ss:ident, $sp:ident, $ex:tt;)*) => {
-        match ($k.op, $k.sum, $k.prod, $k.check, $k.same, $k.exact_sums) {
+        match ($k.op, $k.sum, $k.prod, $k.check, $k.same, $k.plain_sums) {
             $(
-                ($ok, $sk, $p, false, false, false) => {
+                ($po, $ps, EXACT, false, false, true) => {
+                    $kernel::<$po, $ps, EXACT, false, false, true> $args
+                }
+            )*
+            $(
+                ($ok, $sk, $p, false, false, _) => {
                     $kernel::<$ok, $sk, $p, false, false, false> $args
                 }
-                ($ok, $sk, $p, true, false, false) => {
+                ($ok, $sk, $p, true, false, _) => {
                     $kernel::<$ok, $sk, $p, true, false, false> $args
                 }
             )*
@@ -267,8 +289,9 @@ fn finite_operands(a: &[f32], b: &[f32], stride: usize) -> bool {
 /// The tile loop for operand rounding `OP`, accumulator `SUM` and products `PROD` (finite
 /// operands). `CHECK`: the sums' inputs are checked for Inf and NaN at every step (the
 /// accumulator clamps while products may overflow to Inf or NaN). `SAME`: the accumulator
-/// is the operand format (`sum` is not read). `EXACT_SUMS`: the sums are f32 values; this
-/// kernel rounds them to odd all the same (four instructions here, one add on AVX2).
+/// is the operand format (`sum` is not read). `PLAIN_SUMS`: the native f32 sum rounded by
+/// `SUM` is the correctly rounded sum ([`LaneRound::rounds_plain_sums`]), one add instead
+/// of the four instructions of the rounding to odd.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
 fn kernel<
     const OP: u8,
@@ -276,7 +299,7 @@ fn kernel<
     const PROD: u8,
     const CHECK: bool,
     const SAME: bool,
-    const EXACT_SUMS: bool,
+    const PLAIN_SUMS: bool,
 >(
     op: &Zmm,
     sum: &Zmm,
@@ -315,7 +338,11 @@ fn kernel<
             c[r] = if SUM == BINARY32 {
                 _mm512_add_ps(c[r], term)
             } else {
-                let odd = add_odd(c[r], term);
+                let odd = if PLAIN_SUMS {
+                    _mm512_castps_si512(_mm512_add_ps(c[r], term))
+                } else {
+                    add_odd(c[r], term)
+                };
                 if CHECK {
                     // `odd · 0 + flag` is NaN once odd was Inf or NaN.
                     flag[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(odd), zero, flag[r]);

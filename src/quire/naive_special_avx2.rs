@@ -15,11 +15,11 @@
 //!   carries the largest finite value, and either way such lanes leave their tile to the
 //!   scalar definition (the roundings that can meet them keep specials, see
 //!   [`super::naive_special`]).
-//! * **Sums exact in f32 are the native add.** Where both addends are values of a format
-//!   whose pairwise sums are f32 values ([`super::lane_round::LaneRound::sums_exact`]:
-//!   `naive` in posit<8,0> or e4m3, whose products are exact in f32 and rounded to the
-//!   format), the sum is its own rounding to odd: one add instead of TwoSum and the step to
-//!   odd (thirteen operations).
+//! * **Plain sums** (as in the AVX-512 kernel): where the native f32 sum rounded to the
+//!   accumulator is the correctly rounded sum
+//!   ([`super::lane_round::LaneRound::rounds_plain_sums`]: `naive` in posit<8,0>, e4m3,
+//!   e5m2 or fp16, `naive:fp16` and `naive:bf16` on e4m3 or e5m2), one add instead of
+//!   TwoSum and the step to odd (thirteen operations).
 //! * **Posit steps by arithmetic.** The posit kinds compute each regime's step from `t`
 //!   ([`super::lane_round::RegimeArith`]); a posit without that form takes the general
 //!   kernel.
@@ -90,7 +90,7 @@ fn finite_operands(a: &[f32], b: &[f32], stride: usize) -> bool {
 }
 
 /// The tile loop of [`super::naive_special`]'s kernel with the same type parameters, on 8
-/// lanes a register; `EXACT_SUMS`: the sums are f32 values and are the native add.
+/// lanes a register; `PLAIN_SUMS`: the sums are the native add ([`LaneRound::rounds_plain_sums`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn kernel<
     const OP: u8,
@@ -98,7 +98,7 @@ fn kernel<
     const PROD: u8,
     const CHECK: bool,
     const SAME: bool,
-    const EXACT_SUMS: bool,
+    const PLAIN_SUMS: bool,
 >(
     op: &Ymm,
     sum: &Ymm,
@@ -137,7 +137,7 @@ fn kernel<
             c[r] = if SUM == BINARY32 {
                 _mm256_add_ps(c[r], term)
             } else {
-                let odd = if EXACT_SUMS {
+                let odd = if PLAIN_SUMS {
                     _mm256_castps_si256(_mm256_add_ps(c[r], term))
                 } else {
                     add_odd(c[r], term)
