@@ -543,14 +543,17 @@ fn a_sum_rounded_to_a_midpoint_in_f32_is_rounded_once() {
 }
 
 /// `LaneRound::rounds_plain_sums` and `LaneRound::contains`, which let the kernels sum with
-/// the native f32 add (proof in `quire::lane_round`'s docs): claimed for floats of at most
-/// 11 significand bits and for sums exact in f32, not for 12 bits or posits that need
-/// rounding; where claimed, the native sum rounded to the accumulator is the correctly
-/// rounded sum for every pair of an operand value and an accumulator value (the 8-bit
-/// operand formats against every value of fp16, bf16 and e5m2), and, for fp16 and bf16
-/// summed in themselves, for every positive value of the binade at the smallest normal, of
-/// the binade at 1, of the top binade and every power of two, each against every value
-/// (the negative ones round as their mirror images).
+/// the native f32 add (the argument and its check in `quire::lane_round`'s docs): claimed
+/// for floats of at most 11 significand bits, for posits up to posit<16,2> and
+/// posit<17,0>, not for 12-bit floats or posit<17,1>; where claimed, the native sum
+/// rounded to the accumulator is the correctly rounded sum for every pair of an operand
+/// value and an accumulator value (the 8-bit operand formats against every value of fp16,
+/// bf16 and e5m2); for every pair of values of each posit of at most 12 bits; for fp16 and
+/// bf16 summed in themselves, for every positive value of the binade at the smallest
+/// normal, of the binade at 1, of the top binade and every power of two, each against
+/// every value (the negative ones round as their mirror images); and for posit<16,1>,
+/// posit<16,2> and posit<17,0>, for 64 random positive values in each binade from 1/8 to
+/// 4 (where they have most bits) and every power of two, each against every value.
 /// `contains` is compared with the operand format's every value.
 #[test]
 fn plain_sums_round_correctly_where_claimed() {
@@ -568,8 +571,13 @@ fn plain_sums_round_correctly_where_claimed() {
         ("float<8,11>", false),
         ("float<4,12>", false),
         ("posit<8,0>", true),
-        ("posit<8,1>", false),
-        ("posit<16,1>", false),
+        ("posit<8,1>", true),
+        ("posit<12,2>", true),
+        ("posit<16,0>", true),
+        ("posit<16,1>", true),
+        ("posit<16,2>", true),
+        ("posit<17,0>", true),
+        ("posit<17,1>", false),
     ] {
         assert_eq!(lanes(name).rounds_plain_sums(), claimed, "{name}");
     }
@@ -638,6 +646,37 @@ fn plain_sums_round_correctly_where_claimed() {
         };
         let mut xs: Vec<f64> = binade(emin).chain(binade(0)).chain(binade(emax)).collect();
         xs.extend((emin..=emax).map(|e| 2f64.powi(e)));
+        let bad = plain_is_correct(&format, &xs, &all);
+        assert_eq!(bad, 0, "{name}: {bad} plain sums rounded wrongly");
+    }
+    for n in 3..=12 {
+        for es in 0..=2 {
+            let format = fmt(&format!("posit<{n},{es}>"));
+            if !lanes(&format!("posit<{n},{es}>")).rounds_plain_sums() {
+                continue;
+            }
+            let all = common::finite_values(&format);
+            let bad = plain_is_correct(&format, &all, &all);
+            assert_eq!(bad, 0, "posit<{n},{es}>: {bad} plain sums rounded wrongly");
+        }
+    }
+    let mut rng = SplitMix(11);
+    for name in ["posit<16,1>", "posit<16,2>", "posit<17,0>"] {
+        let format = fmt(name);
+        let all = common::finite_values(&format);
+        let mut xs: Vec<f64> = all
+            .iter()
+            .copied()
+            .filter(|v| *v > 0.0 && v.log2().fract() == 0.0)
+            .collect();
+        for e in -3..2 {
+            let binade: Vec<f64> = all
+                .iter()
+                .copied()
+                .filter(|v| *v >= 2f64.powi(e) && *v < 2f64.powi(e + 1))
+                .collect();
+            xs.extend((0..64).map(|_| binade[rng.below(binade.len() as u64) as usize]));
+        }
         let bad = plain_is_correct(&format, &xs, &all);
         assert_eq!(bad, 0, "{name}: {bad} plain sums rounded wrongly");
     }

@@ -81,29 +81,44 @@
 //! # Plain sums ([`LaneRound::rounds_plain_sums`])
 //!
 //! The naive GEMM rounds `x + y` to the format `A` (`x`, `y` values of `A`). Rounding the
-//! exact sum to odd at f32 precision first is always correct; where `A` is a float with
-//! `p <= 11` significand bits (fp16, bf16, e5m2, e4m3, ...), the native f32 add (nearest
-//! even) serves as well: rounding its result to `A` gives the correctly rounded sum.
+//! exact sum to odd at f32 precision first is always correct; where the check below holds,
+//! the native f32 add (nearest even) serves as well: rounding its result to `A` gives the
+//! correctly rounded sum. It holds for floats of at most 11 significand bits (fp16, bf16,
+//! e5m2, e4m3, ...; not 12) and for posits whose precision tapers fast enough
+//! (posit<16,1>, posit<16,2>, posit<17,0>, every posit of at most 13 bits; not
+//! posit<17,1>).
 //!
-//! Proof. Let `|y| <= |x|`, `e` the binade of `x`, `u` `A`'s spacing at `y`. Spacings
-//! grow with magnitude and are powers of two, so both addends are multiples of `u`, and
-//! `|x + y| < 2^(e+2)`: the sum is an f32, rounded once, unless `2^24 u <= 2^(e+2)`, that
-//! is `u <= 2^(e-23)`. Then `|y| < 2^p u <= 2^(e - 23 + p) <= 2^(e-12)` (`y` has at most
-//! `p` significant bits above `u`), so `|y|` is at most `A`'s largest value below
-//! `2^(e-12)`, `2^(e-12) - 2^(e-12-p)` or less; and `x` is normal in `A` (were it
-//! subnormal, `u` would be the subnormal spacing and `|x + y| < 2^24 u`). `A`'s rounding
-//! changes or ties only at the midpoints of its grid, extended past the largest value
-//! (overflow is decided after rounding), all f32 values. The midpoints nearest `x` lie
-//! `2^(e-p) >= 2^(e-11)` away, or `2^(e-p-1) >= 2^(e-12)` just below `x = 2^e`. So the
-//! exact sum lies at least `2^(e-12)` from every midpoint, or, just below `x = 2^e`, at
-//! least `2^(e-12-p) >= 2^(e-23)`, while f32's half spacing at the sum is at most
-//! `2^(e-23)`, and `2^(e-25)` below `2^e`. Rounding to f32 is monotone and moves the sum
-//! by at most that half spacing, so the rounded sum lies strictly between the same two
-//! midpoints as the exact one and rounds to the same value of `A`. With `p = 12` it
-//! fails: in float<5,11>, `(1 + 2^-11) + (2^-12 - 2^-24)` is an f32 tie that rounds up
-//! onto a midpoint. Sums exact in f32 ([`LaneRound::sums_exact`]) need no proof and cover
-//! posits such as posit<8,0>; other posits are not claimed (where the exponent is cut,
-//! their rounding changes at powers of two, not midpoints).
+//! Let `sp(e)` be the exponent of `A`'s spacing in binade `e` (`[2^e, 2^(e+1))`): `max(e,
+//! emin) - m` for a float with `m` mantissa bits, `e - max(f(e), 0)` for a posit with `f(e)`
+//! fraction bits there (binades whose exponent bits are cut count as holding `2^e` alone).
+//! It never decreases with `e`, and every value is a multiple of the spacing of every
+//! binade at or below its own. Let `|y| <= |x|`, `x` in binade `ex`, `y` in binade `ey`.
+//!
+//! * **Exact sums.** Both are multiples of `2^sp(ey)` and `|x + y| < 2^(ex+2)`: the sum is
+//!   an f32, rounded once, where `sp(ey) >= ex - 22`; a sum below `x = 2^ex` in magnitude
+//!   where `sp(ey) >= ex - 24`.
+//! * **Otherwise** `|y| <= Y = 2^(ey+1) - 2^sp(ey)`, the largest value of its binade. `A`'s
+//!   rounding changes or ties only at decision points, all f32 values: the midpoints of
+//!   its grid (a float's extended past the largest value, where overflow is decided after
+//!   rounding), and where a posit's exponent is cut, powers of two at least a factor 2
+//!   from the values beside them. The decision points nearest `x` lie at least `H(ex) =
+//!   2^(sp(ex) - 1)` from it within or above its binade, and, below `x = 2^ex`, at least
+//!   `H(ex - 1)` (conservative for posits, where no decision point lies beyond maxpos or
+//!   below minpos). f32's half spacing at the sum is at most `2^(ex-23)`, and `2^(ex-25)`
+//!   just below `2^ex`. So where `Y + 2^(ex-23) < H(ex)` (unless those sums are exact)
+//!   and `Y + 2^(ex-25) < H(ex-1)` (unless the sums below `2^ex` are), the exact sum and
+//!   its f32 rounding (monotone, moving it by at most that half spacing) lie strictly
+//!   between the same two decision points, and round to the same value of `A`. (Leaving
+//!   `x`'s binade downward from `x > 2^ex` needs `|y| > 2 H(ex)`, excluded by the first.)
+//!
+//! [`LaneRound::rounds_plain_sums`] checks this for every pair of binades (with `ey <= ex`)
+//! of the format's range. For a float with `p = m + 1` significand bits the worst pair is
+//! `ey = ex - 24 + p`, `Y = 2^(ex-23+p) - 2^(ex-23)`: with `p = 11`, `Y + 2^(ex-23) =
+//! 2^(ex-12) < H(ex) = 2^(ex-11)` and `Y + 2^(ex-25) < H(ex-1) = 2^(ex-12)`; with `p = 12`,
+//! `Y + 2^(ex-23) = 2^(ex-11)` reaches `H(ex)`, and indeed it fails: in float<5,11>,
+//! `(1 + 2^-11) + (2^-12 - 2^-24)` is an f32 tie that rounds up onto a midpoint. A posit's
+//! small addends have few bits: in posit<16,1> an `x` near 1 (13 significand bits) meets
+//! inexact sums only with `|y| < 2^-19`, against `H = 2^-14`.
 //!
 //! In `naive:<A>` one addend is a value of the operand format: the same holds where every
 //! value of it is a value of `A` ([`LaneRound::contains`]: e4m3 and e5m2 in fp16 or bf16);
@@ -171,6 +186,8 @@ pub struct PositTable {
     /// The steps of the table computed from `t` ([`RegimeArith`]), where that form gives
     /// every entry's rounding.
     pub arith: Option<RegimeArith>,
+    /// Whether plain f32 sums round correctly (see "Plain sums" in the module docs).
+    pub plain_sums: bool,
 }
 
 /// [`PositTable`]'s per-regime step computed from `t` instead of looked up, for vector units
@@ -357,11 +374,23 @@ impl LaneRound {
     }
 
     /// Whether the native f32 sum of two values of the format, rounded by this rounding, is
-    /// their correctly rounded sum, so that the naive GEMM needs no rounding to odd first
-    /// (see "Plain sums" in the module docs): sums exact in f32 ([`LaneRound::sums_exact`])
-    /// or a float with at most 11 significand bits (10 mantissa bits).
+    /// their correctly rounded sum, so that the naive GEMM needs no rounding to odd first:
+    /// the check of "Plain sums" in the module docs, over every pair of binades (floats
+    /// with at most 11 significand bits, posits with tapering enough), or sums exact in f32
+    /// ([`LaneRound::sums_exact`]).
     pub fn rounds_plain_sums(&self) -> bool {
-        self.sums_exact() || self.float_grid().is_some_and(|(m, _, _)| m <= 10)
+        if self.sums_exact() {
+            return true;
+        }
+        match self {
+            LaneRound::Posit(t) => t.plain_sums,
+            _ => {
+                let exponent = |bits: u32| (bits >> 23) as i32 - 127;
+                let (m, q, max) = self.float_grid().expect("a float");
+                let emin = q + m;
+                plain_sums_by_binades(q, exponent(max), |e| e.max(emin) - m)
+            }
+        }
     }
 
     /// Whether every finite value of `other`'s format is a value of this one: the same
@@ -446,6 +475,25 @@ pub(crate) fn regime_step(p: &Posit, k: i32, fraction_field: i32) -> (i32, i64) 
     (fraction_field - fb, correction)
 }
 
+/// The check of "Plain sums" in the module docs for a format whose values lie in binades
+/// `e_lo..=e_hi` with spacing `2^spacing(e)` in binade `e`: for every pair of binades
+/// `ey <= ex`, within or above `x`'s binade and below `x = 2^ex`, the sum is exact in f32
+/// or the largest `|y|` plus f32's half spacing stays below the distance from `x` to the
+/// nearest decision point.
+fn plain_sums_by_binades(e_lo: i32, e_hi: i32, spacing: impl Fn(i32) -> i32) -> bool {
+    let pow2 = |e: i32| 2f64.powi(e);
+    let half = |e: i32| pow2(spacing(e) - 1);
+    (e_lo..=e_hi).all(|ex| {
+        (e_lo..=ex).all(|ey| {
+            let u = spacing(ey);
+            let largest_y = pow2(ey + 1) - pow2(u);
+            let within = u >= ex - 22 || largest_y + pow2(ex - 23) < half(ex);
+            let below = u >= ex - 24 || largest_y + pow2(ex - 25) < half(ex - 1);
+            within && below
+        })
+    })
+}
+
 impl PositTable {
     /// The tables of `p`: posits with `n <= 17` whose binades all round in f32's normal
     /// range (`maxpos² <= 2^125`).
@@ -463,6 +511,9 @@ impl PositTable {
             half: [0; 32],
             mask: [u32::MAX; 32],
             arith: None,
+            plain_sums: plain_sums_by_binades(-p.max_scale(), p.max_scale(), |e| {
+                e - p.frac_bits(e).max(0)
+            }),
         };
         for k in -k_max..=k_max {
             // The top bits of t in regime k.

@@ -32,8 +32,10 @@
 //! * **Sums.** The sum rounded to odd as above: a sum of two nonzero values of these grids
 //!   that is below f32's normal range is exact, and then both directions give it. Where
 //!   the native f32 sum rounded to the accumulator is already the correctly rounded sum
-//!   ([`LaneRound::rounds_plain_sums`], whose docs prove it for floats of at most 11
-//!   significand bits; both addends values of the accumulator), the sum is one add.
+//!   ([`LaneRound::rounds_plain_sums`], whose docs give the argument and its check:
+//!   floats of at most 11 significand bits, posits such as posit<16,1>; both addends
+//!   values of the accumulator), the sum is one add. For posits it holds of the doubled
+//!   values below as well: f32's rounding commutes with doubling in its normal range.
 //! * **`naive` in a posit: doubled values.** Each `a_t` is doubled once (exact), so every
 //!   product, rounded product, sum and rounded sum is the double of the definition's
 //!   (scaling by two commutes with every rounding here: the doubled values stay normal
@@ -99,8 +101,8 @@ pub(crate) const FUSED: u8 = 2;
 /// kinds of [`super::lane_round_avx512`], or [`BINARY32`]), the products', whether the sums'
 /// inputs are checked for Inf and NaN at every step, whether the accumulator is the
 /// operand format, and whether the native f32 sum serves ([`LaneRound::rounds_plain_sums`],
-/// with products exact in f32 and rounded to a format the accumulator contains: the sum of
-/// two values of the accumulator then needs no rounding to odd).
+/// with products rounded to a format the accumulator contains: the sum of two values of
+/// the accumulator then needs no rounding to odd).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Kinds {
     pub op: u8,
@@ -143,8 +145,8 @@ impl Kinds {
         // One set of registers where both roundings are the same (`naive`).
         let same = matches!((op, sum), (Some(o), SumLanes::Round(s)) if o == s) && prod != FUSED;
         // Both addends values of the accumulator (the products rounded to a format it
-        // contains, from exact ones).
-        let plain_sums = prod == EXACT
+        // contains).
+        let plain_sums = prod != FUSED
             && match (op, sum) {
                 (Some(o), SumLanes::Round(s)) => s.rounds_plain_sums() && s.contains(o),
                 _ => false,
@@ -169,8 +171,8 @@ impl Kinds {
 /// Calls `$kernel::<OP, SUM, PROD, CHECK, SAME, PLAIN_SUMS>$args` for the run-time
 /// [`Kinds`] `$k`, or returns `None` from the enclosing function for a combination no
 /// kernel is compiled for. Plain sums are compiled for the combinations that have them
-/// (a float operand format into a float accumulator of at most 11 significand bits, or
-/// the same format); elsewhere the flag is ignored and the sums are rounded to odd first,
+/// (a float operand format into a float accumulator that contains it, or the same
+/// format); elsewhere the flag is ignored and the sums are rounded to odd first,
 /// which is correct for every combination. Shared by the AVX-512 and AVX2 dispatches,
 /// whose kernels take the same parameters; the caller has the kinds' constants in scope.
 macro_rules! run_kernel {
@@ -191,13 +193,13 @@ macro_rules! run_kernel {
             $ok, WIDE, $p; $ok, NARROW, $p; $ok, HALF, $p; $ok, POSIT, $p; $ok, BINARY32, $p;
         )*;
             // The same format for products and sums (never both clamping and overflowing),
-            // plain sums last: small posits (posit<8,0>) and floats (e4m3, e5m2, fp16)
-            // have them.
+            // plain sums last: posits up to posit<16,2> and floats of at most 11
+            // significand bits (e4m3, e5m2, fp16) have them.
             POSIT_RAISED, POSIT_SUM, ROUNDED, false; POSIT_RAISED, POSIT_SUM, EXACT, false;
             NARROW, NARROW, ROUNDED, false; NARROW, NARROW, EXACT, false;
             HALF, HALF, ROUNDED, false; HALF, HALF, EXACT, false;
-            POSIT_RAISED, POSIT_SUM, EXACT, true; NARROW, NARROW, EXACT, true;
-            HALF, HALF, EXACT, true;
+            POSIT_RAISED, POSIT_SUM, EXACT, true; POSIT_RAISED, POSIT_SUM, ROUNDED, true;
+            NARROW, NARROW, EXACT, true; HALF, HALF, EXACT, true;
         )
     };
     (@run $kernel:ident, $k:ident, $args:tt; $($po:ident, $ps:ident;)*;

@@ -17,9 +17,9 @@
 //!   [`super::naive_special`]).
 //! * **Plain sums** (as in the AVX-512 kernel): where the native f32 sum rounded to the
 //!   accumulator is the correctly rounded sum
-//!   ([`super::lane_round::LaneRound::rounds_plain_sums`]: `naive` in posit<8,0>, e4m3,
-//!   e5m2 or fp16, `naive:fp16` and `naive:bf16` on e4m3 or e5m2), one add instead of
-//!   TwoSum and the step to odd (thirteen operations).
+//!   ([`super::lane_round::LaneRound::rounds_plain_sums`]: `naive` in posit<16,1>,
+//!   posit<8,0>, e4m3, e5m2 or fp16, `naive:fp16` and `naive:bf16` on e4m3 or e5m2), one
+//!   add instead of TwoSum and the step to odd (thirteen operations).
 //! * **Posit steps by arithmetic.** The posit kinds compute each regime's step from `t`
 //!   ([`super::lane_round::RegimeArith`]); a posit without that form takes the general
 //!   kernel.
