@@ -262,7 +262,7 @@ fn check_keys(posit: Posit, table: &IntOperand, xs: &[f32], want: &[Option<i16>]
     assert!(bad.is_empty(), "{posit:?}: (bits, table, kernel) {bad:x?}");
 }
 
-/// The matrix fill (sixteen keys at a time where the CPU has AVX-512) under the cap set now,
+/// The matrix fill (sixteen keys at a time on AVX-512, eight on AVX2) under the cap set now,
 /// as rows of 37 and as their transpose, against `want`; `cap` names it in a failure.
 fn check_fill(
     posit: Posit,

@@ -22,7 +22,8 @@
 //! so nothing is assumed about symmetry.
 //!
 //! [`IntOperand::fill`] converts a matrix in either layout. Rows stored contiguously, on CPUs
-//! with AVX-512, take the clamps and keys sixteen f32s at a time; the keys of a block of 256
+//! with AVX-512, take the clamps and keys sixteen f32s at a time (eight with AVX2); the keys
+//! of a block of 256
 //! are then looked up by scalar loads (a vector gather was slower on the AMD EPYC these
 //! benches ran on). `tests/quire_i16.rs` compares the look-up and the fill (both paths,
 //! both layouts) with the quantize kernel on a dense sample of f32s (every 13-bit
@@ -190,6 +191,62 @@ impl IntOperand {
         bad != 0
     }
 
+    /// [`IntOperand::row_avx512`] eight keys at a time on AVX2 (no masks: compares and
+    /// blends, the last `len % 8` by [`IntOperand::int`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn row_avx2(&self, src: &[f32], dst: &mut [i16]) -> bool {
+        use std::arch::x86_64::*;
+        let len = src.len().min(dst.len());
+        let whole = len - len % 8;
+        let splat = |v: u32| _mm256_set1_epi32(v as i32);
+        let (lo, hi, low_bits) = (splat(self.lo), splat(self.hi), splat((1 << self.shift) - 1));
+        let (abs, inf) = (splat(0x7fff_ffff), splat(0x7f80_0000 - 1));
+        let negative_side = splat(self.tables[0].len() as u32);
+        let shift = _mm_cvtsi32_si128(self.shift as i32);
+        let zero_key = splat(self.joined.len() as u32 - 1);
+        let zero = _mm256_setzero_si256();
+        let mut bad = zero;
+        let mut keys = [0u32; KEY_BLOCK];
+        for start in (0..whole).step_by(KEY_BLOCK) {
+            let end = (start + KEY_BLOCK).min(whole);
+            for t in (start..end).step_by(8) {
+                // SAFETY: elements t..t + 8 of `src`, in bounds (`t + 8 <= whole`).
+                let bits = unsafe { _mm256_loadu_si256(src.as_ptr().add(t).cast()) };
+                let mag = _mm256_and_si256(bits, abs);
+                // Magnitudes (at most 2^31 - 1) compare as signed integers.
+                let nar = _mm256_cmpgt_epi32(mag, inf);
+                bad = _mm256_or_si256(bad, nar);
+                let d = _mm256_sub_epi32(_mm256_min_epu32(_mm256_max_epu32(mag, lo), hi), lo);
+                let q = _mm256_srl_epi32(d, shift);
+                // Sticky: `1 + (-1 where none of the low bits is set, else 0)`.
+                let none = _mm256_cmpeq_epi32(_mm256_and_si256(d, low_bits), zero);
+                let sticky = _mm256_add_epi32(none, splat(1));
+                let key = _mm256_add_epi32(_mm256_add_epi32(q, q), sticky);
+                let neg = _mm256_cmpgt_epi32(zero, bits);
+                let key = _mm256_add_epi32(key, _mm256_and_si256(neg, negative_side));
+                // Zero and NaR read the 0 after both tables.
+                let dead = _mm256_or_si256(nar, _mm256_cmpeq_epi32(mag, zero));
+                let key = _mm256_blendv_epi8(key, zero_key, dead);
+                // SAFETY: `t - start + 8 <= KEY_BLOCK` (blocks are multiples of 8).
+                unsafe { _mm256_storeu_si256(keys.as_mut_ptr().add(t - start).cast(), key) };
+            }
+            // The look-ups, scalar, as in the AVX-512 kernel (every key is below the
+            // length of `joined`).
+            for (d, &key) in dst[start..end].iter_mut().zip(&keys) {
+                *d = self.joined[key as usize];
+            }
+        }
+        let mut tail_bad = false;
+        for (d, &x) in dst[whole..len].iter_mut().zip(&src[whole..len]) {
+            *d = self.int(x).unwrap_or_else(|| {
+                tail_bad = true;
+                0
+            });
+        }
+        _mm256_movemask_epi8(bad) != 0 || tail_bad
+    }
+
     /// `dst (rows x cols, row-major) = R(X) · 2^s` of a matrix `X` that `src` holds row-major
     /// (`rows x cols`), or, where `transposed`, as its transpose (`cols x rows`); `nar[r]` set
     /// where row `r` of `X` holds a NaN or ±Inf (NaR; 0 stored for it). `parallel` spreads
@@ -209,7 +266,8 @@ impl IntOperand {
             nar[..rows].fill(false);
             return;
         }
-        let vector = !transposed && isa::active() == Isa::Avx512;
+        let isa = isa::active();
+        let vector = !transposed && isa >= Isa::Avx2;
         let row = |(r, (out, flag)): (usize, (&mut [i16], &mut bool))| {
             let mut bad = false;
             let mut put = |d: &mut i16, x: f32| match self.int(x) {
@@ -222,8 +280,14 @@ impl IntOperand {
             if vector {
                 #[cfg(target_arch = "x86_64")]
                 {
-                    // SAFETY: the CPU has AVX-512 F and BW (`isa::active`).
-                    *flag = unsafe { self.row_avx512(&src[r * cols..r * cols + cols], out) };
+                    let row = &src[r * cols..r * cols + cols];
+                    *flag = if isa == Isa::Avx512 {
+                        // SAFETY: the CPU has AVX-512 F and BW (`isa::active`).
+                        unsafe { self.row_avx512(row, out) }
+                    } else {
+                        // SAFETY: the CPU has AVX2 (`isa::active`).
+                        unsafe { self.row_avx2(row, out) }
+                    };
                     return;
                 }
             }
