@@ -150,6 +150,8 @@ pub enum LaneRound {
 pub struct WideFloat {
     /// The rounding bit, `23 - m`.
     pub s: u32,
+    /// Whether plain f32 sums round correctly (see "Plain sums" in the module docs).
+    pub plain_sums: bool,
 }
 
 /// The constants of [`LaneRound::Narrow`].
@@ -167,6 +169,8 @@ pub struct NarrowFloat {
     pub over: u32,
     /// The format is IEEE binary16 (fp16), which the hardware converts to.
     pub binary16: bool,
+    /// Whether plain f32 sums round correctly (see "Plain sums" in the module docs).
+    pub plain_sums: bool,
 }
 
 /// The constants of [`LaneRound::Posit`]: per regime (index `t >> shift`, low 5 bits) the
@@ -272,7 +276,13 @@ impl LaneRound {
         }
         if f.exp() == 8 {
             let ieee = f.specials() == Specials::Ieee && f.overflow() == Overflow::Infinity;
-            return ieee.then_some(LaneRound::Wide(WideFloat { s: 23 - f.man() }));
+            let m = f.man() as i32;
+            return ieee.then(|| {
+                LaneRound::Wide(WideFloat {
+                    s: 23 - f.man(),
+                    plain_sums: float_plain_sums(m, -126, 127),
+                })
+            });
         }
         let man = f.man() as i32;
         let emin = f.emin();
@@ -301,6 +311,7 @@ impl LaneRound {
             limit,
             over,
             binary16,
+            plain_sums: float_plain_sums(man, emin, emax),
         }))
     }
 
@@ -376,21 +387,15 @@ impl LaneRound {
     /// Whether the native f32 sum of two values of the format, rounded by this rounding, is
     /// their correctly rounded sum, so that the naive GEMM needs no rounding to odd first:
     /// the check of "Plain sums" in the module docs, over every pair of binades (floats
-    /// with at most 11 significand bits, posits with tapering enough), or sums exact in f32
-    /// ([`LaneRound::sums_exact`]).
+    /// with at most 11 significand bits, posits with tapering enough), computed once when
+    /// the rounding is built, or sums exact in f32 ([`LaneRound::sums_exact`]).
     pub fn rounds_plain_sums(&self) -> bool {
-        if self.sums_exact() {
-            return true;
-        }
-        match self {
+        let checked = match self {
+            LaneRound::Wide(w) => w.plain_sums,
+            LaneRound::Narrow(n) => n.plain_sums,
             LaneRound::Posit(t) => t.plain_sums,
-            _ => {
-                let exponent = |bits: u32| (bits >> 23) as i32 - 127;
-                let (m, q, max) = self.float_grid().expect("a float");
-                let emin = q + m;
-                plain_sums_by_binades(q, exponent(max), |e| e.max(emin) - m)
-            }
-        }
+        };
+        checked || self.sums_exact()
     }
 
     /// Whether every finite value of `other`'s format is a value of this one: the same
@@ -475,22 +480,33 @@ pub(crate) fn regime_step(p: &Posit, k: i32, fraction_field: i32) -> (i32, i64) 
     (fraction_field - fb, correction)
 }
 
+/// [`plain_sums_by_binades`] for a float with `m` mantissa bits, exponents `emin..=emax`
+/// and subnormals.
+fn float_plain_sums(m: i32, emin: i32, emax: i32) -> bool {
+    plain_sums_by_binades(emin - m, emax, |e| e.max(emin) - m)
+}
+
 /// The check of "Plain sums" in the module docs for a format whose values lie in binades
 /// `e_lo..=e_hi` with spacing `2^spacing(e)` in binade `e`: for every pair of binades
 /// `ey <= ex`, within or above `x`'s binade and below `x = 2^ex`, the sum is exact in f32
 /// or the largest `|y|` plus f32's half spacing stays below the distance from `x` to the
-/// nearest decision point.
+/// nearest decision point (checked at the highest `ey` whose sums can be inexact, where
+/// `|y|` is largest).
 fn plain_sums_by_binades(e_lo: i32, e_hi: i32, spacing: impl Fn(i32) -> i32) -> bool {
     let pow2 = |e: i32| 2f64.powi(e);
     let half = |e: i32| pow2(spacing(e) - 1);
     (e_lo..=e_hi).all(|ex| {
-        (e_lo..=ex).all(|ey| {
-            let u = spacing(ey);
-            let largest_y = pow2(ey + 1) - pow2(u);
-            let within = u >= ex - 22 || largest_y + pow2(ex - 23) < half(ex);
-            let below = u >= ex - 24 || largest_y + pow2(ex - 25) < half(ex - 1);
-            within && below
-        })
+        // The largest |y| of binade ey grows with ey: the binding binade is the highest one
+        // whose sums with x can be inexact (spacing below `limit`), if any.
+        let worst_y = |limit: i32| {
+            (e_lo..=ex)
+                .rev()
+                .find(|&ey| spacing(ey) < limit)
+                .map(|ey| pow2(ey + 1) - pow2(spacing(ey)))
+        };
+        let within = worst_y(ex - 22).is_none_or(|y| y + pow2(ex - 23) < half(ex));
+        let below = worst_y(ex - 24).is_none_or(|y| y + pow2(ex - 25) < half(ex - 1));
+        within && below
     })
 }
 
