@@ -1,6 +1,7 @@
 //! The integer quire GEMM of posit<8,0>-like formats against the quire, bit for bit:
-//! `IntRound` against the posit rounding on every small sum and on sums near each power of
-//! two up to 2^53; every `int_dot` kernel this CPU runs (VNNI and not, 512-bit, 256-bit,
+//! `IntRound` and `Es0Lanes` (posit<n,0> by magic constants) against the posit rounding on
+//! every small sum and on sums near each power of two up to 2^53; `Es0Lanes` against the
+//! quantize kernel on a dense sample of f32s; every `int_dot` kernel this CPU runs (VNNI and not, 512-bit, 256-bit,
 //! portable) against a plain i64 loop (odd rows, columns off the 4-tile, `k` off the 16- and
 //! 32-lane vectors and the 512- and 1024-element chunks, several cache panels, long rows of
 //! ±maxpos² products that wrap an i32 lane widened too late); `IntOperand` against the
@@ -18,6 +19,7 @@ use qcandle::backend::isa::{self, Isa};
 use qcandle::format::rounding::NearestEven;
 use qcandle::format::Rounding;
 use qcandle::format::{Format, Posit};
+use qcandle::quire::es0_lanes::Es0Lanes;
 use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
 use qcandle::quire::int_dot::Kernel;
 use qcandle::quire::int_operand::IntOperand;
@@ -298,37 +300,148 @@ fn check_fill(
     }
 }
 
-#[test]
-fn int_operand_equals_the_quantize_kernel() {
-    for posit in i16_posits() {
-        // Every top-13-bit significand, with low bits 0, 1, a middle and all ones, in every
-        // binade from well below minpos to well above maxpos, both signs; then a stride
-        // over all f32s, and the specials.
-        let mut xs = Vec::new();
-        for e in 127 - 12..=127 + 10u32 {
-            for top in 0..1u32 << 13 {
-                for low in [0, 1, 0x155, 0x3ff] {
-                    let bits = e << 23 | top << 10 | low;
-                    xs.push(f32::from_bits(bits));
-                    xs.push(f32::from_bits(bits | 1 << 31));
-                }
+/// Every top-13-bit significand, with low bits 0, 1, a middle and all ones, in every binade
+/// from well below minpos to well above maxpos of the posits here, both signs; then a
+/// stride over all f32s, and the specials.
+fn dense_f32s() -> Vec<f32> {
+    let mut xs = Vec::new();
+    for e in 127 - 12..=127 + 10u32 {
+        for top in 0..1u32 << 13 {
+            for low in [0, 1, 0x155, 0x3ff] {
+                let bits = e << 23 | top << 10 | low;
+                xs.push(f32::from_bits(bits));
+                xs.push(f32::from_bits(bits | 1 << 31));
             }
         }
-        xs.extend((0..u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)));
-        xs.extend([
-            0.0,
-            -0.0,
-            f32::MIN_POSITIVE,
-            f32::from_bits(1),
-            -f32::from_bits(1),
-            f32::MAX,
-            f32::MIN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -f32::NAN,
-        ]);
+    }
+    xs.extend((0..u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)));
+    xs.extend([
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        -f32::from_bits(1),
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+    ]);
+    xs
+}
+
+#[test]
+fn int_operand_equals_the_quantize_kernel() {
+    let xs = dense_f32s();
+    for posit in i16_posits() {
         check_int_operand(posit, &xs);
+    }
+}
+
+/// posit<n,0> for `n = 3..=8`, the formats of `Es0Lanes`.
+fn es0_posits() -> Vec<Posit> {
+    (3..=8)
+        .map(|n| match format!("posit<{n},0>").parse::<Format>() {
+            Ok(Format::Posit(p)) => p,
+            other => panic!("posit<{n},0>: {other:?}"),
+        })
+        .collect()
+}
+
+/// The magic-constant rounding of posit<n,0> (vector lanes and its scalar definition)
+/// against the quantize kernel on the dense sample: every value, the top binade's tie
+/// `1.5 · 2^(n-3)` (to `2^(n-3)`, the even pattern), magnitudes below minpos (to minpos)
+/// and above maxpos (to maxpos), ±0 (to +0), NaN and ±Inf (NaN); and only posit<n,0> with
+/// `3 <= n <= 8` has it.
+#[test]
+fn es0_lanes_equal_the_quantize_kernel() {
+    let xs = dense_f32s();
+    for posit in es0_posits() {
+        let lanes = Es0Lanes::new(posit).expect("posit<n,0>");
+        let mut want = vec![0f32; xs.len()];
+        quantize_slice(
+            Some(&xs),
+            &mut want,
+            &[xs.len()],
+            &Format::Posit(posit),
+            Rounding::NearestEven,
+            None,
+        )
+        .expect("quantize");
+        // The posit's NaR is `f32::NAN` (that bit pattern, whatever NaN came in); its zero +0.
+        let same = |a: f32, b: f32| {
+            let nar = |v: f32| if v.is_nan() { f32::NAN } else { v };
+            a.to_bits() == nar(b).to_bits()
+        };
+        let mut got = vec![7f32; xs.len()];
+        lanes.round_run(&xs, &mut got);
+        let bad: Vec<_> = (0..xs.len())
+            .filter(|&i| !same(got[i], want[i]) || !same(lanes.round(xs[i]), want[i]))
+            .map(|i| (xs[i], got[i], lanes.round(xs[i]), want[i]))
+            .take(5)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{posit:?}: (x, lanes, scalar, kernel) {bad:?}"
+        );
+        let tie = 1.5 * (2f32).powi(posit.n() as i32 - 3);
+        assert_eq!(lanes.round(tie), tie / 1.5, "{posit:?}");
+    }
+    for refused in [
+        "posit<9,0>",
+        "posit<2,0>",
+        "posit<5,1>",
+        "posit<8,2>",
+        "posit<16,1>",
+    ] {
+        let Ok(Format::Posit(p)) = refused.parse::<Format>() else {
+            panic!("{refused}");
+        };
+        assert_eq!(Es0Lanes::new(p), None, "{refused}");
+    }
+}
+
+/// The quire's output rounding by `Es0Lanes::round_sums` (four lanes at a time, the rest
+/// scalar) against the posit rounding of exact sums: every sum up to `2^21` units of
+/// `minpos^2` of either sign (past maxpos for every n here), sums near every power of two
+/// up to `2^53` (the clamp before the conversion to f32), and random ones; under each cap.
+#[test]
+fn es0_lanes_round_sums_as_the_posit() {
+    let mut rng = Rng(9);
+    let mut ts: Vec<i64> = (-(1i64 << 21)..=1i64 << 21).collect();
+    for l in 0..53 {
+        for d in -3i64..=3 {
+            let t = (1i64 << l) + d;
+            if t.unsigned_abs() < 1 << 53 {
+                ts.extend([t, -t]);
+            }
+        }
+    }
+    for _ in 0..100_000 {
+        let t = (rng.next() >> (11 + rng.below(50))) as i64;
+        ts.extend([t, -t]);
+    }
+    // An odd length: a scalar tail after the vectors.
+    ts.push(5);
+    for posit in es0_posits() {
+        let lanes = Es0Lanes::new(posit).expect("posit<n,0>");
+        let unit = (2f64).powi(-2 * posit.max_scale());
+        for (cap, _) in caps() {
+            isa::set_cap(cap);
+            let mut got = vec![7f32; ts.len()];
+            lanes.round_sums(&ts, &mut got);
+            isa::set_cap(None);
+            let bad: Vec<_> = ts
+                .iter()
+                .zip(&got)
+                .filter(|&(&t, &g)| {
+                    !same(f64::from(g), posit.round(t as f64 * unit, NearestEven, 0))
+                })
+                .take(5)
+                .collect();
+            assert!(bad.is_empty(), "{posit:?} cap {cap:?}: (t, got) {bad:?}");
+        }
     }
 }
 

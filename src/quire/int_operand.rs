@@ -21,18 +21,21 @@
 //! (either sign) gives 0, NaN and ±Inf give NaR. Negative inputs have a table of their own,
 //! so nothing is assumed about symmetry.
 //!
-//! [`IntOperand::fill`] converts a matrix in either layout. Rows stored contiguously, on CPUs
-//! with AVX-512, take the clamps and keys sixteen f32s at a time (eight with AVX2); the keys
-//! of a block of 256
-//! are then looked up by scalar loads (a vector gather was slower on the AMD EPYC these
-//! benches ran on). `tests/quire_i16.rs` compares the look-up and the fill (both paths,
+//! [`IntOperand::fill`] converts a matrix in either layout. Rows stored contiguously of
+//! posit<n,0> (`n <= 8`, posit<8,0> among them) need no table where the CPU has AVX2: the
+//! magic-constant rounding of [`super::es0_lanes`] gives sixteen integers a step. Those of
+//! other posits, on CPUs with AVX-512, take the clamps and keys sixteen f32s at a time
+//! (eight with AVX2); the keys of a block of 256 are then looked up by scalar loads (a
+//! vector gather was slower on the AMD EPYC these benches ran on). `tests/quire_i16.rs` compares the look-up and the fill (both paths,
 //! both layouts) with the quantize kernel on a dense sample of f32s (every 13-bit
 //! significand prefix in each binade around the posit's range, and a stride over all f32s),
-//! and on every f32 in an ignored test.
+//! and on every f32 in an ignored test (posit<8,0>: the magic-constant path under the AVX2
+//! cap, the table's keys under the others).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::es0_lanes::Es0Lanes;
 use crate::backend::isa::{self, Isa};
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
@@ -58,6 +61,8 @@ pub struct IntOperand {
     tables: [Vec<i16>; 2],
     /// Both tables, negative after positive, then a 0 (the vector kernel's look-ups).
     joined: Vec<i16>,
+    /// The table-free rounding of posit<n,0> in vector lanes, where it applies.
+    es0: Option<Es0Lanes>,
 }
 
 impl IntOperand {
@@ -119,6 +124,7 @@ impl IntOperand {
                 shift,
                 tables,
                 joined,
+                es0: Es0Lanes::new(posit),
             })
         })
     }
@@ -247,6 +253,42 @@ impl IntOperand {
         _mm256_movemask_epi8(bad) != 0 || tail_bad
     }
 
+    /// [`IntOperand::int`] of every `src[t]` into `dst[t]` (0 for NaR) for posit<n,0>,
+    /// sixteen at a time by the magic-constant rounding ([`Es0Lanes`]), no look-ups; the
+    /// last `len % 16` by [`IntOperand::int`]. Whether any is NaR.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn row_es0_avx2(&self, es0: &Es0Lanes, src: &[f32], dst: &mut [i16]) -> bool {
+        use std::arch::x86_64::*;
+        let len = src.len().min(dst.len());
+        let whole = len - len % 16;
+        let mut bad = _mm256_setzero_si256();
+        for (s, d) in src[..whole].chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
+            // SAFETY: 16 f32 read from `s`, 16 i16 written to `d`.
+            let (lo, hi) = unsafe {
+                (
+                    _mm256_loadu_si256(s.as_ptr().cast()),
+                    _mm256_loadu_si256(s.as_ptr().add(8).cast()),
+                )
+            };
+            let (lo, lo_nar) = es0.units_avx2(lo);
+            let (hi, hi_nar) = es0.units_avx2(hi);
+            bad = _mm256_or_si256(bad, _mm256_or_si256(lo_nar, hi_nar));
+            // The i32 units (at most 4096) packed to i16 per 128-bit half, then in order.
+            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
+            // SAFETY: `d` holds 16 i16, 32 bytes.
+            unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), packed) };
+        }
+        let mut tail_bad = false;
+        for (d, &x) in dst[whole..len].iter_mut().zip(&src[whole..len]) {
+            *d = self.int(x).unwrap_or_else(|| {
+                tail_bad = true;
+                0
+            });
+        }
+        _mm256_movemask_epi8(bad) != 0 || tail_bad
+    }
+
     /// `dst (rows x cols, row-major) = R(X) · 2^s` of a matrix `X` that `src` holds row-major
     /// (`rows x cols`), or, where `transposed`, as its transpose (`cols x rows`); `nar[r]` set
     /// where row `r` of `X` holds a NaN or ±Inf (NaR; 0 stored for it). `parallel` spreads
@@ -281,7 +323,10 @@ impl IntOperand {
                 #[cfg(target_arch = "x86_64")]
                 {
                     let row = &src[r * cols..r * cols + cols];
-                    *flag = if isa == Isa::Avx512 {
+                    *flag = if let Some(es0) = &self.es0 {
+                        // SAFETY: the CPU has AVX2 (`isa::active`).
+                        unsafe { self.row_es0_avx2(es0, row, out) }
+                    } else if isa == Isa::Avx512 {
                         // SAFETY: the CPU has AVX-512 F and BW (`isa::active`).
                         unsafe { self.row_avx512(row, out) }
                     } else {

@@ -7,7 +7,11 @@
 //! `A` row-major and `B` transposed. The sums ([`super::int_dot::gemm_map`]) are exact
 //! integers in units of `minpos^2`; the bias, a posit, is one more such integer. Each output
 //! is rounded once to the posit as it leaves the kernel's tile ([`super::int_round`], or the
-//! format's rounding where no table applies), so no matrix of sums is stored. A NaR operand
+//! format's rounding where no table applies), so no matrix of sums is stored. posit<n,0>
+//! on CPUs with AVX2 stores each total as the f32 that rounds like it (clamped past maxpos,
+//! exact: [`super::es0_lanes::Es0Lanes::sum_value`]) and rounds the whole output in one
+//! vector pass after the kernel, eight values a step by magic constants instead of one
+//! table look-up each. A NaR operand
 //! (NaN or ±Inf, no posit value) makes its row or column of outputs NaR.
 //!
 //! The f32 entry ([`gemm_f32`]) rounds each f32 operand and converts it to its integer in
@@ -18,6 +22,7 @@
 
 use rayon::prelude::*;
 
+use super::es0_lanes::Es0Lanes;
 use super::gemm_cpu::{Bias, Dims};
 use super::int_dot;
 use super::int_operand::IntOperand;
@@ -232,6 +237,9 @@ fn finish(
     let kernel = int_dot::Kernel::best();
     let table = IntRound::get(posit);
     let table = table.as_deref();
+    // posit<n,0> (where the vector code runs): the full tiles' totals are stored exact and
+    // rounded in one vector pass after the GEMM, without the table.
+    let lanes = Es0Lanes::new(posit).filter(|_| Es0Lanes::available());
     // One exact total to its posit: by the table where there is one, else by `Posit::round`.
     let round = |t: i64| match table {
         Some(table) => table.round(t),
@@ -254,8 +262,18 @@ fn finish(
                     s[2] + r + c[2],
                     s[3] + r + c[3],
                 ];
-                for (d, v) in dst.iter_mut().zip(t) {
-                    *d = table.round(v);
+                match lanes {
+                    // Exact for now, rounded by the pass after the GEMM.
+                    Some(lanes) => {
+                        for (d, v) in dst.iter_mut().zip(t) {
+                            *d = lanes.sum_value(v);
+                        }
+                    }
+                    None => {
+                        for (d, v) in dst.iter_mut().zip(t) {
+                            *d = table.round(v);
+                        }
+                    }
                 }
             }
             _ => {
@@ -264,5 +282,19 @@ fn finish(
                 }
             }
         },
-    )
+    );
+    if let Some(lanes) = lanes {
+        // Values already rounded (and NaN) come out unchanged: posit values are fixed
+        // points of the rounding.
+        let out = &mut out[..m * n];
+        if parallel {
+            out.par_chunks_mut(ROUND_CHUNK)
+                .for_each(|c| lanes.round_in_place(c));
+        } else {
+            lanes.round_in_place(out);
+        }
+    }
 }
+
+/// Outputs per task of the rounding pass of posit<n,0>.
+const ROUND_CHUNK: usize = 1 << 14;
