@@ -131,6 +131,8 @@ fn int_round_equals_the_posit_rounding() {
 
 #[test]
 fn every_int_kernel_equals_a_plain_loop() {
+    // Each kernel's sums through `gemm_map` and, with terms, clamped and scaled through
+    // `gemm_clamped`.
     let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.supported()).collect();
     assert!(kernels.contains(&Kernel::Portable));
     let mut rng = Rng(2);
@@ -215,6 +217,32 @@ fn every_int_kernel_equals_a_plain_loop() {
                     .iter()
                     .enumerate()
                     .all(|(idx, &p)| p == (idx / n, idx % n)));
+                // With terms per row and column, clamped and scaled (the fused AVX2
+                // tiles): terms that push totals past the cap both ways and back.
+                let cap = (1i64 << 19) + 3;
+                let row_term: Vec<i64> = (0..m as i64).map(|i| (i % 3 - 1) << 20).collect();
+                let col_term: Vec<i64> = (0..n as i64).map(|j| (j % 5 - 2) * 77_777).collect();
+                let unit = (2f32).powi(-12);
+                let mut got = vec![7f32; m * n];
+                let terms = (&row_term[..], &col_term[..]);
+                int_dot::gemm_clamped(
+                    kernel,
+                    &a,
+                    &bt,
+                    (m, k, n),
+                    terms,
+                    (cap, unit),
+                    &mut got,
+                    parallel,
+                );
+                let bad = (0..m * n)
+                    .filter(|&idx| {
+                        let (i, j) = (idx / n, idx % n);
+                        let t = (want[idx] + row_term[i] + col_term[j]).clamp(-cap, cap);
+                        got[idx] != t as f32 * unit
+                    })
+                    .count();
+                assert_eq!(bad, 0, "{kernel:?} clamped ({m},{k},{n}): {bad} differ");
             }
         }
         let mut got = vec![0i64; m * n];

@@ -142,14 +142,8 @@ impl Es0Lanes {
         #[cfg(target_arch = "x86_64")]
         if Es0Lanes::available() {
             done = len - len % 8;
-            for (s, d) in src[..done].chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-                // SAFETY: AVX2 is active (`available`); 8 f32 are read and written.
-                unsafe {
-                    let bits = _mm256_loadu_si256(s.as_ptr().cast());
-                    let r = self.round_signed_avx2(bits);
-                    _mm256_storeu_ps(d.as_mut_ptr(), r);
-                }
-            }
+            // SAFETY: AVX2 is active (`available`).
+            unsafe { self.round_run_avx2(&src[..done], &mut dst[..done]) };
         }
         for (d, &x) in dst[done..len].iter_mut().zip(&src[done..len]) {
             *d = self.round(x);
@@ -171,9 +165,15 @@ impl Es0Lanes {
     /// saturates), then scaled, both exact.
     #[inline]
     pub fn sum_value(&self, t: i64) -> f32 {
+        let (cap, unit) = self.sum_bounds();
+        t.clamp(-cap, cap) as f32 * unit
+    }
+
+    /// The bounds of [`Es0Lanes::sum_value`]: sums are clamped to `±2^(3s+1)` (beyond
+    /// `maxpos = 2^3s` units, and exact in f32), then scaled by the unit `2^-2s`.
+    pub fn sum_bounds(&self) -> (i64, f32) {
         let s = self.n as i32 - 2;
-        let cap = 1i64 << (3 * s + 1);
-        t.clamp(-cap, cap) as f32 * f32::from_bits(pow2_bits(-2 * s))
+        (1i64 << (3 * s + 1), f32::from_bits(pow2_bits(-2 * s)))
     }
 
     /// Every value of `v` rounded in place, as [`Es0Lanes::round_run`] does.
@@ -182,16 +182,37 @@ impl Es0Lanes {
         #[cfg(target_arch = "x86_64")]
         if Es0Lanes::available() {
             done = v.len() - v.len() % 8;
-            for c in v[..done].chunks_exact_mut(8) {
-                // SAFETY: AVX2 is active (`available`); 8 f32 are read and written.
-                unsafe {
-                    let r = self.round_signed_avx2(_mm256_loadu_si256(c.as_ptr().cast()));
-                    _mm256_storeu_ps(c.as_mut_ptr(), r);
-                }
-            }
+            // SAFETY: AVX2 is active (`available`).
+            unsafe { self.round_in_place_avx2(&mut v[..done]) };
         }
         for x in &mut v[done..] {
             *x = self.round(*x);
+        }
+    }
+
+    /// [`Es0Lanes::round_run`] of whole vectors (`src.len()` a multiple of 8).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn round_run_avx2(&self, src: &[f32], dst: &mut [f32]) {
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            // SAFETY: 8 f32 are read from `s` and written to `d`.
+            unsafe {
+                let r = self.round_signed_avx2(_mm256_loadu_si256(s.as_ptr().cast()));
+                _mm256_storeu_ps(d.as_mut_ptr(), r);
+            }
+        }
+    }
+
+    /// [`Es0Lanes::round_in_place`] of whole vectors (`v.len()` a multiple of 8).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn round_in_place_avx2(&self, v: &mut [f32]) {
+        for c in v.chunks_exact_mut(8) {
+            // SAFETY: 8 f32 are read and written.
+            unsafe {
+                let r = self.round_signed_avx2(_mm256_loadu_si256(c.as_ptr().cast()));
+                _mm256_storeu_ps(c.as_mut_ptr(), r);
+            }
         }
     }
 

@@ -36,7 +36,10 @@
 //! [`gemm_map`] walks the output in panels of `Bᵀ` rows small enough to stay in the cache
 //! while every group of four rows of `A` passes over them, and hands each exact sum to the
 //! caller's function as it leaves the tile (the quire GEMM rounds it there, so no matrix of
-//! sums is ever stored).
+//! sums is ever stored). [`gemm_clamped`] adds a term per row and per column to each sum
+//! and stores it as an f32, clamped and scaled (posit<n,0>'s quire, which rounds the f32s
+//! in one vector pass afterwards); the AVX2 kernels do that in registers as the sums leave
+//! the tile.
 
 use crate::backend::isa::{self, Isa};
 
@@ -202,56 +205,128 @@ fn reduce4_avx2(v: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m256
 }
 
 /// A 2 x 4 tile on 256-bit registers; `$madd(acc, x, y)` adds the pairwise products of
-/// `x` and `y` to the i32 lanes of `acc`.
+/// `x` and `y` to the i32 lanes of `acc`. Defines `$name` (the eight sums as i64) and
+/// `$clamped` (each row's four totals with their terms, clamped and scaled to f32 in
+/// registers: [`ClampedTile`]).
 macro_rules! tile2x4_avx2_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $madd:expr) => {
+    ($(#[$doc:meta])* $name:ident, $(#[$cdoc:meta])* $clamped:ident, $features:literal, $madd:expr) => {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name(a: [&[i16]; 2], b: [&[i16]; 4]) -> [[i64; 4]; 2] {
             use std::arch::x86_64::*;
-            let k = a[0].len();
-            let full = k / 16 * 16;
-            let mut total = [_mm256_setzero_si256(); 2];
-            let mut t = 0;
-            while t < full {
-                let end = (t + AVX2_CHUNK).min(full);
-                let mut acc = [[_mm256_setzero_si256(); 4]; 2];
-                while t < end {
-                    // SAFETY: t + 16 <= full <= k, the length of every row of `a` and `b`.
-                    let load = |p: &[i16]| unsafe {
-                        _mm256_loadu_si256(p.as_ptr().add(t) as *const __m256i)
-                    };
-                    let x = [load(a[0]), load(a[1])];
-                    for c in 0..4 {
-                        let y = load(b[c]);
-                        for r in 0..2 {
-                            acc[r][c] = $madd(acc[r][c], x[r], y);
-                        }
-                    }
-                    t += 16;
-                }
-                for r in 0..2 {
-                    total[r] = _mm256_add_epi64(total[r], reduce4_avx2(acc[r]));
-                }
-            }
+            let total = sums2x4_avx2!(a, b, $madd);
             let mut out = [[0i64; 4]; 2];
             for r in 0..2 {
                 // SAFETY: `out[r]` holds four i64, 32 bytes.
                 unsafe { _mm256_storeu_si256(out[r].as_mut_ptr() as *mut __m256i, total[r]) };
-                let tail = dot4_body(&a[r][full..], b.map(|row| &row[full..]));
-                for (o, v) in out[r].iter_mut().zip(tail) {
-                    *o += v;
-                }
             }
             out
         }
+
+        $(#[$cdoc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $clamped(a: [&[i16]; 2], b: [&[i16]; 4], tile: &ClampedTile) -> [[f32; 4]; 2] {
+            let total = sums2x4_avx2!(a, b, $madd);
+            tile.finish(total)
+        }
     };
+}
+
+/// The body of the 2 x 4 tiles: each row's four exact sums in an i64 vector (the last
+/// `k mod 16` by the portable loop).
+#[cfg(target_arch = "x86_64")]
+macro_rules! sums2x4_avx2 {
+    ($a:expr, $b:expr, $madd:expr) => {{
+        use std::arch::x86_64::*;
+        let (a, b): ([&[i16]; 2], [&[i16]; 4]) = ($a, $b);
+        let k = a[0].len();
+        let full = k / 16 * 16;
+        let mut total = [_mm256_setzero_si256(); 2];
+        let mut t = 0;
+        while t < full {
+            let end = (t + AVX2_CHUNK).min(full);
+            let mut acc = [[_mm256_setzero_si256(); 4]; 2];
+            while t < end {
+                // SAFETY: t + 16 <= full <= k, the length of every row of `a` and `b`.
+                let load =
+                    |p: &[i16]| unsafe { _mm256_loadu_si256(p.as_ptr().add(t) as *const __m256i) };
+                let x = [load(a[0]), load(a[1])];
+                for c in 0..4 {
+                    let y = load(b[c]);
+                    for r in 0..2 {
+                        acc[r][c] = $madd(acc[r][c], x[r], y);
+                    }
+                }
+                t += 16;
+            }
+            for r in 0..2 {
+                total[r] = _mm256_add_epi64(total[r], reduce4_avx2(acc[r]));
+            }
+        }
+        if full < k {
+            for r in 0..2 {
+                let tail = dot4_body(&a[r][full..], b.map(|row| &row[full..]));
+                total[r] = _mm256_add_epi64(
+                    total[r],
+                    _mm256_setr_epi64x(tail[0], tail[1], tail[2], tail[3]),
+                );
+            }
+        }
+        total
+    }};
+}
+
+/// The terms and bounds of one 2 x 4 tile of [`gemm_clamped`], for the fused AVX2 kernels.
+#[cfg(target_arch = "x86_64")]
+struct ClampedTile {
+    /// The two rows' terms.
+    rows: [i64; 2],
+    /// The four columns' terms.
+    cols: [i64; 4],
+    /// Totals are clamped to `±cap`.
+    cap: i64,
+    /// Then multiplied by this.
+    unit: f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ClampedTile {
+    /// Each row's totals `sums + rows[r] + cols`, clamped to `±cap`, converted (exact for
+    /// `cap < 2^24`) and scaled.
+    #[target_feature(enable = "avx2")]
+    fn finish(&self, sums: [std::arch::x86_64::__m256i; 2]) -> [[f32; 4]; 2] {
+        use std::arch::x86_64::*;
+        let cols = _mm256_setr_epi64x(self.cols[0], self.cols[1], self.cols[2], self.cols[3]);
+        let (hi, lo) = (_mm256_set1_epi64x(self.cap), _mm256_set1_epi64x(-self.cap));
+        let unit = _mm_set1_ps(self.unit);
+        let mut out = [[0f32; 4]; 2];
+        for r in 0..2 {
+            let v = _mm256_add_epi64(
+                sums[r],
+                _mm256_add_epi64(cols, _mm256_set1_epi64x(self.rows[r])),
+            );
+            let v = _mm256_blendv_epi8(v, hi, _mm256_cmpgt_epi64(v, hi));
+            let v = _mm256_blendv_epi8(v, lo, _mm256_cmpgt_epi64(lo, v));
+            // The low i32 of each lane (the clamped totals fit).
+            let low = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+                v,
+                _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
+            ));
+            let x = _mm_mul_ps(_mm_cvtepi32_ps(low), unit);
+            // SAFETY: `out[r]` holds four f32, 16 bytes.
+            unsafe { _mm_storeu_ps(out[r].as_mut_ptr(), x) };
+        }
+        out
+    }
 }
 
 tile2x4_avx2_kernel!(
     /// Eight exact dot products by `vpmaddwd` and `vpaddd` (AVX2).
     tile2x4_avx2,
+    /// [`tile2x4_avx2`]'s totals clamped and scaled ([`ClampedTile::finish`]).
+    tile2x4_avx2_clamped,
     "avx2",
     |acc, x, y| _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
 );
@@ -259,6 +334,8 @@ tile2x4_avx2_kernel!(
 tile2x4_avx2_kernel!(
     /// Eight exact dot products by `vpdpwssd` (AVX-VNNI).
     tile2x4_avx2_vnni,
+    /// [`tile2x4_avx2_vnni`]'s totals clamped and scaled ([`ClampedTile::finish`]).
+    tile2x4_avx2_vnni_clamped,
     "avx2,avxvnni",
     |acc, x, y| _mm256_dpwssd_avx_epi32(acc, x, y)
 );
@@ -441,6 +518,123 @@ pub fn gemm_map<T: Send>(
                     j += 4;
                 }
                 r += 4;
+            }
+            j0 = j1;
+        }
+    };
+    let out = &mut out[..m * n];
+    if parallel {
+        out.par_chunks_mut(ROW_BLOCK * n)
+            .enumerate()
+            .for_each(block);
+    } else {
+        out.chunks_mut(ROW_BLOCK * n).enumerate().for_each(block);
+    }
+}
+
+/// `out[i·n + j] = clamp(Σ_t a[i·k + t] · bt[j·k + t] + row_term[i] + col_term[j], ±cap) · unit`
+/// for every output: the exact totals of [`gemm()`] with a term per row and per column,
+/// clamped and scaled. `cap < 2^24`, so each clamped total is an f32, and `unit` a power of
+/// two, so the scaled one is exact where it stays normal. The AVX2 kernels do it in
+/// registers as the totals leave the tile; the others through [`gemm_map`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_clamped(
+    kernel: Kernel,
+    a: &[i16],
+    bt: &[i16],
+    (m, k, n): (usize, usize, usize),
+    (row_term, col_term): (&[i64], &[i64]),
+    (cap, unit): (i64, f32),
+    out: &mut [f32],
+    parallel: bool,
+) {
+    assert!((0..1 << 24).contains(&cap) && row_term.len() >= m && col_term.len() >= n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let fused: Option<ClampedKernel> = match kernel {
+            Kernel::Avx2 if kernel.supported() => Some(tile2x4_avx2_clamped),
+            Kernel::Avx2Vnni if kernel.supported() => Some(tile2x4_avx2_vnni_clamped),
+            _ => None,
+        };
+        if let Some(tile_fn) = fused {
+            gemm_fused(
+                tile_fn,
+                a,
+                bt,
+                (m, k, n),
+                (row_term, col_term),
+                (cap, unit),
+                out,
+                parallel,
+            );
+            return;
+        }
+    }
+    gemm_map(kernel, a, bt, (m, k, n), out, parallel, |i, j, s, dst| {
+        for (c, d) in dst.iter_mut().enumerate() {
+            *d = (s[c] + row_term[i] + col_term[j + c]).clamp(-cap, cap) as f32 * unit;
+        }
+    });
+}
+
+/// A fused 2 x 4 AVX2 tile of [`gemm_clamped`]: two rows of `A`, four of `Bᵀ`, the terms.
+#[cfg(target_arch = "x86_64")]
+type ClampedKernel = unsafe fn([&[i16]; 2], [&[i16]; 4], &ClampedTile) -> [[f32; 4]; 2];
+
+/// [`gemm_clamped`] by a fused 2 x 4 AVX2 tile (`tile_fn`, which the CPU runs), walked as
+/// [`gemm_map`] walks its tiles, two rows of `A` at a time.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn gemm_fused(
+    tile_fn: ClampedKernel,
+    a: &[i16],
+    bt: &[i16],
+    (m, k, n): (usize, usize, usize),
+    (row_term, col_term): (&[i64], &[i64]),
+    (cap, unit): (i64, f32),
+    out: &mut [f32],
+    parallel: bool,
+) {
+    use rayon::prelude::*;
+    assert!(a.len() >= m * k && bt.len() >= n * k && out.len() >= m * n);
+    if n == 0 || m == 0 {
+        return;
+    }
+    let panel = (PANEL_BYTES / (2 * k.max(1))).max(4) / 4 * 4;
+    let block = |(blk, dst): (usize, &mut [f32])| {
+        let i0 = blk * ROW_BLOCK;
+        let rows = dst.len() / n;
+        // A block's last row and the matrix's last column pad a tile (their outputs are
+        // computed and dropped).
+        let row = |r: usize| i0 + r.min(rows - 1);
+        let col = |j: usize| j.min(n - 1);
+        let arow = |r: usize| &a[row(r) * k..row(r) * k + k];
+        let b = |j: usize| &bt[col(j) * k..col(j) * k + k];
+        let mut j0 = 0;
+        while j0 < n {
+            let j1 = (j0 + panel).min(n);
+            let mut r = 0;
+            while r < rows {
+                let p = [arow(r), arow(r + 1)];
+                let mut j = j0;
+                while j < j1 {
+                    let cols = (j1 - j).min(4);
+                    let q = [b(j), b(j + 1), b(j + 2), b(j + 3)];
+                    let tile = ClampedTile {
+                        rows: [row_term[row(r)], row_term[row(r + 1)]],
+                        cols: [0, 1, 2, 3].map(|c| col_term[col(j + c)]),
+                        cap,
+                        unit,
+                    };
+                    // SAFETY: `gemm_clamped` passes only kernels the CPU runs.
+                    let v = unsafe { tile_fn(p, q, &tile) };
+                    for (rr, vals) in v.iter().enumerate().take((rows - r).min(2)) {
+                        let at = (r + rr) * n + j;
+                        dst[at..at + cols].copy_from_slice(&vals[..cols]);
+                    }
+                    j += 4;
+                }
+                r += 2;
             }
             j0 = j1;
         }

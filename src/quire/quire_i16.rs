@@ -228,6 +228,20 @@ fn finish(
             0
         };
     }
+    // posit<n,0> where the vector code runs: no tables.
+    if let Some(lanes) = Es0Lanes::new(posit).filter(|_| Es0Lanes::available()) {
+        let terms = (&row_term[..], &col_term[..]);
+        finish_es0(
+            &lanes,
+            ints,
+            dims,
+            terms,
+            (&row_nar, &col_nar),
+            out,
+            parallel,
+        );
+        return;
+    }
     // The total is below 2^53 in magnitude (`accumulator_for`).
     let total = |i: usize, j: usize, sum: i64| {
         (!(row_nar[i] | col_nar[j])).then(|| sum + row_term[i] + col_term[j])
@@ -237,9 +251,6 @@ fn finish(
     let kernel = int_dot::Kernel::best();
     let table = IntRound::get(posit);
     let table = table.as_deref();
-    // posit<n,0> (where the vector code runs): the full tiles' totals are stored exact and
-    // rounded in one vector pass after the GEMM, without the table.
-    let lanes = Es0Lanes::new(posit).filter(|_| Es0Lanes::available());
     // One exact total to its posit: by the table where there is one, else by `Posit::round`.
     let round = |t: i64| match table {
         Some(table) => table.round(t),
@@ -262,18 +273,8 @@ fn finish(
                     s[2] + r + c[2],
                     s[3] + r + c[3],
                 ];
-                match lanes {
-                    // Exact for now, rounded by the pass after the GEMM.
-                    Some(lanes) => {
-                        for (d, v) in dst.iter_mut().zip(t) {
-                            *d = lanes.sum_value(v);
-                        }
-                    }
-                    None => {
-                        for (d, v) in dst.iter_mut().zip(t) {
-                            *d = table.round(v);
-                        }
-                    }
+                for (d, v) in dst.iter_mut().zip(t) {
+                    *d = table.round(v);
                 }
             }
             _ => {
@@ -283,16 +284,42 @@ fn finish(
             }
         },
     );
-    if let Some(lanes) = lanes {
-        // Values already rounded (and NaN) come out unchanged: posit values are fixed
-        // points of the rounding.
-        let out = &mut out[..m * n];
-        if parallel {
-            out.par_chunks_mut(ROUND_CHUNK)
-                .for_each(|c| lanes.round_in_place(c));
+}
+
+/// [`finish`] for posit<n,0> where its vector rounding runs: every total as the f32 that
+/// rounds like it ([`Es0Lanes::sum_value`], in the tile's registers on AVX2), NaR rows and
+/// columns NaN, then the whole output rounded in one vector pass.
+#[allow(clippy::too_many_arguments)]
+fn finish_es0(
+    lanes: &Es0Lanes,
+    ints: &IntMatrices,
+    dims: Dims,
+    (row_term, col_term): (&[i64], &[i64]),
+    (row_nar, col_nar): (&[bool], &[bool]),
+    out: &mut [f32],
+    parallel: bool,
+) {
+    let (m, _, n) = dims;
+    let kernel = int_dot::Kernel::best();
+    let bounds = lanes.sum_bounds();
+    let terms = (row_term, col_term);
+    int_dot::gemm_clamped(kernel, ints.a, ints.bt, dims, terms, bounds, out, parallel);
+    let out = &mut out[..m * n];
+    for (row, &bad) in out.chunks_mut(n).zip(row_nar) {
+        if bad {
+            row.fill(f32::NAN);
         } else {
-            lanes.round_in_place(out);
+            for (o, _) in row.iter_mut().zip(col_nar).filter(|(_, &bad)| bad) {
+                *o = f32::NAN;
+            }
         }
+    }
+    // NaN (NaR) stays NaN.
+    if parallel {
+        out.par_chunks_mut(ROUND_CHUNK)
+            .for_each(|c| lanes.round_in_place(c));
+    } else {
+        lanes.round_in_place(out);
     }
 }
 
