@@ -553,6 +553,8 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
             (5, 600, 7),
             (2, 1100, 67),
             (6, 2100, 5),
+            // Past one task's 64 rows of both integer matrices of the f64 path.
+            (67, 9, 131),
         ] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.value(s)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.value(s)).collect();

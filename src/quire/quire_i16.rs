@@ -72,27 +72,39 @@ struct IntMatrix {
     nar: Vec<bool>,
 }
 
-/// `rows x cols` integers `v · scale` of `get(r, c)`, row `r` flagged where a value is not
-/// finite.
-fn int_matrix(
-    rows: usize,
-    cols: usize,
-    scale: f64,
-    get: impl Fn(usize, usize) -> f64 + Sync,
-) -> IntMatrix {
+/// Rows of an integer matrix per task of [`int_matrix`].
+const INT_ROWS: usize = 64;
+
+/// `rows x cols` integers `v · scale` of the matrix `src` holds row-major (`rows x cols`),
+/// or, where `transposed`, as its transpose (`cols x rows`); row `r` flagged where a value
+/// is not finite. A transposed source is read a run of [`INT_ROWS`] values of each of its
+/// rows at a time (a task's rows), so every cache line read is used whole.
+fn int_matrix(rows: usize, cols: usize, scale: f64, src: &[f64], transposed: bool) -> IntMatrix {
     let mut values = vec![0i16; rows * cols];
     let mut nar = vec![false; rows];
     if cols > 0 {
         values
-            .par_chunks_mut(cols)
-            .zip(nar.par_iter_mut())
+            .par_chunks_mut(INT_ROWS * cols)
+            .zip(nar.par_chunks_mut(INT_ROWS))
             .enumerate()
-            .with_min_len(16)
-            .for_each(|(r, (dst, flag))| {
-                for (c, d) in dst.iter_mut().enumerate() {
-                    let v = get(r, c);
-                    *flag |= !v.is_finite();
-                    *d = (v * scale) as i16;
+            .for_each(|(blk, (dst, flags))| {
+                let r0 = blk * INT_ROWS;
+                if transposed {
+                    for c in 0..cols {
+                        let run = &src[c * rows + r0..c * rows + r0 + flags.len()];
+                        for (r, (&v, flag)) in run.iter().zip(flags.iter_mut()).enumerate() {
+                            *flag |= !v.is_finite();
+                            dst[r * cols + c] = (v * scale) as i16;
+                        }
+                    }
+                } else {
+                    for (r, (row, flag)) in dst.chunks_mut(cols).zip(flags.iter_mut()).enumerate() {
+                        let from = &src[(r0 + r) * cols..(r0 + r + 1) * cols];
+                        *flag = from.iter().any(|v| !v.is_finite());
+                        for (d, &v) in row.iter_mut().zip(from) {
+                            *d = (v * scale) as i16;
+                        }
+                    }
                 }
             });
     }
@@ -112,8 +124,8 @@ pub fn gemm_f64(
 ) {
     let (m, k, n) = dims;
     let scale = pow2(posit.max_scale());
-    let ai = int_matrix(m, k, scale, |i, t| a[i * k + t]);
-    let bt = int_matrix(n, k, scale, |j, t| b[t * n + j]);
+    let ai = int_matrix(m, k, scale, a, false);
+    let bt = int_matrix(n, k, scale, b, true);
     let mut vals = vec![0f32; m * n];
     let ints = IntMatrices {
         a: &ai.values,
