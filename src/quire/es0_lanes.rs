@@ -134,22 +134,6 @@ impl Es0Lanes {
         }
     }
 
-    /// Every `src[i]` rounded into `dst[i]` (`f32::NAN` for NaN and ±Inf) by the vector code where
-    /// it runs, else by [`Es0Lanes::round`].
-    pub fn round_run(&self, src: &[f32], dst: &mut [f32]) {
-        let len = src.len().min(dst.len());
-        let mut done = 0;
-        #[cfg(target_arch = "x86_64")]
-        if Es0Lanes::available() {
-            done = len - len % 8;
-            // SAFETY: AVX2 is active (`available`).
-            unsafe { self.round_run_avx2(&src[..done], &mut dst[..done]) };
-        }
-        for (d, &x) in dst[done..len].iter_mut().zip(&src[done..len]) {
-            *d = self.round(x);
-        }
-    }
-
     /// `R(t · 2^-2s)` of exact sums `t` in units of `minpos^2` (`|t| < 2^53`) into `dst`:
     /// [`Es0Lanes::sum_value`] of each, then [`Es0Lanes::round_in_place`].
     pub fn round_sums(&self, t: &[i64], dst: &mut [f32]) {
@@ -176,7 +160,8 @@ impl Es0Lanes {
         (1i64 << (3 * s + 1), f32::from_bits(pow2_bits(-2 * s)))
     }
 
-    /// Every value of `v` rounded in place, as [`Es0Lanes::round_run`] does.
+    /// Every value of `v` rounded in place (`f32::NAN` for NaN and ±Inf), eight at a time
+    /// by the vector code where it runs, else by [`Es0Lanes::round`].
     pub fn round_in_place(&self, v: &mut [f32]) {
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
@@ -187,19 +172,6 @@ impl Es0Lanes {
         }
         for x in &mut v[done..] {
             *x = self.round(*x);
-        }
-    }
-
-    /// [`Es0Lanes::round_run`] of whole vectors (`src.len()` a multiple of 8).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn round_run_avx2(&self, src: &[f32], dst: &mut [f32]) {
-        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-            // SAFETY: 8 f32 are read from `s` and written to `d`.
-            unsafe {
-                let r = self.round_signed_avx2(_mm256_loadu_si256(s.as_ptr().cast()));
-                _mm256_storeu_ps(d.as_mut_ptr(), r);
-            }
         }
     }
 

@@ -473,51 +473,98 @@ pub fn gemm_map<T: Send>(
     parallel: bool,
     finish: impl Fn(usize, usize, [i64; 4], &mut [T]) + Sync,
 ) {
-    use rayon::prelude::*;
     assert!(a.len() >= m * k && bt.len() >= n * k && out.len() >= m * n);
-    if n == 0 || m == 0 {
-        return;
-    }
     let kernel = if kernel.supported() {
         kernel
     } else {
         Kernel::Portable
     };
+    walk_tiles((m, k, n), out, parallel, 4, |at, dst| {
+        let p = [0, 1, 2, 3].map(|r| at.a_row(a, k, r));
+        let q = [0, 1, 2, 3].map(|c| at.bt_row(bt, k, n, c));
+        let s = kernel.tile(p, q);
+        for (rr, &sums) in s.iter().enumerate().take(at.live_rows) {
+            let row = (at.r + rr) * n + at.j;
+            finish(at.i0 + at.r + rr, at.j, sums, &mut dst[row..row + at.cols]);
+        }
+    });
+}
+
+/// One tile of [`walk_tiles`]: rows `r..` of the block of rows that starts at `i0` (`rows`
+/// in the block; `live_rows` of the tile's rows are in it, the rest repeat the block's last
+/// row), columns `j..j + cols` (the tile's other columns repeat the matrix's last). The
+/// padding's outputs are computed and dropped.
+struct TileAt {
+    i0: usize,
+    rows: usize,
+    r: usize,
+    live_rows: usize,
+    j: usize,
+    cols: usize,
+}
+
+impl TileAt {
+    /// The tile's row `rr` of `A` (`k` long rows), padded.
+    fn a_row<'a>(&self, a: &'a [i16], k: usize, rr: usize) -> &'a [i16] {
+        let i = self.a_index(rr);
+        &a[i * k..i * k + k]
+    }
+
+    /// The index in `A` of the tile's row `rr`, padded.
+    fn a_index(&self, rr: usize) -> usize {
+        self.i0 + (self.r + rr).min(self.rows - 1)
+    }
+
+    /// The index in `Bᵀ` of the tile's column `c`, padded (`n` columns).
+    fn bt_index(&self, n: usize, c: usize) -> usize {
+        (self.j + c).min(n - 1)
+    }
+
+    /// The tile's row `c` of `Bᵀ` (`k` long rows), padded.
+    fn bt_row<'a>(&self, bt: &'a [i16], k: usize, n: usize, c: usize) -> &'a [i16] {
+        let j = self.bt_index(n, c);
+        &bt[j * k..j * k + k]
+    }
+}
+
+/// The walk of the integer GEMMs over an `m x n` output: blocks of [`ROW_BLOCK`] rows (one
+/// task of the pool each where `parallel`), each in panels of `Bᵀ` rows small enough to stay
+/// in the cache while every group of `tile_rows` rows of the block passes over them, in
+/// tiles of `tile_rows x 4`; `visit` gets each tile and its block of the output. A panel is
+/// a multiple of 4 columns, so only the matrix's last tile is partial.
+fn walk_tiles<T: Send>(
+    (m, k, n): (usize, usize, usize),
+    out: &mut [T],
+    parallel: bool,
+    tile_rows: usize,
+    visit: impl Fn(&TileAt, &mut [T]) + Sync,
+) {
+    use rayon::prelude::*;
+    if n == 0 || m == 0 {
+        return;
+    }
     let panel = (PANEL_BYTES / (2 * k.max(1))).max(4) / 4 * 4;
     let block = |(blk, dst): (usize, &mut [T])| {
-        let i0 = blk * ROW_BLOCK;
         let rows = dst.len() / n;
-        // Rows past the block's last repeat it (their sums are computed and dropped).
-        let arow = |r: usize| {
-            let i = i0 + r.min(rows - 1);
-            &a[i * k..i * k + k]
-        };
-        let b = |j: usize| &bt[j * k..j * k + k];
         let mut j0 = 0;
         while j0 < n {
             let j1 = (j0 + panel).min(n);
             let mut r = 0;
             while r < rows {
-                let nr = (rows - r).min(4);
-                let p = [arow(r), arow(r + 1), arow(r + 2), arow(r + 3)];
                 let mut j = j0;
                 while j < j1 {
-                    // The last one to three columns: pad the tile with the last column.
-                    let cols = (j1 - j).min(4);
-                    let q = [
-                        b(j),
-                        b((j + 1).min(j1 - 1)),
-                        b((j + 2).min(j1 - 1)),
-                        b((j + 3).min(j1 - 1)),
-                    ];
-                    let s = kernel.tile(p, q);
-                    for (rr, &sums) in s.iter().enumerate().take(nr) {
-                        let row = (r + rr) * n + j;
-                        finish(i0 + r + rr, j, sums, &mut dst[row..row + cols]);
-                    }
+                    let at = TileAt {
+                        i0: blk * ROW_BLOCK,
+                        rows,
+                        r,
+                        live_rows: (rows - r).min(tile_rows),
+                        j,
+                        cols: (j1 - j).min(4),
+                    };
+                    visit(&at, dst);
                     j += 4;
                 }
-                r += 4;
+                r += tile_rows;
             }
             j0 = j1;
         }
@@ -581,8 +628,8 @@ pub fn gemm_clamped(
 #[cfg(target_arch = "x86_64")]
 type ClampedKernel = unsafe fn([&[i16]; 2], [&[i16]; 4], &ClampedTile) -> [[f32; 4]; 2];
 
-/// [`gemm_clamped`] by a fused 2 x 4 AVX2 tile (`tile_fn`, which the CPU runs), walked as
-/// [`gemm_map`] walks its tiles, two rows of `A` at a time.
+/// [`gemm_clamped`] by a fused 2 x 4 AVX2 tile (`tile_fn`, which the CPU runs), on the
+/// walk of [`gemm_map`] ([`walk_tiles`]) two rows of `A` at a time.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn gemm_fused(
@@ -595,56 +642,21 @@ fn gemm_fused(
     out: &mut [f32],
     parallel: bool,
 ) {
-    use rayon::prelude::*;
     assert!(a.len() >= m * k && bt.len() >= n * k && out.len() >= m * n);
-    if n == 0 || m == 0 {
-        return;
-    }
-    let panel = (PANEL_BYTES / (2 * k.max(1))).max(4) / 4 * 4;
-    let block = |(blk, dst): (usize, &mut [f32])| {
-        let i0 = blk * ROW_BLOCK;
-        let rows = dst.len() / n;
-        // A block's last row and the matrix's last column pad a tile (their outputs are
-        // computed and dropped).
-        let row = |r: usize| i0 + r.min(rows - 1);
-        let col = |j: usize| j.min(n - 1);
-        let arow = |r: usize| &a[row(r) * k..row(r) * k + k];
-        let b = |j: usize| &bt[col(j) * k..col(j) * k + k];
-        let mut j0 = 0;
-        while j0 < n {
-            let j1 = (j0 + panel).min(n);
-            let mut r = 0;
-            while r < rows {
-                let p = [arow(r), arow(r + 1)];
-                let mut j = j0;
-                while j < j1 {
-                    let cols = (j1 - j).min(4);
-                    let q = [b(j), b(j + 1), b(j + 2), b(j + 3)];
-                    let tile = ClampedTile {
-                        rows: [row_term[row(r)], row_term[row(r + 1)]],
-                        cols: [0, 1, 2, 3].map(|c| col_term[col(j + c)]),
-                        cap,
-                        unit,
-                    };
-                    // SAFETY: `gemm_clamped` passes only kernels the CPU runs.
-                    let v = unsafe { tile_fn(p, q, &tile) };
-                    for (rr, vals) in v.iter().enumerate().take((rows - r).min(2)) {
-                        let at = (r + rr) * n + j;
-                        dst[at..at + cols].copy_from_slice(&vals[..cols]);
-                    }
-                    j += 4;
-                }
-                r += 2;
-            }
-            j0 = j1;
+    walk_tiles((m, k, n), out, parallel, 2, |at, dst| {
+        let p = [0, 1].map(|r| at.a_row(a, k, r));
+        let q = [0, 1, 2, 3].map(|c| at.bt_row(bt, k, n, c));
+        let tile = ClampedTile {
+            rows: [0, 1].map(|r| row_term[at.a_index(r)]),
+            cols: [0, 1, 2, 3].map(|c| col_term[at.bt_index(n, c)]),
+            cap,
+            unit,
+        };
+        // SAFETY: `gemm_clamped` passes only kernels the CPU runs.
+        let v = unsafe { tile_fn(p, q, &tile) };
+        for (rr, vals) in v.iter().enumerate().take(at.live_rows) {
+            let row = (at.r + rr) * n + at.j;
+            dst[row..row + at.cols].copy_from_slice(&vals[..at.cols]);
         }
-    };
-    let out = &mut out[..m * n];
-    if parallel {
-        out.par_chunks_mut(ROW_BLOCK * n)
-            .enumerate()
-            .for_each(block);
-    } else {
-        out.chunks_mut(ROW_BLOCK * n).enumerate().for_each(block);
-    }
+    });
 }
