@@ -706,3 +706,61 @@ fn a_product_finer_than_the_accumulator_is_summed_exactly() {
         check(&what, &op, Some(&acc), &a, &b, (1, 2, n), Bias::None);
     });
 }
+
+/// Naive posit sums on AVX2 round by magic constants where every product and sum of a step
+/// lies in a binade with a uniform grid, and redo the step with the general rounding where
+/// one does not (`quire::posit_magic`): tiles of moderate values (all steps by magic
+/// constants), the same with zeros in `a` (skipped steps) and in a column of `b` (zero
+/// products and sums), with a few steps of values near minpos (products below the uniform
+/// binades) and of values near maxpos (sums past them), against the definition.
+#[test]
+fn magic_constant_steps_and_general_steps_equal_the_definition() {
+    let mut rng = SplitMix(91);
+    let mut moderate = |f: &Format, count: usize| -> Vec<f64> {
+        (0..count)
+            .map(|_| {
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                let v = (2.0 * u - 1.0) * 4.0f64.powf(4.0 * u - 2.0);
+                f.round(v, Rounding::NearestEven, 0)
+            })
+            .collect()
+    };
+    on_every_isa(|isa| {
+        for name in ["posit<16,1>", "posit<16,2>", "posit<12,1>", "posit<16,0>"] {
+            let f = fmt(name);
+            let (min, max) = (f.min_positive().unwrap(), f.max_finite().unwrap());
+            let dims @ (m, k, n) = (3, 300, 150);
+            let a = moderate(&f, m * k);
+            let b = moderate(&f, k * n);
+            let what = |case: &str| format!("{name}, {case}, {isa:?}");
+            check(&what("moderate"), &f, None, &a, &b, dims, Bias::None);
+            let (mut a0, mut b0) = (a.clone(), b.clone());
+            for t in (0..m * k).step_by(3) {
+                a0[t] = 0.0;
+            }
+            for t in 0..k {
+                b0[t * n + 70] = 0.0;
+            }
+            check(&what("zeros"), &f, None, &a0, &b0, dims, Bias::None);
+            let (mut a1, mut b1) = (a.clone(), b.clone());
+            for t in [5, 150, 299] {
+                a1[t] = 3.0 * min;
+                a1[k + t] = -min;
+            }
+            for t in [7, 200] {
+                b1[t * n + 3] = max;
+                b1[t * n + 100] = -max / 4.0;
+                a1[2 * k + t] = max / 16.0;
+            }
+            check(
+                &what("near minpos and maxpos"),
+                &f,
+                None,
+                &a1,
+                &b1,
+                dims,
+                Bias::None,
+            );
+        }
+    });
+}

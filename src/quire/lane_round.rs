@@ -125,6 +125,7 @@
 //! where not, a plain sum can fail (fp16 products into bf16 sums: `2^-24 + 1028` is the
 //! f32 `1028`, a bf16 tie that goes to `1024`; the exact sum goes to `1032`).
 
+use super::posit_magic::PositMagic;
 use crate::backend::isa::Isa;
 use crate::format::float::{Overflow, Specials};
 use crate::format::grid::parts;
@@ -192,6 +193,9 @@ pub struct PositTable {
     pub arith: Option<RegimeArith>,
     /// Whether plain f32 sums round correctly (see "Plain sums" in the module docs).
     pub plain_sums: bool,
+    /// The magic-constant rounding of doubled values in the binades with a uniform grid
+    /// ([`PositMagic`]), for the naive GEMM's AVX2 kernel.
+    pub magic: Option<PositMagic>,
 }
 
 /// [`PositTable`]'s per-regime step computed from `t` instead of looked up, for vector units
@@ -530,6 +534,7 @@ impl PositTable {
             plain_sums: plain_sums_by_binades(-p.max_scale(), p.max_scale(), |e| {
                 e - p.frac_bits(e).max(0)
             }),
+            magic: PositMagic::new(p),
         };
         for k in -k_max..=k_max {
             // The top bits of t in regime k.

@@ -20,6 +20,8 @@
 //!   vector lanes.
 //! * [`posit_f64`] and [`naive_posit_f64`]: the posit rounding on f64 patterns and the
 //!   naive GEMM of the posits past the f32 kernels (posit<32,2>, ...) with it.
+//! * [`posit_magic`]: the posit rounding of doubled f32 values by one magic constant, for
+//!   the naive GEMM's AVX2 kernel.
 //! * [`round_odd`]: f64 operations rounded to odd, so that one later rounding to the
 //!   format is correct.
 //! * [`accumulate`]: the `accumulate` setting of a layer (`f32`, `quire`, `naive`,
@@ -69,6 +71,7 @@ pub mod ops;
 pub mod p8_lanes;
 pub mod p8_units;
 pub mod posit_f64;
+pub mod posit_magic;
 pub mod quire_i16;
 pub mod round_odd;
 pub mod rule;

@@ -23,6 +23,16 @@
 //! * **Posit steps by arithmetic.** The posit kinds compute each regime's step from `t`
 //!   ([`super::lane_round::RegimeArith`]); a posit without that form takes the general
 //!   kernel.
+//! * **`naive` in a posit by magic constants** (posit<16,1>, posit<16,2>, ... with plain
+//!   sums, [`kernel_magic`]): each product is `fma(x, y, M) - M` and each sum
+//!   `(s + M) - M`, with `M` from the value's exponent field in seven integer operations
+//!   ([`super::posit_magic`], whose docs prove it the posit rounding in every binade with a
+//!   uniform grid), against about twenty for the integer rounding of the pattern and the
+//!   step to odd of the product. A step whose products or sums leave those binades (values
+//!   next to minpos or maxpos, where exponent bits are cut) is redone from the sums before
+//!   it with the general roundings: every step ends with the definition's sums. The tile
+//!   runs in two halves of four registers, so that the sums, the step's copies and the
+//!   constants stay in registers.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -33,9 +43,13 @@ use super::lane_round_avx2::{has_f16c, round, Ymm};
 use super::lane_round_avx512::{HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
 use super::naive_lanes::{Products, TILE};
 use super::naive_special::{run_kernel, Kinds, SumLanes, BINARY32, EXACT, FUSED, ROUNDED};
+use super::posit_magic::PositMagic;
 
 /// Registers of f32 in a tile.
 const REGS: usize = TILE / 8;
+
+/// Registers of f32 in a part of the tile of [`kernel_magic`].
+const MAGIC_REGS: usize = 4;
 
 /// `hi + lo` (exact, `|lo|` at most half an ulp of `hi`) rounded to odd at f32 precision
 /// (see the module docs).
@@ -168,6 +182,129 @@ fn kernel<
     special == 0
 }
 
+/// [`PositMagic`]'s constants in registers.
+#[derive(Clone, Copy)]
+struct MagicYmm {
+    exp: __m256i,
+    c_a: __m256i,
+    c_b: __m256i,
+    lo: __m256i,
+    hi: __m256i,
+    es: __m128i,
+}
+
+impl MagicYmm {
+    #[target_feature(enable = "avx2")]
+    fn new(m: &PositMagic) -> MagicYmm {
+        MagicYmm {
+            exp: _mm256_set1_epi32(0x7f80_0000),
+            c_a: _mm256_set1_epi32(m.c_a as i32),
+            c_b: _mm256_set1_epi32(m.c_b as i32),
+            lo: _mm256_set1_epi32(m.lo as i32),
+            hi: _mm256_set1_epi32(m.hi as i32),
+            es: _mm_cvtsi32_si128(m.es as i32),
+        }
+    }
+
+    /// The magic constant of each lane of `v` ([`PositMagic::magic`]), its exponent field
+    /// folded into the step's running minimum of `E23 - 1` and maximum of `E23`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn magic(&self, v: __m256, lo: &mut __m256i, hi: &mut __m256i) -> __m256 {
+        let e = _mm256_and_si256(_mm256_castps_si256(v), self.exp);
+        *lo = _mm256_min_epu32(*lo, _mm256_add_epi32(e, _mm256_set1_epi32(-1)));
+        *hi = _mm256_max_epu32(*hi, e);
+        let h = _mm256_srl_epi32(e, self.es);
+        let a = _mm256_add_epi32(h, self.c_a);
+        let b = _mm256_sub_epi32(self.c_b, h);
+        _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_max_epi32(a, b)))
+    }
+
+    /// Whether every value a step folded into `lo` and `hi` was in range
+    /// ([`PositMagic::in_range`]).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn in_range(&self, lo: __m256i, hi: __m256i) -> bool {
+        let lo_ok = _mm256_cmpeq_epi32(_mm256_max_epu32(lo, self.lo), lo);
+        let hi_ok = _mm256_cmpeq_epi32(_mm256_min_epu32(hi, self.hi), hi);
+        _mm256_movemask_epi8(_mm256_and_si256(lo_ok, hi_ok)) == -1
+    }
+}
+
+/// The kernel of `naive` in a posit with plain sums ([`Kinds`] `POSIT_RAISED`,
+/// `POSIT_SUM`, products `PROD`), each product and sum rounded by its magic constant
+/// ([`super::posit_magic`]): `fma(x, y, M) - M` and `(s + M) - M`. A step (one `a_t`
+/// against the tile's row) with a product or sum out of the form's range is redone with
+/// the general roundings from the sums before it. A zero `a_t` leaves the sums as they
+/// are (`c + 0 = c`, a value of the posit) and is skipped.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn kernel_magic<const PROD: u8>(
+    magic: &PositMagic,
+    op: &Ymm,
+    a: &[f32],
+    b: &[f32],
+    stride: usize,
+    acc: &mut [f32; TILE],
+) -> bool {
+    let op = *op;
+    let mg = MagicYmm::new(magic);
+    let exp = _mm256_set1_epi32(0x7f80_0000);
+    let mut special = 0;
+    // The tile in parts of `MAGIC_REGS` registers, each part's sums held in registers
+    // through the whole of `a`.
+    for part in 0..REGS / MAGIC_REGS {
+        let mut c = [_mm256_setzero_ps(); MAGIC_REGS];
+        for (t, &x) in a.iter().enumerate() {
+            if x == 0.0 {
+                continue;
+            }
+            let start = t * stride + part * 8 * MAGIC_REGS;
+            let row: &[f32; 8 * MAGIC_REGS] = b[start..start + 8 * MAGIC_REGS]
+                .try_into()
+                .expect("a full part of the tile");
+            // Doubled values (see [`super::naive_special`]).
+            let xv = _mm256_set1_ps(2.0 * x);
+            let mut lo = _mm256_set1_epi32(-1);
+            let mut hi = _mm256_setzero_si256();
+            let before = c;
+            for (r, c) in c.iter_mut().enumerate() {
+                // SAFETY: 8 f32 read from inside the row.
+                let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
+                let m = mg.magic(_mm256_mul_ps(xv, y), &mut lo, &mut hi);
+                let p = _mm256_sub_ps(_mm256_fmadd_ps(xv, y, m), m);
+                let s = _mm256_add_ps(*c, p);
+                let m = mg.magic(s, &mut lo, &mut hi);
+                *c = _mm256_sub_ps(_mm256_add_ps(s, m), m);
+            }
+            if mg.in_range(lo, hi) {
+                continue;
+            }
+            for (r, (c, &old)) in c.iter_mut().zip(&before).enumerate() {
+                // SAFETY: as above.
+                let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
+                let odd = if PROD == EXACT {
+                    _mm256_castps_si256(_mm256_mul_ps(xv, y))
+                } else {
+                    mul_odd(xv, y)
+                };
+                let term = _mm256_castsi256_ps(round::<POSIT_RAISED>(&op, odd));
+                let s = _mm256_castps_si256(_mm256_add_ps(old, term));
+                *c = _mm256_castsi256_ps(round::<POSIT_SUM>(&op, s));
+            }
+        }
+        for (r, v) in c.iter().enumerate() {
+            let v = _mm256_mul_ps(*v, _mm256_set1_ps(0.5));
+            // Inf or NaN: the exponent field all ones (none with finite operands).
+            let field = _mm256_and_si256(_mm256_castps_si256(v), exp);
+            special |= _mm256_movemask_epi8(_mm256_cmpeq_epi32(field, exp));
+            let at = part * 8 * MAGIC_REGS + 8 * r;
+            // SAFETY: 8 f32 written inside the tile.
+            unsafe { _mm256_storeu_ps(acc[at..].as_mut_ptr(), v) };
+        }
+    }
+    special == 0
+}
+
 /// The kernel for the run-time kinds, on an AVX2 CPU with F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -194,6 +331,16 @@ fn dispatch(
         return Some(false);
     }
     let (o, s) = (&op_ymm, &sum_ymm);
+    let magic = match op {
+        Some(LaneRound::Posit(p)) if kinds.same && kinds.plain_sums && !kinds.check => p.magic,
+        _ => None,
+    };
+    if let (Some(m), POSIT_RAISED) = (magic, kinds.op) {
+        return Some(match kinds.prod {
+            EXACT => kernel_magic::<EXACT>(&m, o, a, b, stride, acc),
+            _ => kernel_magic::<ROUNDED>(&m, o, a, b, stride, acc),
+        });
+    }
     Some(run_kernel!(kernel, kinds, (o, s, a, b, stride, acc)))
 }
 
