@@ -24,7 +24,7 @@
 //!   ([`super::lane_round::RegimeArith`]); a posit without that form takes the general
 //!   kernel.
 //! * **`naive` in a posit by magic constants** (posit<16,1>, posit<16,2>, ... with plain
-//!   sums, [`kernel_magic`]): each product is `fma(x, y, M) - M` and each sum
+//!   sums, `kernel_magic`): each product is `fma(x, y, M) - M` and each sum
 //!   `(s + M) - M`, with `M` from the value's exponent field in seven integer operations
 //!   ([`super::posit_magic`], whose docs prove it the posit rounding in every binade with a
 //!   uniform grid), against about twenty for the integer rounding of the pattern and the
