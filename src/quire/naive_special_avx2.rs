@@ -51,6 +51,13 @@ const REGS: usize = TILE / 8;
 /// Registers of f32 in a part of the tile of [`kernel_magic`].
 const MAGIC_REGS: usize = 4;
 
+/// Steps of a part of the tile that [`kernel_magic`] always tries by magic constants.
+const TRIAL_STEPS: usize = 16;
+
+/// After [`TRIAL_STEPS`], [`kernel_magic`] keeps trying while at most one step in
+/// `1 << REDONE_SHIFT` was redone.
+const REDONE_SHIFT: u32 = 3;
+
 /// `hi + lo` (exact, `|lo|` at most half an ulp of `hi`) rounded to odd at f32 precision
 /// (see the module docs).
 #[target_feature(enable = "avx2")]
@@ -254,6 +261,11 @@ fn kernel_magic<const PROD: u8>(
     // through the whole of `a`.
     for part in 0..REGS / MAGIC_REGS {
         let mut c = [_mm256_setzero_ps(); MAGIC_REGS];
+        // Steps tried by magic constants and steps redone: past `TRIAL_STEPS` steps with
+        // more than one in `1 << REDONE_SHIFT` redone, the rest of the part takes the
+        // general roundings at once (data mostly outside the uniform binades, as in
+        // posit<8,0>'s narrow range).
+        let (mut tried, mut redone) = (0usize, 0usize);
         for (t, &x) in a.iter().enumerate() {
             if x == 0.0 {
                 continue;
@@ -264,22 +276,28 @@ fn kernel_magic<const PROD: u8>(
                 .expect("a full part of the tile");
             // Doubled values (see [`super::naive_special`]).
             let xv = _mm256_set1_ps(2.0 * x);
-            let mut lo = _mm256_set1_epi32(-1);
-            let mut hi = _mm256_setzero_si256();
-            let before = c;
+            let magic_pays = tried < TRIAL_STEPS || redone << REDONE_SHIFT <= tried;
+            if magic_pays {
+                tried += 1;
+                let mut lo = _mm256_set1_epi32(-1);
+                let mut hi = _mm256_setzero_si256();
+                let mut next = c;
+                for (r, c) in next.iter_mut().enumerate() {
+                    // SAFETY: 8 f32 read from inside the row.
+                    let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
+                    let m = mg.magic(_mm256_mul_ps(xv, y), &mut lo, &mut hi);
+                    let p = _mm256_sub_ps(_mm256_fmadd_ps(xv, y, m), m);
+                    let s = _mm256_add_ps(*c, p);
+                    let m = mg.magic(s, &mut lo, &mut hi);
+                    *c = _mm256_sub_ps(_mm256_add_ps(s, m), m);
+                }
+                if mg.in_range(lo, hi) {
+                    c = next;
+                    continue;
+                }
+                redone += 1;
+            }
             for (r, c) in c.iter_mut().enumerate() {
-                // SAFETY: 8 f32 read from inside the row.
-                let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
-                let m = mg.magic(_mm256_mul_ps(xv, y), &mut lo, &mut hi);
-                let p = _mm256_sub_ps(_mm256_fmadd_ps(xv, y, m), m);
-                let s = _mm256_add_ps(*c, p);
-                let m = mg.magic(s, &mut lo, &mut hi);
-                *c = _mm256_sub_ps(_mm256_add_ps(s, m), m);
-            }
-            if mg.in_range(lo, hi) {
-                continue;
-            }
-            for (r, (c, &old)) in c.iter_mut().zip(&before).enumerate() {
                 // SAFETY: as above.
                 let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
                 let odd = if PROD == EXACT {
@@ -288,7 +306,7 @@ fn kernel_magic<const PROD: u8>(
                     mul_odd(xv, y)
                 };
                 let term = _mm256_castsi256_ps(round::<POSIT_RAISED>(&op, odd));
-                let s = _mm256_castps_si256(_mm256_add_ps(old, term));
+                let s = _mm256_castps_si256(_mm256_add_ps(*c, term));
                 *c = _mm256_castsi256_ps(round::<POSIT_SUM>(&op, s));
             }
         }
