@@ -40,7 +40,7 @@
 //! `E + rl(k) + 24 - n + es`, so
 //!
 //! ```text
-//! M = max(E23 + h + c_a, E23 - h + c_b)          (as signed integers)
+//! M = E23 + max(h + c_a, c_b - h)          (the maximum of signed integers)
 //! c_a = (26 - 2^(7-es) - n + es) · 2^23 + 2^(22 - es)
 //! c_b = (25 + 2^(7-es) - n + es) · 2^23 + 2^23 - 2^(22 - es)
 //! ```
