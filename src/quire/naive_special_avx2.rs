@@ -144,17 +144,7 @@ fn kernel<
         for r in 0..REGS {
             // SAFETY: 8 f32 read from inside the row.
             let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
-            let term = match PROD {
-                FUSED => _mm256_mul_ps(xv, y),
-                _ => {
-                    let odd = if PROD == EXACT {
-                        _mm256_castps_si256(_mm256_mul_ps(xv, y))
-                    } else {
-                        mul_odd(xv, y)
-                    };
-                    _mm256_castsi256_ps(round::<OP>(&op, odd))
-                }
-            };
+            let term = product::<OP, PROD>(&op, xv, y);
             c[r] = if SUM == BINARY32 {
                 _mm256_add_ps(c[r], term)
             } else {
@@ -176,17 +166,43 @@ fn kernel<
             *v = _mm256_mul_ps(*v, _mm256_set1_ps(0.5));
         }
     }
-    let exp = _mm256_set1_epi32(0x7f80_0000);
     let mut special = 0;
     for r in 0..REGS {
-        // Inf or NaN: the exponent field all ones.
-        let field = _mm256_and_si256(_mm256_castps_si256(c[r]), exp);
-        special |= _mm256_movemask_epi8(_mm256_cmpeq_epi32(field, exp));
+        special |= store_sums(c[r], &mut acc[8 * r..8 * r + 8]);
         special |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(flag[r], flag[r]));
-        // SAFETY: 8 f32 written inside the tile.
-        unsafe { _mm256_storeu_ps(acc[8 * r..].as_mut_ptr(), c[r]) };
     }
     special == 0
+}
+
+/// The term `x · y` of a step: exact (`FUSED`), or rounded by `op` (of kind `OP`) from the
+/// product exact in f32 (`EXACT`) or rounded to odd (`ROUNDED`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn product<const OP: u8, const PROD: u8>(op: &Ymm, x: __m256, y: __m256) -> __m256 {
+    match PROD {
+        FUSED => _mm256_mul_ps(x, y),
+        _ => {
+            let odd = if PROD == EXACT {
+                _mm256_castps_si256(_mm256_mul_ps(x, y))
+            } else {
+                mul_odd(x, y)
+            };
+            _mm256_castsi256_ps(round::<OP>(op, odd))
+        }
+    }
+}
+
+/// Stores 8 finished sums into `dst`; nonzero where one is Inf or NaN (the exponent field
+/// all ones).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn store_sums(v: __m256, dst: &mut [f32]) -> i32 {
+    let exp = _mm256_set1_epi32(0x7f80_0000);
+    let field = _mm256_and_si256(_mm256_castps_si256(v), exp);
+    assert!(dst.len() >= 8);
+    // SAFETY: 8 f32 written inside `dst` (asserted).
+    unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), v) };
+    _mm256_movemask_epi8(_mm256_cmpeq_epi32(field, exp))
 }
 
 /// [`PositMagic`]'s constants in registers.
@@ -255,7 +271,6 @@ fn kernel_magic<const PROD: u8>(
 ) -> bool {
     let op = *op;
     let mg = MagicYmm::new(magic);
-    let exp = _mm256_set1_epi32(0x7f80_0000);
     let mut special = 0;
     // The tile in parts of `MAGIC_REGS` registers, each part's sums held in registers
     // through the whole of `a`.
@@ -300,24 +315,15 @@ fn kernel_magic<const PROD: u8>(
             for (r, c) in c.iter_mut().enumerate() {
                 // SAFETY: as above.
                 let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
-                let odd = if PROD == EXACT {
-                    _mm256_castps_si256(_mm256_mul_ps(xv, y))
-                } else {
-                    mul_odd(xv, y)
-                };
-                let term = _mm256_castsi256_ps(round::<POSIT_RAISED>(&op, odd));
+                let term = product::<POSIT_RAISED, PROD>(&op, xv, y);
                 let s = _mm256_castps_si256(_mm256_add_ps(*c, term));
                 *c = _mm256_castsi256_ps(round::<POSIT_SUM>(&op, s));
             }
         }
         for (r, v) in c.iter().enumerate() {
-            let v = _mm256_mul_ps(*v, _mm256_set1_ps(0.5));
-            // Inf or NaN: the exponent field all ones (none with finite operands).
-            let field = _mm256_and_si256(_mm256_castps_si256(v), exp);
-            special |= _mm256_movemask_epi8(_mm256_cmpeq_epi32(field, exp));
             let at = part * 8 * MAGIC_REGS + 8 * r;
-            // SAFETY: 8 f32 written inside the tile.
-            unsafe { _mm256_storeu_ps(acc[at..].as_mut_ptr(), v) };
+            // None special with finite operands; checked as the other kernels do.
+            special |= store_sums(_mm256_mul_ps(*v, _mm256_set1_ps(0.5)), &mut acc[at..at + 8]);
         }
     }
     special == 0
