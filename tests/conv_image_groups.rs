@@ -9,7 +9,10 @@
 //!   per input pixel summing the transposed convolution's terms, on values whose sums fall
 //!   on rounding boundaries (so the exact fallback runs), zeros, and NaR operands;
 //! * the checked quire's weight and bias gradients summed group by group
-//!   (`conv_weight_grad`) against a quire per weight, on the same kinds of values.
+//!   (`conv_weight_grad`) against a quire per weight, on the same kinds of values;
+//! * a NaN input pixel, for every kind of rule and each operand path (f32 column matrices
+//!   for the register kernel, f64 for the others): NaN in exactly the outputs and weight
+//!   gradients whose sums read it, a zero weight's term included.
 //!
 //! `tests/accumulate_layers.rs` checks the layers against scalar reference loops.
 
@@ -142,6 +145,18 @@ fn bits(t: &Tensor) -> Vec<u32> {
 /// The output and `(dX, dW, db)` of `sum(conv(x, w) + b) · g)`, the per-image GEMMs
 /// `group` images at a time (None: `rule_conv2d`'s own choice).
 fn run(s: &Shape, arith: &LayerArith, group: Option<usize>, seed: u64) -> [Vec<u32>; 4] {
+    run_with(s, arith, group, seed, None)
+}
+
+/// [`run`] with input element `pixel.0` set to `pixel.1` and the weight's first element
+/// set to zero.
+fn run_with(
+    s: &Shape,
+    arith: &LayerArith,
+    group: Option<usize>,
+    seed: u64,
+    pixel: Option<(usize, f32)>,
+) -> [Vec<u32>; 4] {
     let mut rng = SplitMix(seed);
     let oh = (s.h + 2 * s.padding - s.dilation * (s.kh - 1) - 1) / s.stride + 1;
     let ow = (s.w + 2 * s.padding - s.dilation * (s.kw - 1) - 1) / s.stride + 1;
@@ -149,14 +164,14 @@ fn run(s: &Shape, arith: &LayerArith, group: Option<usize>, seed: u64) -> [Vec<u
     let var = |v: Vec<f32>, shape: &[usize]| {
         Var::from_tensor(&Tensor::from_vec(v, shape, dev).unwrap()).unwrap()
     };
-    let x = var(
-        random(&mut rng, s.n * s.c * s.h * s.w),
-        &[s.n, s.c, s.h, s.w],
-    );
-    let w = var(
-        random(&mut rng, s.oc * s.c * s.kh * s.kw),
-        &[s.oc, s.c, s.kh, s.kw],
-    );
+    let mut xv = random(&mut rng, s.n * s.c * s.h * s.w);
+    let mut wv = random(&mut rng, s.oc * s.c * s.kh * s.kw);
+    if let Some((i, v)) = pixel {
+        xv[i] = v;
+        wv[0] = 0.0;
+    }
+    let x = var(xv, &[s.n, s.c, s.h, s.w]);
+    let w = var(wv, &[s.oc, s.c, s.kh, s.kw]);
     let b = var(random(&mut rng, s.oc), &[s.oc]);
     let g = Tensor::from_vec(
         random(&mut rng, s.n * s.oc * oh * ow),
@@ -205,6 +220,74 @@ fn grouped_image_gemms_equal_one_image_per_gemm() {
         }
     }
     m.assert_none_of("grouped convolution GEMMs", checked);
+}
+
+/// The output coordinate that reads input coordinate `v` through tap `t`, if any.
+fn reader(s: &Shape, v: usize, t: usize, out: usize) -> Option<usize> {
+    let u = (v + s.padding).checked_sub(t * s.dilation)?;
+    (u % s.stride == 0 && u / s.stride < out).then_some(u / s.stride)
+}
+
+/// A NaN input pixel makes exactly the outputs and weight gradients whose sums read it NaN
+/// (NaR in posits), a zero weight's term included (NaN · 0 is NaN), and leaves every other
+/// output, the input gradient and the bias gradient as they are with a zero there.
+#[test]
+fn a_nan_input_pixel_reaches_exactly_the_sums_that_read_it() {
+    let rules = [RULES, &[("e4m3", "naive"), ("posit<8,0>", "naive")]].concat();
+    let mut m = Mismatches::default();
+    let mut checked = 0;
+    for (ri, &(format, setting)) in rules.iter().enumerate() {
+        let a = arith(format, setting);
+        for (si, s) in SHAPES.iter().enumerate() {
+            let oh = (s.h + 2 * s.padding - s.dilation * (s.kh - 1) - 1) / s.stride + 1;
+            let ow = (s.w + 2 * s.padding - s.dilation * (s.kw - 1) - 1) / s.stride + 1;
+            // A pixel of the last image and channel, inside the image.
+            let (pn, pc, py, px) = (s.n - 1, s.c - 1, s.h / 2, s.w - 2);
+            let at = ((pn * s.c + pc) * s.h + py) * s.w + px;
+            let seed = (ri * 37 + si) as u64;
+            let nan = run_with(s, &a, None, seed, Some((at, f32::NAN)));
+            let zero = run_with(s, &a, None, seed, Some((at, 0.0)));
+            let reads = |i: usize, j: usize, oy: usize, ox: usize| {
+                reader(s, py, i, oh) == Some(oy) && reader(s, px, j, ow) == Some(ox)
+            };
+            let mut y_reads = vec![false; s.n * s.oc * oh * ow];
+            let mut dw_reads = vec![false; s.oc * s.c * s.kh * s.kw];
+            for o in 0..s.oc {
+                for (i, j) in (0..s.kh).flat_map(|i| (0..s.kw).map(move |j| (i, j))) {
+                    for (oy, ox) in (0..oh).flat_map(|oy| (0..ow).map(move |ox| (oy, ox))) {
+                        if reads(i, j, oy, ox) {
+                            y_reads[((pn * s.oc + o) * oh + oy) * ow + ox] = true;
+                            dw_reads[((o * s.c + pc) * s.kh + i) * s.kw + j] = true;
+                        }
+                    }
+                }
+            }
+            let none = vec![false; nan[1].len().max(nan[3].len())];
+            for (what, idx, read) in [
+                ("y", 0, &y_reads),
+                ("dX", 1, &none),
+                ("dW", 2, &dw_reads),
+                ("db", 3, &none),
+            ] {
+                for (e, (&g, &z)) in nan[idx].iter().zip(&zero[idx]).enumerate() {
+                    let ok = if read[e] {
+                        f32::from_bits(g).is_nan()
+                    } else {
+                        g == z
+                    };
+                    m.check(ok, || {
+                        format!(
+                            "{format} {setting} {s:?}: {what}[{e}] = {:e} (reads the NaN: {})",
+                            f32::from_bits(g),
+                            read[e]
+                        )
+                    });
+                    checked += 1;
+                }
+            }
+        }
+    }
+    m.assert_none_of("outputs next to a NaN pixel", checked);
 }
 
 #[test]

@@ -281,9 +281,24 @@ fn staged_copy<'a>(v: &[f32], buf: &'a mut [f32; RUN]) -> &'a [f32] {
     &buf[..v.len()]
 }
 
+/// Rounds `src` into `dst` to nearest even by `plan`: the vectorised pass (compiled for the
+/// CPU's vector instructions), then the general path `slow` for the elements it leaves
+/// behind.
+pub(crate) fn round_nearest_run(
+    plan: &F32Plan,
+    src: &[f32],
+    dst: &mut [f32],
+    slow: impl Fn(f64) -> f64,
+) {
+    if round_run_dispatch(plan, Some(src), dst, NearestEven, &[]) {
+        fix_slow(plan, src, dst, &[], &|x, _| slow(x));
+    }
+}
+
 /// Redoes the elements of `inp` the vectorised pass left behind through the general path
-/// (`slow`), writing them to `out`. Elements are tested 16 at a time without branches, so
-/// runs with a few such elements cost little more than a clean run.
+/// (`slow`, given the element's random word, or 0 where `words` is empty), writing them to
+/// `out`. Elements are tested 16 at a time without branches, so runs with a few such
+/// elements cost little more than a clean run.
 #[inline(always)]
 fn fix_slow<P: RunRounder>(
     plan: &P,
@@ -299,7 +314,7 @@ fn fix_slow<P: RunRounder>(
         for (j, &x) in block.iter().enumerate() {
             if plan.needs_slow(x) {
                 let i = c * 16 + j;
-                out[i] = slow(x as f64, words[i]) as f32;
+                out[i] = slow(x as f64, words.get(i).copied().unwrap_or(0)) as f32;
             }
         }
     }

@@ -10,12 +10,88 @@
 //! is the cost: one kernel call, one pass of operand norms and checks per group instead of
 //! per image, on a group matrix that stays in cache and is reused across groups and calls
 //! ([`super::scratch`]: filled completely for each group, never zeroed).
+//!
+//! The matrices hold f32 where the rule takes operands rounded in f32
+//! ([`GemmRule::takes_rounded_f32`], [`GemmRule::operands_f32`]) and f64 otherwise (rounded
+//! by [`GemmRule::operands`]); see [`Element`].
 
 use rayon::prelude::*;
 
 use super::gemm_cpu::{Bias, Dims};
+use super::quire_i16::Operand;
 use super::rule::GemmRule;
 use super::scratch;
+
+/// The element type of a layer's operand matrices: `f32` for a rule that takes operands
+/// rounded in f32 ([`GemmRule::takes_rounded_f32`]; operands from [`GemmRule::operands_f32`], [`GemmRule::gemm_f32_rounded`]), `f64` for
+/// the others (operands rounded by [`GemmRule::operands`], [`GemmRule::gemm`]). The same
+/// bits either way.
+pub trait Element: scratch::Element + Send + Sync {
+    /// Zero (padding and the stride's gaps).
+    const ZERO: Self;
+    /// One (the column of ones of a bias gradient).
+    const ONE: Self;
+
+    /// `A (m x k) · B (k x n) [+ bias]` under `rule` as f32 outputs (`m x n`), `b` holding
+    /// `B`, or `Bᵀ` (`n x k`) where `b_transposed`.
+    fn gemm(
+        rule: &GemmRule,
+        a: &[Self],
+        b: &[Self],
+        b_transposed: bool,
+        dims: Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Vec<f32>;
+}
+
+impl Element for f32 {
+    const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
+
+    /// # Panics
+    /// Where `rule` has no f32 path for `dims` (the caller checks
+    /// [`GemmRule::takes_rounded_f32`], which implies one).
+    fn gemm(
+        rule: &GemmRule,
+        a: &[f32],
+        b: &[f32],
+        b_transposed: bool,
+        dims: Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Vec<f32> {
+        let b = Operand {
+            data: b,
+            transposed: b_transposed,
+        };
+        rule.gemm_f32_rounded(Operand::rows(a), b, dims, bias, parallel)
+            .expect("the caller checked that the rule has an f32 path")
+    }
+}
+
+impl Element for f64 {
+    const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
+
+    fn gemm(
+        rule: &GemmRule,
+        a: &[f64],
+        b: &[f64],
+        b_transposed: bool,
+        (m, k, n): Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Vec<f32> {
+        let mut out = scratch::take(m * n);
+        if b_transposed {
+            rule.gemm_bt(a, b, (m, k, n), bias, &mut out, parallel);
+        } else {
+            rule.gemm(a, b, (m, k, n), bias, &mut out, parallel);
+        }
+        out.iter().map(|&v| GemmRule::output(v)).collect()
+    }
+}
 
 /// Elements of a group's column matrix the automatic grouping aims at (1 MiB of f64: the
 /// matrix stays in a core's L2 cache while the GEMM reads it).
@@ -34,13 +110,14 @@ pub fn images_per_gemm(n: usize, per_image: usize) -> usize {
 /// `i = 0..n` under `rule`, `group` images per GEMM (the last group may hold fewer).
 /// `fill(i, dst, row_stride)` writes image `i`'s column matrix `B[i]` with its row `u` at
 /// `dst[u * row_stride..][..p]`, every one of those elements (the buffer is reused). `a`
-/// and the bias are rounded to the rule's format, as `fill`'s values must be.
+/// and `fill`'s values as [`Element`] says for `T` (f64: rounded to the rule's format); the
+/// bias rounded.
 ///
 /// Groups run in parallel (each GEMM on one thread) where there are at least as many as
 /// threads, else one after another with parallel GEMMs.
-pub fn image_gemms<F>(
+pub fn image_gemms<T: Element, F>(
     rule: &GemmRule,
-    a: &[f64],
+    a: &[T],
     (m, k, p): Dims,
     bias: Bias,
     n: usize,
@@ -48,7 +125,7 @@ pub fn image_gemms<F>(
     fill: F,
 ) -> Vec<f32>
 where
-    F: Fn(usize, &mut [f64], usize) + Sync,
+    F: Fn(usize, &mut [T], usize) + Sync,
 {
     let len = m * p;
     let mut out = vec![0f32; n * len];
@@ -61,17 +138,14 @@ where
     let run = |(g, dst): (usize, &mut [f32]), parallel: bool| {
         let images = dst.len() / len;
         let cols = images * p;
-        let (mut b, mut o) = (scratch::take(k * cols), scratch::take(m * cols));
+        let mut b = scratch::take::<T>(k * cols);
         for t in 0..images {
             fill(g * group + t, &mut b[t * p..], cols);
         }
-        rule.gemm(a, &b, (m, k, cols), bias, &mut o, parallel);
+        let o = T::gemm(rule, a, &b, false, (m, k, cols), bias, parallel);
         for (t, image) in dst.chunks_exact_mut(len).enumerate() {
             for (r, row) in image.chunks_exact_mut(p).enumerate() {
-                let src = &o[r * cols + t * p..][..p];
-                for (d, &v) in row.iter_mut().zip(src) {
-                    *d = GemmRule::output(v);
-                }
+                row.copy_from_slice(&o[r * cols + t * p..][..p]);
             }
         }
     };

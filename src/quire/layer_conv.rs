@@ -29,6 +29,9 @@
 //!
 //! * the per-image GEMMs (`Y[n]`, `dX[n]`) take several images at a time, their column
 //!   matrices side by side ([`super::image_gemm`]);
+//! * the matrices hold f32 operands rounded once where the rule's register kernel runs
+//!   ([`GemmRule::takes_rounded_f32`]: `naive`, `naive:<A>`, `fma:<A>` in the formats it
+//!   covers), f64 operands rounded once for the other kernels;
 //! * `db` is one more column of the `dW` GEMM (a row of ones appended to `cols[n]ᵀ`), which
 //!   shares its operand `dY` and its rule;
 //! * under the checked f64 quire ([`super::gemm_checked`]), `dX` is summed through col2im
@@ -36,14 +39,14 @@
 //!   by group of images without the whole batch's column matrix
 //!   ([`super::conv_weight_grad`]).
 
-use candle_core::{bail, CpuStorage, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::conv_input_grad;
 use super::conv_weight_grad;
 use super::gemm_cpu::{accumulator_for, Accumulator, Bias};
-use super::image_gemm::{image_gemms, images_per_gemm};
-use super::layer_io::{apply, check_tensor, storage_f32, tensor_f32, to_tensor, LayerOp};
+use super::image_gemm::{image_gemms, images_per_gemm, Element};
+use super::layer_io::{apply, check_tensor, outputs, storage_f32, tensor_f32, LayerOp};
 use super::rule::{GemmRule, LayerArith};
 use super::scratch;
 use crate::backend::im2col::{im2col_row, im2col_strided, ConvGeom};
@@ -154,19 +157,22 @@ impl LayerOp for ConvOp {
     ) -> Result<(CpuStorage, Shape)> {
         let (g, oc, rule) = (&self.geom, self.oc, &self.arith.forward);
         let n = x.1.dims()[0];
-        let (k, p, image) = (g.rows(), g.cols(), g.image_len());
-        let xv = rule.operands(&storage_f32(x.0, x.1, "input")?);
-        let wv = rule.operands(&storage_f32(w.0, w.1, "weight")?);
         let bv = match b {
             Some((s, l)) => Some(rule.operands(&storage_f32(s, l, "bias")?)),
             None => None,
         };
         let bias = bv.as_deref().map_or(Bias::None, Bias::PerRow);
-        let strides = [g.height * g.width, g.width, 1];
-        let group = self.group(n, k * p);
-        let out = image_gemms(rule, &wv, (oc, k, p), bias, n, group, |i, dst, stride| {
-            im2col_strided(&xv, i * image, strides, g, 0.0, dst, stride);
-        });
+        let (xs, ws) = (
+            storage_f32(x.0, x.1, "input")?,
+            storage_f32(w.0, w.1, "weight")?,
+        );
+        let out = if rule.takes_rounded_f32(g.rows() + usize::from(bv.is_some())) {
+            let (xr, wr) = (rule.operands_f32(&xs), rule.operands_f32(&ws));
+            self.forward_gemms(rule, &xr, &wr, bias, n)
+        } else {
+            let (xv, wv) = (rule.operands(&xs), rule.operands(&ws));
+            self.forward_gemms(rule, &xv, &wv, bias, n)
+        };
         let shape = Shape::from((n, oc, g.out_h, g.out_w));
         Ok((CpuStorage::F32(out), shape))
     }
@@ -188,73 +194,62 @@ impl LayerOp for ConvOp {
         let (mut dw, mut db) = (None, None);
         if need_w || need_b {
             let rule = &self.arith.weight_grad;
-            let gy = rule.operands(&dy);
-            let xv = if need_w {
-                rule.operands(&tensor_f32(x)?)
-            } else {
-                Vec::new()
-            };
+            let xs = if need_w { tensor_f32(x)? } else { Vec::new() };
             let k_w = if need_w { k } else { 0 };
             let rows = k_w + usize::from(need_b);
+            let dims = (k_w, rows);
             let out = match rule {
                 GemmRule::Quire(posit)
                     if accumulator_for(*posit, n * p) == Accumulator::F64Checked =>
                 {
                     let with = (need_w, need_b);
-                    conv_weight_grad::weight_grad(*posit, &xv, &gy, g, oc, with).0
+                    let (xv, gy) = (rule.operands(&xs), rule.operands(&dy));
+                    outputs(&conv_weight_grad::weight_grad(*posit, &xv, &gy, g, oc, with).0)
                 }
-                _ => weight_grad_gemm(rule, &xv, &gy, g, oc, (k_w, rows)),
+                _ if rule.takes_rounded_f32(n * p) => {
+                    let (xr, gy) = (rule.operands_f32(&xs), rule.operands_f32(&dy));
+                    weight_grad_gemm(rule, &xr, &gy, g, oc, dims)
+                }
+                _ => {
+                    let (xv, gy) = (rule.operands(&xs), rule.operands(&dy));
+                    weight_grad_gemm(rule, &xv, &gy, g, oc, dims)
+                }
             };
             if need_w {
-                let dw_v: Vec<f64> = out
+                let dw_v: Vec<f32> = out
                     .chunks(rows)
                     .flat_map(|r| r[..k].iter().copied())
                     .collect();
                 let shape = [oc, g.channels, g.kernel_h, g.kernel_w];
-                dw = Some(to_tensor(&dw_v, &shape, device)?);
+                dw = Some(Tensor::from_vec(dw_v, &shape, &Device::Cpu)?.to_device(device)?);
             }
             if need_b {
-                let db_v: Vec<f64> = out.chunks(rows).map(|r| r[k_w]).collect();
-                db = Some(to_tensor(&db_v, &[oc], device)?);
+                let db_v: Vec<f32> = out.chunks(rows).map(|r| r[k_w]).collect();
+                db = Some(Tensor::from_vec(db_v, oc, &Device::Cpu)?.to_device(device)?);
             }
         }
         let dx = if x.track_op() {
             let rule = &self.arith.input_grad;
-            let e = rule.operands(&dy);
-            let wv = rule.operands(&tensor_f32(w)?);
-            let (c, taps) = (g.channels, g.kernel_h * g.kernel_w);
-            let kk = oc * taps;
-            let shape = [n, c, g.height, g.width];
-            if let GemmRule::Quire(posit) = rule {
-                if accumulator_for(*posit, kk) == Accumulator::F64Checked {
-                    let (out, _) = conv_input_grad::input_grad(*posit, &wv, &e, g, oc);
-                    let t = Tensor::from_vec(out, &shape, &candle_core::Device::Cpu)?;
-                    return Ok((Some(t.to_device(device)?), dw, db));
+            let ws = tensor_f32(w)?;
+            let kk = oc * g.kernel_h * g.kernel_w;
+            let shape = [n, g.channels, g.height, g.width];
+            let out = match rule {
+                GemmRule::Quire(posit)
+                    if accumulator_for(*posit, kk) == Accumulator::F64Checked =>
+                {
+                    let (e, wv) = (rule.operands(&dy), rule.operands(&ws));
+                    conv_input_grad::input_grad(*posit, &wv, &e, g, oc).0
                 }
-            }
-            // Wc (C x OC·KH·KW): Wc[c, (o, i, j)] = w[o, c, i, j].
-            let mut wc = vec![0.0; c * kk];
-            for ch in 0..c {
-                for o in 0..oc {
-                    for t in 0..taps {
-                        wc[ch * kk + o * taps + t] = wv[(o * c + ch) * taps + t];
-                    }
+                _ if rule.takes_rounded_f32(kk) => {
+                    let (e, wr) = (rule.operands_f32(&dy), rule.operands_f32(&ws));
+                    self.input_grad_gemms(rule, &e, &wr, n)
                 }
-            }
-            let hw = g.height * g.width;
-            let group = self.group(n, kk * hw);
-            let out = image_gemms(
-                rule,
-                &wc,
-                (c, kk, hw),
-                Bias::None,
-                n,
-                group,
-                |i, dst, stride| {
-                    transposed_cols(&e[i * oc * p..(i + 1) * oc * p], g, oc, dst, stride);
-                },
-            );
-            Some(Tensor::from_vec(out, &shape, &candle_core::Device::Cpu)?.to_device(device)?)
+                _ => {
+                    let (e, wv) = (rule.operands(&dy), rule.operands(&ws));
+                    self.input_grad_gemms(rule, &e, &wv, n)
+                }
+            };
+            Some(Tensor::from_vec(out, &shape, &Device::Cpu)?.to_device(device)?)
         } else {
             None
         };
@@ -262,21 +257,86 @@ impl LayerOp for ConvOp {
     }
 }
 
+impl ConvOp {
+    /// The forward pass's per-image GEMMs `Y[n] = W·cols[n] + b` of the input `x` and the
+    /// weight `w` (as [`Element`] says for `T`), the bias rounded.
+    fn forward_gemms<T: Element>(
+        &self,
+        rule: &GemmRule,
+        x: &[T],
+        w: &[T],
+        bias: Bias,
+        n: usize,
+    ) -> Vec<f32> {
+        let g = &self.geom;
+        let (k, p, image) = (g.rows(), g.cols(), g.image_len());
+        let strides = [g.height * g.width, g.width, 1];
+        let group = self.group(n, k * p);
+        image_gemms(
+            rule,
+            w,
+            (self.oc, k, p),
+            bias,
+            n,
+            group,
+            |i, dst, stride| {
+                im2col_strided(x, i * image, strides, g, T::ZERO, dst, stride);
+            },
+        )
+    }
+
+    /// The input gradient's per-image GEMMs `dX[n] = Wc·T[n]` (see the module docs) of the
+    /// output gradient `e` and the weight `w` (as [`Element`] says for `T`).
+    fn input_grad_gemms<T: Element>(
+        &self,
+        rule: &GemmRule,
+        e: &[T],
+        w: &[T],
+        n: usize,
+    ) -> Vec<f32> {
+        let (g, oc) = (&self.geom, self.oc);
+        let (c, taps, p) = (g.channels, g.kernel_h * g.kernel_w, g.cols());
+        let kk = oc * taps;
+        // Wc (C x OC·KH·KW): Wc[c, (o, i, j)] = w[o, c, i, j].
+        let mut wc = vec![T::ZERO; c * kk];
+        for ch in 0..c {
+            for o in 0..oc {
+                for t in 0..taps {
+                    wc[ch * kk + o * taps + t] = w[(o * c + ch) * taps + t];
+                }
+            }
+        }
+        let hw = g.height * g.width;
+        let group = self.group(n, kk * hw);
+        image_gemms(
+            rule,
+            &wc,
+            (c, kk, hw),
+            Bias::None,
+            n,
+            group,
+            |i, dst, stride| {
+                transposed_cols(&e[i * oc * p..(i + 1) * oc * p], g, oc, dst, stride);
+            },
+        )
+    }
+}
+
 /// `[dW | db] (OC x rows)` as one GEMM over the batch (see the module docs) under `rule`,
-/// of the rounded input `x` and output gradient `gy`: the weight gradient's `k_w` columns
-/// (`K`, or none), then the bias gradient where `rows > k_w`.
-fn weight_grad_gemm(
+/// of the input `x` and output gradient `gy` (as [`Element`] says for `T`): the weight
+/// gradient's `k_w` columns (`K`, or none), then the bias gradient where `rows > k_w`.
+fn weight_grad_gemm<T: Element>(
     rule: &GemmRule,
-    x: &[f64],
-    gy: &[f64],
+    x: &[T],
+    gy: &[T],
     g: &ConvGeom,
     oc: usize,
     (k_w, rows): (usize, usize),
-) -> Vec<f64> {
+) -> Vec<f32> {
     let (p, image) = (g.cols(), g.image_len());
     let np = gy.len().checked_div(oc).unwrap_or(0);
     // A (OC x N·P): row o holds dY[n, o, :] for n ascending.
-    let mut a = scratch::take(oc * np);
+    let mut a = scratch::take::<T>(oc * np);
     a.par_chunks_mut(np.max(1))
         .enumerate()
         .for_each(|(o, row)| {
@@ -285,31 +345,34 @@ fn weight_grad_gemm(
             }
         });
     // Bᵀ: row r < K holds row r of every image's column matrix, image n at columns
-    // n·P..(n+1)·P, so that B (N·P x K) is read transposed in place where the kernel can;
-    // with the bias, one more row of ones (db = dY·1 as the last column of the same GEMM:
-    // every output is its own sum).
-    let mut bt = scratch::take(rows * np);
+    // n·P..(n+1)·P; with the bias, one more row of ones (db = dY·1 as the last column of
+    // the same GEMM: every output is its own sum).
+    let mut bt = scratch::take::<T>(rows * np);
     let strides = [g.height * g.width, g.width, 1];
     bt.par_chunks_mut(np.max(1))
         .enumerate()
         .for_each(|(r, dst)| {
             if r == k_w {
-                dst.fill(1.0);
+                dst.fill(T::ONE);
                 return;
             }
             for (i, run) in dst.chunks_mut(p).enumerate() {
-                im2col_row(x, i * image, strides, g, 0.0, r, run);
+                im2col_row(x, i * image, strides, g, T::ZERO, r, run);
             }
         });
-    let mut out = vec![0.0; oc * rows];
-    rule.gemm_bt(&a, &bt, (oc, np, rows), Bias::None, &mut out, true);
-    out
+    T::gemm(rule, &a, &bt, true, (oc, np, rows), Bias::None, true)
 }
 
 /// `T (OC·KH·KW x H·W)` of one image's `dY (OC x P)`: `T[(o, i, j), (y, x)] = dY[o, oy, ox]`
 /// where `y = oy·s + i·d - p`, `x = ox·s + j·d - p` for an output pixel, else zero; row
 /// `(o, i, j)` written whole (zeros included) at `dst[((o·KH + i)·KW + j) · row_stride..]`.
-fn transposed_cols(dy: &[f64], g: &ConvGeom, oc: usize, dst: &mut [f64], row_stride: usize) {
+fn transposed_cols<T: Element>(
+    dy: &[T],
+    g: &ConvGeom,
+    oc: usize,
+    dst: &mut [T],
+    row_stride: usize,
+) {
     let (h, w) = (g.height, g.width);
     let (s, d, pad) = (g.stride, g.dilation, g.padding);
     // The output coordinate of input coordinate `y` through tap `i`, if any.
@@ -331,23 +394,23 @@ fn transposed_cols(dy: &[f64], g: &ConvGeom, oc: usize, dst: &mut [f64], row_str
             let x1 = (shift + g.out_w as isize).clamp(x0 as isize, w as isize) as usize;
             for (y, line) in row.chunks_exact_mut(w).enumerate() {
                 let Some(oy) = out_of(y, i, g.out_h).filter(|_| x0 < x1) else {
-                    line.fill(0.0);
+                    line.fill(T::ZERO);
                     continue;
                 };
                 let ox0 = (x0 as isize - shift) as usize;
-                line[..x0].fill(0.0);
+                line[..x0].fill(T::ZERO);
                 line[x0..x1].copy_from_slice(&plane[oy * g.out_w + ox0..][..x1 - x0]);
-                line[x1..].fill(0.0);
+                line[x1..].fill(T::ZERO);
             }
             continue;
         }
         for (y, line) in row.chunks_exact_mut(w).enumerate() {
             let Some(oy) = out_of(y, i, g.out_h) else {
-                line.fill(0.0);
+                line.fill(T::ZERO);
                 continue;
             };
             for (x, v) in line.iter_mut().enumerate() {
-                *v = out_of(x, j, g.out_w).map_or(0.0, |ox| plane[oy * g.out_w + ox]);
+                *v = out_of(x, j, g.out_w).map_or(T::ZERO, |ox| plane[oy * g.out_w + ox]);
             }
         }
     }

@@ -39,7 +39,7 @@ use super::lane_round::LaneRound;
 use super::naive_lanes::{self, Accumulator, Products, TILE};
 use super::quire_i16::Operand;
 use super::round_odd::{add_odd, mul_odd};
-use crate::backend::f32_plan::{F32Plan, RunRounder};
+use crate::backend::f32_plan::F32Plan;
 use crate::format::float::{Overflow, Specials};
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::Format;
@@ -120,13 +120,9 @@ impl RunRounding {
     /// Rounds `src` into `dst` (the fast path, then the general path where it does not apply).
     #[inline]
     fn round(&self, src: &[f32], dst: &mut [f32]) {
-        if self.plan.round_run(src, dst, NearestEven, &[]) {
-            for (d, &x) in dst.iter_mut().zip(src) {
-                if self.plan.needs_slow(x) {
-                    *d = self.format.round_rule(x as f64, NearestEven, 0) as f32;
-                }
-            }
-        }
+        crate::backend::cpu::round_nearest_run(&self.plan, src, dst, |x| {
+            self.format.round_rule(x, NearestEven, 0)
+        });
     }
 }
 
@@ -343,32 +339,70 @@ impl NaiveF32 {
         &self,
         a: Operand,
         b: Operand,
-        (m, k, n): Dims,
+        dims: Dims,
         bias: Bias,
         parallel: bool,
     ) -> Option<Vec<f32>> {
-        let fused_lanes = matches!(self.sums, Sums::Binary32) || self.exact_products();
-        if self.fused && !fused_lanes {
+        self.gemm_f32_with(a, b, dims, bias, parallel, true)
+    }
+
+    /// [`NaiveF32::gemm_f32`] of operands already rounded to the operand format (values
+    /// of it as f32): copied into the kernel's layout without rounding them again.
+    pub fn gemm_f32_rounded(
+        &self,
+        a: Operand,
+        b: Operand,
+        dims: Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Option<Vec<f32>> {
+        self.gemm_f32_with(a, b, dims, bias, parallel, false)
+    }
+
+    /// [`NaiveF32::gemm_f32`], the operands rounded where `round`, else copied.
+    fn gemm_f32_with(
+        &self,
+        a: Operand,
+        b: Operand,
+        (m, k, n): Dims,
+        bias: Bias,
+        parallel: bool,
+        round: bool,
+    ) -> Option<Vec<f32>> {
+        if !self.runs_f32() {
             return None;
         }
+        let prepare = |src: &[f32], dst: &mut [f32]| {
+            if round {
+                self.op.round(src, dst);
+            } else {
+                dst.copy_from_slice(src);
+            }
+        };
         let a_rows = a.row_major(m, k);
         let mut af = vec![0f32; m * k];
         if parallel {
             af.par_chunks_mut(4096)
                 .zip(a_rows.par_chunks(4096))
-                .for_each(|(dst, src)| self.op.round(src, dst));
+                .for_each(|(dst, src)| prepare(src, dst));
         } else {
-            self.op.round(&a_rows, &mut af);
+            prepare(&a_rows, &mut af);
         }
         let b_rows = b.row_major(k, n);
-        let round_row = |t: usize, dst: &mut [f32]| {
-            self.op.round(&b_rows[t * n..t * n + n], dst);
+        let prepare_row = |t: usize, dst: &mut [f32]| {
+            prepare(&b_rows[t * n..t * n + n], dst);
             true
         };
-        let bf = padded(k, n, round_row).expect("every row rounded");
+        let bf = padded(k, n, prepare_row).expect("every row prepared");
         let mut out = vec![0f64; m * n];
         self.tiled(&af, &bf, (m, k, n), bias, &mut out, parallel);
         Some(out.into_iter().map(|v| v as f32).collect())
+    }
+
+    /// Whether [`NaiveF32::gemm_f32`] runs: all but `fma` into a plan accumulator with
+    /// operands of more than 12 significand bits.
+    pub fn runs_f32(&self) -> bool {
+        !self.fused || matches!(self.sums, Sums::Binary32) || self.exact_products()
     }
 
     /// The register kernel of [`NaiveF32::gemm`] on `af` (`m x k`, row-major) and `bf`

@@ -27,6 +27,7 @@ use super::gemm_acc::{fma_gemm, naive_sum_gemm, products_exact};
 use super::gemm_checked;
 use super::gemm_cpu::{accumulator_for, naive_gemm, quire_gemm, Accumulator, Bias, Dims, OpTables};
 use super::gemm_lns::{lns_gemm, lns_gemm_f32};
+use super::int_operand::IntOperand;
 use super::naive_f32::NaiveF32;
 use super::naive_p8;
 use super::p8_lanes;
@@ -154,29 +155,47 @@ impl GemmRule {
                 .map(|&x| LnsValue::nearest(l, f64::from(x)).to_f64(l))
                 .collect();
         }
-        if values_are_f32(&format) {
-            let mut rounded = vec![0f32; xs.len()];
-            let dims = [xs.len()];
-            let f32_path = crate::backend::cpu::quantize_slice(
-                Some(xs),
-                &mut rounded,
-                &dims,
-                &format,
-                crate::format::Rounding::NearestEven,
-                None,
-            );
-            if f32_path.is_ok() {
-                return rounded
-                    .par_iter()
-                    .with_min_len(4096)
-                    .map(|&v| f64::from(v))
-                    .collect();
-            }
+        if let Some(rounded) = self.rounded_f32(xs) {
+            return rounded
+                .par_iter()
+                .with_min_len(4096)
+                .map(|&v| f64::from(v))
+                .collect();
         }
         xs.par_iter()
             .with_min_len(4096)
             .map(|&x| format.round_rule(f64::from(x), NearestEven, 0))
             .collect()
+    }
+
+    /// `xs` rounded to `F` in f32 through the quantize kernel's f32 fast path, where every
+    /// value of `F` is an f32 (so rounding in f32 is rounding the value) and that path
+    /// applies.
+    fn rounded_f32(&self, xs: &[f32]) -> Option<Vec<f32>> {
+        let format = self.format();
+        if !values_are_f32(&format) {
+            return None;
+        }
+        let mut rounded = vec![0f32; xs.len()];
+        crate::backend::cpu::quantize_slice(
+            Some(xs),
+            &mut rounded,
+            &[xs.len()],
+            &format,
+            crate::format::Rounding::NearestEven,
+            None,
+        )
+        .ok()?;
+        Some(rounded)
+    }
+
+    /// Operands for [`GemmRule::gemm_f32_rounded`]: `xs` rounded to `F` where every value of
+    /// `F` is an f32, else as they are (the kernel rounds them).
+    pub fn operands_f32<'a>(&self, xs: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        match self.rounded_f32(xs) {
+            Some(rounded) => std::borrow::Cow::Owned(rounded),
+            None => std::borrow::Cow::Borrowed(xs),
+        }
     }
 
     /// The f32 a tensor holds for the kernel's output `v` (a value of `F`).
@@ -203,41 +222,77 @@ impl GemmRule {
         bias: Bias,
         parallel: bool,
     ) -> Option<Vec<f32>> {
-        match self {
-            GemmRule::Quire(p)
-                if accumulator_for(*p, dims.1 + bias_terms(&bias)) == Accumulator::I16 =>
-            {
-                quire_i16::gemm_f32(*p, a, b, dims, bias, parallel)
+        let kernel = self.f32_kernel(dims.1 + bias_terms(&bias))?;
+        Some(match kernel {
+            F32Kernel::QuireI16(p) => quire_i16::gemm_f32(p, a, b, dims, bias, parallel)?,
+            F32Kernel::QuireChecked(p) => gemm_checked::gemm_f32(p, a, b, dims, bias, parallel).0,
+            F32Kernel::Lns(arith) => lns_gemm_f32(arith, a, b, dims, bias, parallel),
+            F32Kernel::NaiveP8 => naive_p8::gemm_f32(a, b, dims, bias, parallel),
+            F32Kernel::Registers(kernel) => kernel.gemm_f32(a, b, dims, bias, parallel)?,
+        })
+    }
+
+    /// [`GemmRule::gemm_f32`] of operands from [`GemmRule::operands_f32`] (any pieces of
+    /// them, in any arrangement): the register kernel takes them without rounding them
+    /// again, the other kernels as [`GemmRule::gemm_f32`] does (rounding a value of `F`
+    /// gives it back).
+    pub fn gemm_f32_rounded(
+        &self,
+        a: Operand,
+        b: Operand,
+        dims: Dims,
+        bias: Bias,
+        parallel: bool,
+    ) -> Option<Vec<f32>> {
+        match self.f32_kernel(dims.1 + bias_terms(&bias))? {
+            F32Kernel::Registers(kernel) if values_are_f32(&self.format()) => {
+                kernel.gemm_f32_rounded(a, b, dims, bias, parallel)
             }
-            GemmRule::Quire(p)
-                if accumulator_for(*p, dims.1 + bias_terms(&bias)) == Accumulator::F64Checked =>
-            {
-                Some(gemm_checked::gemm_f32(*p, a, b, dims, bias, parallel).0)
-            }
-            GemmRule::Lns(arith) => Some(lns_gemm_f32(arith, a, b, dims, bias, parallel)),
+            _ => self.gemm_f32(a, b, dims, bias, parallel),
+        }
+    }
+
+    /// Whether a GEMM of `terms` terms per output (the bias included) runs best from f32
+    /// operands rounded once by [`GemmRule::operands_f32`], through
+    /// [`GemmRule::gemm_f32_rounded`]: where the register kernel runs, which copies them
+    /// as they are. The other kernels convert f32 operands as they round them, so layers
+    /// whose operand matrices repeat values (a convolution's column matrices repeat each
+    /// input up to KH·KW times) hand them f64 operands rounded once instead.
+    pub fn takes_rounded_f32(&self, terms: usize) -> bool {
+        matches!(self.f32_kernel(terms), Some(F32Kernel::Registers(_)))
+            && values_are_f32(&self.format())
+    }
+
+    /// The kernel [`GemmRule::gemm_f32`] runs for `terms` terms per output, if any.
+    fn f32_kernel(&self, terms: usize) -> Option<F32Kernel<'_>> {
+        Some(match self {
+            GemmRule::Quire(p) => match accumulator_for(*p, terms) {
+                Accumulator::I16 if IntOperand::get(*p).is_some() => F32Kernel::QuireI16(*p),
+                Accumulator::F64Checked => F32Kernel::QuireChecked(*p),
+                _ => return None,
+            },
+            GemmRule::Lns(arith) => F32Kernel::Lns(arith),
             // posit<8,0>: i16 lanes on AVX-512.
-            GemmRule::Naive(f) if is_posit8_0(f) && p8_lanes::avx512() => {
-                Some(naive_p8::gemm_f32(a, b, dims, bias, parallel))
-            }
+            GemmRule::Naive(f) if is_posit8_0(f) && p8_lanes::avx512() => F32Kernel::NaiveP8,
             // The 8-bit formats: the register kernel where it runs with specialised
             // roundings (faster than the operation tables and than posit<8,0>'s lanes summed
             // one at a time), else those.
             GemmRule::Naive(f) if OpTables::get(f).is_some() || is_posit8_0(f) => {
                 match NaiveF32::new(f).filter(NaiveF32::specialised) {
-                    Some(kernel) => kernel.gemm_f32(a, b, dims, bias, parallel),
-                    None if is_posit8_0(f) => Some(naive_p8::gemm_f32(a, b, dims, bias, parallel)),
-                    None => None,
+                    Some(kernel) => F32Kernel::Registers(Box::new(kernel)),
+                    None if is_posit8_0(f) => F32Kernel::NaiveP8,
+                    None => return None,
                 }
             }
-            GemmRule::Naive(f) => NaiveF32::new(f)?.gemm_f32(a, b, dims, bias, parallel),
+            GemmRule::Naive(f) => F32Kernel::Registers(Box::new(NaiveF32::new(f)?)),
             GemmRule::NaiveSum { op, acc } => {
-                NaiveF32::with_accumulator(op, acc, false)?.gemm_f32(a, b, dims, bias, parallel)
+                F32Kernel::Registers(Box::new(NaiveF32::with_accumulator(op, acc, false)?))
             }
             GemmRule::Fma { op, acc } => {
-                NaiveF32::with_accumulator(op, acc, true)?.gemm_f32(a, b, dims, bias, parallel)
+                F32Kernel::Registers(Box::new(NaiveF32::with_accumulator(op, acc, true)?))
             }
-            _ => None,
-        }
+        })
+        .filter(|k| !matches!(k, F32Kernel::Registers(r) if !r.runs_f32()))
     }
 
     /// `A (m x k) · B (k x n)` (no bias) under this rule from f32 operands not yet rounded,
@@ -309,6 +364,20 @@ impl GemmRule {
         let b = super::layer_io::transpose(bt, n, k);
         self.gemm(a, &b, dims, bias, out, parallel);
     }
+}
+
+/// The kernel of [`GemmRule::gemm_f32`].
+enum F32Kernel<'a> {
+    /// The i16 quire of posit<8,0> ([`super::quire_i16`]).
+    QuireI16(Posit),
+    /// The checked f64 quire ([`super::gemm_checked`]).
+    QuireChecked(Posit),
+    /// LNS arithmetic ([`super::gemm_lns`]).
+    Lns(&'a LnsArith),
+    /// Naive posit<8,0> in i16 lanes ([`super::naive_p8`]).
+    NaiveP8,
+    /// The register kernel ([`NaiveF32`]).
+    Registers(Box<NaiveF32>),
 }
 
 /// The number of bias terms (0 or 1).
