@@ -346,7 +346,16 @@ fn specialised_tiles_equal_the_definition() {
             let run = |b: &[f64], acc32: &mut [f32; TILE]| {
                 let b32: Vec<f32> = b.iter().map(|&v| v as f32).collect();
                 let sum = SumLanes::Round(&r_sum);
-                naive_special::tile(Some(&r_op), sum, products, &a32, &b32, TILE, acc32, false)
+                naive_special::tile(
+                    Some(&r_op),
+                    sum,
+                    products,
+                    &a32,
+                    &b32,
+                    (TILE, TILE),
+                    acc32,
+                    false,
+                )
             };
             let Some(done) = run(&b, &mut acc32) else {
                 assert_eq!(

@@ -48,17 +48,54 @@ pub(crate) fn tensor_f32(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// `v` (`rows x cols`, row-major) transposed.
-pub(crate) fn transpose(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    let mut t = vec![0.0; rows * cols];
-    if rows == 0 || cols == 0 {
-        return t;
-    }
-    t.par_chunks_mut(rows).enumerate().for_each(|(j, dst)| {
-        for (i, d) in dst.iter_mut().enumerate() {
-            *d = v[i * cols + j];
-        }
-    });
+pub(crate) fn transpose<T: Copy + Default + Send + Sync>(
+    v: &[T],
+    rows: usize,
+    cols: usize,
+) -> Vec<T> {
+    let mut t = vec![T::default(); rows * cols];
+    transpose_into(v, rows, cols, &mut t, rows);
     t
+}
+
+/// Elements of the transpose one task of [`transpose_into`] writes, at least.
+const TRANSPOSE_TASK: usize = 1 << 14;
+
+/// `src` (`rows x cols`, row-major) transposed into the first `rows` elements of each of
+/// `cols` rows of `dst`, `dst_stride` apart (the rest of each row is left as it is), in
+/// parallel. A task writes a band of whole rows of `dst` (at least [`TRANSPOSE_TASK`]
+/// elements, however short the rows), reading `src` in tiles of 16 x 16 so that both sides
+/// use whole cache lines.
+pub(crate) fn transpose_into<T: Copy + Send + Sync>(
+    src: &[T],
+    rows: usize,
+    cols: usize,
+    dst: &mut [T],
+    dst_stride: usize,
+) {
+    const TILE: usize = 16;
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(dst_stride >= rows && dst.len() >= (cols - 1) * dst_stride + rows);
+    let band = TRANSPOSE_TASK.div_ceil(rows).next_multiple_of(TILE);
+    dst.par_chunks_mut(band * dst_stride)
+        .take(cols.div_ceil(band))
+        .enumerate()
+        .for_each(|(bi, out)| {
+            let j0 = bi * band;
+            let width = band.min(cols - j0);
+            for i0 in (0..rows).step_by(TILE) {
+                for jt in (0..width).step_by(TILE) {
+                    for i in i0..(i0 + TILE).min(rows) {
+                        let line = &src[i * cols + j0..][..width];
+                        for j in jt..(jt + TILE).min(width) {
+                            out[j * dst_stride + i] = line[j];
+                        }
+                    }
+                }
+            }
+        });
 }
 
 /// Kernel outputs as the f32 a tensor holds.

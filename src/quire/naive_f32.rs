@@ -36,9 +36,11 @@ use rayon::prelude::*;
 
 use super::gemm_cpu::{for_rows, Bias, Dims};
 use super::lane_round::LaneRound;
+use super::layer_io::transpose_into;
 use super::naive_lanes::{self, Accumulator, Products, TILE};
 use super::quire_i16::Operand;
 use super::round_odd::{add_odd, mul_odd};
+use super::scratch;
 use crate::backend::f32_plan::F32Plan;
 use crate::format::float::{Overflow, Specials};
 use crate::format::rounding::{NearestEven, RuleKind};
@@ -138,14 +140,15 @@ type SpecialLanes<'a> = (Option<&'a LaneRound>, SumRound<'a>);
 
 /// One tile by the specialised register kernel ([`super::naive_special`]): `None` where
 /// there are no specialised roundings or the CPU does not run that kernel.
-/// `operands_finite`: `a` and the tile's rows of `b` are known to be finite.
+/// `operands_finite`: `a` and the tile's rows of `b` are known to be finite; `width`: the
+/// tile's columns that are outputs.
 #[allow(unused_variables)]
 fn special_tile(
     special: Option<SpecialLanes<'_>>,
     products: Products,
     a: &[f32],
     b: &[f32],
-    stride: usize,
+    (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
     operands_finite: bool,
 ) -> Option<bool> {
@@ -157,7 +160,16 @@ fn special_tile(
             SumRound::Round(r) => SumLanes::Round(r),
             SumRound::Binary32 => SumLanes::Binary32,
         };
-        naive_special::tile(op, sum, products, a, b, stride, acc, operands_finite)
+        naive_special::tile(
+            op,
+            sum,
+            products,
+            a,
+            b,
+            (stride, width),
+            acc,
+            operands_finite,
+        )
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
@@ -253,7 +265,7 @@ impl NaiveF32 {
             self.products(),
             &[],
             &[],
-            TILE,
+            (TILE, TILE),
             &mut tile,
             true,
         )
@@ -388,12 +400,43 @@ impl NaiveF32 {
         } else {
             prepare(&a_rows, &mut af);
         }
-        let b_rows = b.row_major(k, n);
-        let prepare_row = |t: usize, dst: &mut [f32]| {
-            prepare(&b_rows[t * n..t * n + n], dst);
-            true
-        };
-        let bf = padded(k, n, prepare_row).expect("every row prepared");
+        // B (k x n) in the kernel's layout: rows padded with zeros to whole tiles.
+        let stride = n.div_ceil(TILE) * TILE;
+        let mut bf = scratch::take::<f32>(k * stride);
+        if b.transposed {
+            // Stored as Bᵀ (n x k): rounded as it is stored, then transposed into place (in
+            // parallel whatever `parallel` says: the layers hand over transposed operands
+            // only from outside parallel loops).
+            let bt = &b.data[..n * k];
+            let rounded;
+            let bt = if round {
+                let mut r = vec![0f32; n * k];
+                r.par_chunks_mut(4096)
+                    .zip(bt.par_chunks(4096))
+                    .for_each(|(dst, src)| prepare(src, dst));
+                rounded = r;
+                &rounded[..]
+            } else {
+                bt
+            };
+            transpose_into(bt, n, k, &mut bf, stride);
+            bf.par_chunks_mut(stride.max(1))
+                .with_min_len(256)
+                .for_each(|row| row[n..].fill(0.0));
+        } else {
+            let fill = |(t, row): (usize, &mut [f32])| {
+                prepare(&b.data[t * n..t * n + n], &mut row[..n]);
+                row[n..].fill(0.0);
+            };
+            if parallel {
+                bf.par_chunks_mut(stride.max(1))
+                    .with_min_len(64)
+                    .enumerate()
+                    .for_each(fill);
+            } else {
+                bf.chunks_mut(stride.max(1)).enumerate().for_each(fill);
+            }
+        }
         let mut out = vec![0f64; m * n];
         self.tiled(&af, &bf, (m, k, n), bias, &mut out, parallel);
         Some(out.into_iter().map(|v| v as f32).collect())
@@ -431,17 +474,17 @@ impl NaiveF32 {
         };
         let products = self.products();
         let special = self.special_lanes();
-        // Which rows of A and which tiles of B are finite, found once for all tiles.
-        let row_finite: Vec<bool> = (0..m)
-            .map(|i| af[i * k..i * k + k].iter().all(|x| x.is_finite()))
-            .collect();
-        let tile_finite: Vec<bool> = (0..n)
-            .step_by(TILE)
-            .map(|col| {
-                bf.chunks(stride.max(1))
-                    .all(|row| row[col..col + TILE].iter().all(|x| x.is_finite()))
-            })
-            .collect();
+        // Which rows of A and which tiles of B are finite, found once for all tiles (in
+        // passes without early exits, which vectorise).
+        let finite = |v: &[f32]| v.iter().fold(true, |all, x| all & x.is_finite());
+        let row_finite: Vec<bool> = (0..m).map(|i| finite(&af[i * k..i * k + k])).collect();
+        let tiles = stride / TILE;
+        let mut tile_finite = vec![true; tiles];
+        for row in bf[..k * stride].chunks_exact(stride.max(1)) {
+            for (f, part) in tile_finite.iter_mut().zip(row.chunks_exact(TILE)) {
+                *f &= finite(part);
+            }
+        }
         let row = |i: usize, dst: &mut [f64]| {
             let x = &af[i * k..i * k + k];
             let mut sums = vec![0f32; n];
@@ -450,18 +493,26 @@ impl NaiveF32 {
                 let width = TILE.min(n - col);
                 let tile_b = &bf[col..];
                 let finite = row_finite[i] && tile_finite[col / TILE];
-                let done = special_tile(special, products, x, tile_b, stride, &mut tile, finite)
-                    .unwrap_or_else(|| {
-                        naive_lanes::tile(
-                            &self.op.plan,
-                            accumulator,
-                            products,
-                            x,
-                            tile_b,
-                            stride,
-                            &mut tile,
-                        )
-                    });
+                let done = special_tile(
+                    special,
+                    products,
+                    x,
+                    tile_b,
+                    (stride, width),
+                    &mut tile,
+                    finite,
+                )
+                .unwrap_or_else(|| {
+                    naive_lanes::tile(
+                        &self.op.plan,
+                        accumulator,
+                        products,
+                        x,
+                        tile_b,
+                        stride,
+                        &mut tile,
+                    )
+                });
                 for (j, s) in sums[col..col + width].iter_mut().enumerate() {
                     *s = if done {
                         tile[j]

@@ -408,7 +408,9 @@ fn dispatch(
 /// Inf or NaN (the tile is then left to the scalar definition and `acc` holds no result).
 /// The formats must be ones [`super::naive_lanes`] admits. `operands_finite`: the caller
 /// has found `a` and the tile's rows of `b` finite (once for a whole GEMM, instead of once
-/// a tile); otherwise the tile checks them itself.
+/// a tile); otherwise the tile checks them itself. `b` holds the tile's rows `stride`
+/// apart; `width` of its columns are outputs, whose sums `acc` receives (a kernel may leave
+/// the sums of the others, columns of padding, uncomputed).
 #[allow(clippy::too_many_arguments)]
 pub fn tile(
     op: Option<&LaneRound>,
@@ -416,18 +418,26 @@ pub fn tile(
     products: Products,
     a: &[f32],
     b: &[f32],
-    stride: usize,
+    (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
     operands_finite: bool,
 ) -> Option<bool> {
     assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
+    assert!(width <= TILE);
     match isa::active() {
         // SAFETY: AVX-512 F/BW/DQ/VL are present (checked by `active`) and imply the fused
         // multiply-add.
         Isa::Avx512 => unsafe { dispatch(op, sum, products, a, b, stride, acc, operands_finite) },
-        Isa::Avx2 => {
-            super::naive_special_avx2::tile(op, sum, products, a, b, stride, acc, operands_finite)
-        }
+        Isa::Avx2 => super::naive_special_avx2::tile(
+            op,
+            sum,
+            products,
+            a,
+            b,
+            (stride, width),
+            acc,
+            operands_finite,
+        ),
         Isa::Portable => None,
     }
 }

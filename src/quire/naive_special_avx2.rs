@@ -259,14 +259,15 @@ impl MagicYmm {
 /// ([`super::posit_magic`]): `fma(x, y, M) - M` and `(s + M) - M`. A step (one `a_t`
 /// against the tile's row) with a product or sum out of the form's range is redone with
 /// the general roundings from the sums before it. A zero `a_t` leaves the sums as they
-/// are (`c + 0 = c`, a value of the posit) and is skipped.
+/// are (`c + 0 = c`, a value of the posit) and is skipped. Parts of the tile past its
+/// first `width` columns (padding) are not computed.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn kernel_magic<const PROD: u8>(
     magic: &PositMagic,
     op: &Ymm,
     a: &[f32],
     b: &[f32],
-    stride: usize,
+    (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
 ) -> bool {
     let op = *op;
@@ -274,7 +275,9 @@ fn kernel_magic<const PROD: u8>(
     let mut special = 0;
     // The tile in parts of `MAGIC_REGS` registers, each part's sums held in registers
     // through the whole of `a`.
-    for part in 0..REGS / MAGIC_REGS {
+    let parts = width.div_ceil(8 * MAGIC_REGS).min(REGS / MAGIC_REGS);
+    acc[parts * 8 * MAGIC_REGS..].fill(0.0);
+    for part in 0..parts {
         let mut c = [_mm256_setzero_ps(); MAGIC_REGS];
         // Steps tried by magic constants and steps redone: past `TRIAL_STEPS` steps with
         // more than one in `1 << REDONE_SHIFT` redone, the rest of the part takes the
@@ -338,7 +341,7 @@ fn dispatch(
     products: Products,
     a: &[f32],
     b: &[f32],
-    stride: usize,
+    (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
     operands_finite: bool,
 ) -> Option<bool> {
@@ -361,8 +364,8 @@ fn dispatch(
     };
     if let (Some(m), POSIT_RAISED) = (magic, kinds.op) {
         return Some(match kinds.prod {
-            EXACT => kernel_magic::<EXACT>(&m, o, a, b, stride, acc),
-            _ => kernel_magic::<ROUNDED>(&m, o, a, b, stride, acc),
+            EXACT => kernel_magic::<EXACT>(&m, o, a, b, (stride, width), acc),
+            _ => kernel_magic::<ROUNDED>(&m, o, a, b, (stride, width), acc),
         });
     }
     Some(run_kernel!(kernel, kinds, (o, s, a, b, stride, acc)))
@@ -378,7 +381,7 @@ pub(crate) fn tile(
     products: Products,
     a: &[f32],
     b: &[f32],
-    stride: usize,
+    (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
     operands_finite: bool,
 ) -> Option<bool> {
@@ -387,5 +390,16 @@ pub(crate) fn tile(
     }
     // SAFETY: the caller checked AVX2 and the fused multiply-add (`isa::active`), F16C is
     // checked above.
-    unsafe { dispatch(op, sum, products, a, b, stride, acc, operands_finite) }
+    unsafe {
+        dispatch(
+            op,
+            sum,
+            products,
+            a,
+            b,
+            (stride, width),
+            acc,
+            operands_finite,
+        )
+    }
 }

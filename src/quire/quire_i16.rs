@@ -54,14 +54,8 @@ impl<'a> Operand<'a> {
         if !self.transposed {
             return std::borrow::Cow::Borrowed(&self.data[..rows * cols]);
         }
-        let mut t = vec![0f32; rows * cols];
-        if cols > 0 {
-            t.par_chunks_mut(cols).enumerate().for_each(|(r, dst)| {
-                for (c, d) in dst.iter_mut().enumerate() {
-                    *d = self.data[c * rows + r];
-                }
-            });
-        }
+        // Stored `cols x rows`.
+        let t = super::layer_io::transpose(&self.data[..rows * cols], cols, rows);
         std::borrow::Cow::Owned(t)
     }
 }
