@@ -206,3 +206,49 @@ impl<T: LayerOp> CustomOp3 for Op<T> {
         self.0.grads(x, w, Some(b), grad)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every element lands at its transposed place, for shapes around the 16 x 16 tiles and
+    /// the task bands (rows longer and shorter than a band, one row, one column), into rows
+    /// wider than the transpose's, whose extra elements are left alone; an empty matrix
+    /// writes nothing.
+    #[test]
+    fn transpose_into_places_every_element_and_leaves_the_rest() {
+        for (rows, cols) in [
+            (1, 1),
+            (1, 40),
+            (40, 1),
+            (15, 17),
+            (16, 16),
+            (26, 3000),
+            (151, 700),
+            (3, 20000),
+        ] {
+            let src: Vec<u32> = (0..rows * cols).map(|i| i as u32).collect();
+            let t = transpose(&src, rows, cols);
+            assert!((0..rows * cols).all(|e| t[(e % cols) * rows + e / cols] == src[e]));
+            for stride in [rows, rows + 5] {
+                let mut dst = vec![u32::MAX; cols * stride];
+                transpose_into(&src, rows, cols, &mut dst, stride);
+                for j in 0..cols {
+                    for i in 0..rows {
+                        assert_eq!(
+                            dst[j * stride + i],
+                            src[i * cols + j],
+                            "{rows}x{cols} ({i}, {j})"
+                        );
+                    }
+                    assert!(dst[j * stride + rows..(j + 1) * stride]
+                        .iter()
+                        .all(|&v| v == u32::MAX));
+                }
+            }
+        }
+        let mut none: Vec<u32> = Vec::new();
+        transpose_into(&[], 0, 5, &mut none, 0);
+        transpose_into(&[], 5, 0, &mut none, 5);
+    }
+}
