@@ -30,7 +30,8 @@
 //!   accumulator-format and LNS rules; [`layer_linear`], [`layer_conv`] and
 //!   [`layer_matmul`] (attention's batched products) are the layers' GEMMs with their
 //!   backward passes.
-//! * [`image_gemm`]: a convolution's per-image GEMMs run several images at a time;
+//! * [`image_gemm`]: a convolution's per-image GEMMs run several images at a time, on f32
+//!   matrices for the register kernel and f64 for the others;
 //!   [`conv_input_grad`] and [`conv_weight_grad`]: its gradients in the checked quire
 //!   without the transposed or whole-batch column matrices; [`scratch`]: the per-thread
 //!   buffers they reuse.
