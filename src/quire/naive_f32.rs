@@ -347,32 +347,10 @@ impl NaiveF32 {
     /// the register kernel, without the f64 copies. `None` where the register kernel does
     /// not apply (`fma` into a plan accumulator with operands of more than 12 significand
     /// bits); the bias, if any, already rounded.
+    ///
+    /// With `round` false the operands are already values of the operand format (as
+    /// f32), and are copied into the kernel's layout without rounding them again.
     pub fn gemm_f32(
-        &self,
-        a: Operand,
-        b: Operand,
-        dims: Dims,
-        bias: Bias,
-        parallel: bool,
-    ) -> Option<Vec<f32>> {
-        self.gemm_f32_with(a, b, dims, bias, parallel, true)
-    }
-
-    /// [`NaiveF32::gemm_f32`] of operands already rounded to the operand format (values
-    /// of it as f32): copied into the kernel's layout without rounding them again.
-    pub fn gemm_f32_rounded(
-        &self,
-        a: Operand,
-        b: Operand,
-        dims: Dims,
-        bias: Bias,
-        parallel: bool,
-    ) -> Option<Vec<f32>> {
-        self.gemm_f32_with(a, b, dims, bias, parallel, false)
-    }
-
-    /// [`NaiveF32::gemm_f32`], the operands rounded where `round`, else copied.
-    fn gemm_f32_with(
         &self,
         a: Operand,
         b: Operand,

@@ -222,14 +222,7 @@ impl GemmRule {
         bias: Bias,
         parallel: bool,
     ) -> Option<Vec<f32>> {
-        let kernel = self.f32_kernel(dims.1 + bias_terms(&bias))?;
-        Some(match kernel {
-            F32Kernel::QuireI16(p) => quire_i16::gemm_f32(p, a, b, dims, bias, parallel)?,
-            F32Kernel::QuireChecked(p) => gemm_checked::gemm_f32(p, a, b, dims, bias, parallel).0,
-            F32Kernel::Lns(arith) => lns_gemm_f32(arith, a, b, dims, bias, parallel),
-            F32Kernel::NaiveP8 => naive_p8::gemm_f32(a, b, dims, bias, parallel),
-            F32Kernel::Registers(kernel) => kernel.gemm_f32(a, b, dims, bias, parallel)?,
-        })
+        self.run_f32(a, b, dims, bias, parallel, false)
     }
 
     /// [`GemmRule::gemm_f32`] of operands from [`GemmRule::operands_f32`] (any pieces of
@@ -244,12 +237,31 @@ impl GemmRule {
         bias: Bias,
         parallel: bool,
     ) -> Option<Vec<f32>> {
-        match self.f32_kernel(dims.1 + bias_terms(&bias))? {
-            F32Kernel::Registers(kernel) if values_are_f32(&self.format()) => {
-                kernel.gemm_f32_rounded(a, b, dims, bias, parallel)
+        self.run_f32(a, b, dims, bias, parallel, true)
+    }
+
+    /// The kernel of [`GemmRule::gemm_f32`], picked once; `rounded`: the operands come
+    /// from [`GemmRule::operands_f32`].
+    fn run_f32(
+        &self,
+        a: Operand,
+        b: Operand,
+        dims: Dims,
+        bias: Bias,
+        parallel: bool,
+        rounded: bool,
+    ) -> Option<Vec<f32>> {
+        Some(match self.f32_kernel(dims.1 + bias_terms(&bias))? {
+            F32Kernel::QuireI16(p) => quire_i16::gemm_f32(p, a, b, dims, bias, parallel)?,
+            F32Kernel::QuireChecked(p) => gemm_checked::gemm_f32(p, a, b, dims, bias, parallel).0,
+            F32Kernel::Lns(arith) => lns_gemm_f32(arith, a, b, dims, bias, parallel),
+            F32Kernel::NaiveP8 => naive_p8::gemm_f32(a, b, dims, bias, parallel),
+            F32Kernel::Registers(kernel) => {
+                // Operands from `operands_f32` are values of `F` where those are f32s.
+                let round = !(rounded && values_are_f32(&self.format()));
+                kernel.gemm_f32(a, b, dims, bias, parallel, round)?
             }
-            _ => self.gemm_f32(a, b, dims, bias, parallel),
-        }
+        })
     }
 
     /// Whether a GEMM of `terms` terms per output (the bias included) runs best from f32
