@@ -773,3 +773,66 @@ fn magic_constant_steps_and_general_steps_equal_the_definition() {
         }
     });
 }
+
+/// Every value of posit<n,0> (`3 <= n <= 8`; zero, both signs), found by rounding every
+/// multiple of minpos up to maxpos (every value is one).
+fn every_value(f: &Format) -> Vec<f64> {
+    let (min, max) = (f.min_positive().unwrap(), f.max_finite().unwrap());
+    let steps = (max / min) as u64;
+    let mut bits: Vec<u64> = (0..=steps)
+        .map(|k| f.round(k as f64 * min, Rounding::NearestEven, 0).to_bits())
+        .collect();
+    bits.sort_unstable();
+    bits.dedup();
+    let positive: Vec<f64> = bits.into_iter().map(f64::from_bits).collect();
+    positive
+        .iter()
+        .map(|v| -v)
+        .filter(|&v| v != 0.0)
+        .chain(positive.iter().copied())
+        .collect()
+}
+
+/// Naive posit<n,0> (`3 <= n <= 8`, whose AVX2 kernel rounds by magic constants in every
+/// binade, `quire::es0_lanes`) on every pair of values: the product of each pair (one
+/// output per pair, `k = 1`) and the rounded sum of each pair (`k = 2`: `c = v_i · 1`, then
+/// `c + 1 · v_j`). That meets every rounding boundary of the format: products below minpos
+/// (to minpos, never 0) and above maxpos (saturated), zero products, exact cancellation,
+/// and the top binade's tie `1.5 · 2^(n-3)`, which goes down to `2^(n-3)` (the even
+/// pattern), as products (posit<8,0>: 6 · 8 = 48) and as sums (32 + 16).
+#[test]
+fn posit_n0_products_and_sums_of_every_pair_equal_the_definition() {
+    on_every_isa(|isa| {
+        for n in 3..=8 {
+            let f = fmt(&format!("posit<{n},0>"));
+            let v = every_value(&f);
+            let count = v.len();
+            assert_eq!(
+                count,
+                (1 << n) - 1,
+                "posit<{n},0> has 2^n - 1 finite values"
+            );
+            let what = |case: &str| format!("posit<{n},0>, {case}, {isa:?}");
+            check(
+                &what("products"),
+                &f,
+                None,
+                &v,
+                &v,
+                (count, 1, count),
+                Bias::None,
+            );
+            let a: Vec<f64> = v.iter().flat_map(|&x| [x, 1.0]).collect();
+            let b: Vec<f64> = [vec![1.0; count], v.clone()].concat();
+            check(
+                &what("sums"),
+                &f,
+                None,
+                &a,
+                &b,
+                (count, 2, count),
+                Bias::None,
+            );
+        }
+    });
+}

@@ -39,6 +39,27 @@
 //!
 //! Eleven vector operations a rounding. The tests compare it with the quantize kernel on
 //! every f32 (posit<8,0>, through the operand conversion) and on exact sums.
+//!
+//! # In the naive GEMM
+//!
+//! [`Es0Ymm`] holds the constants in registers for the naive GEMM's AVX2 kernel
+//! ([`super::naive_special_avx2`]), whose products and sums are f32 values exact by
+//! construction (products of two values have at most `2(n - 2)` significand bits, sums of
+//! two values are multiples of `minpos` below `2 maxpos`). Two steps change there:
+//!
+//! * **`M` by look-up.** The fields of `y` from `1/2` to `maxpos` (at most eight, as
+//!   `n <= 8`) differ in their low three bits, so step 2 is one `vpermps` of an
+//!   eight-entry table of `M` by the field of `max(y, 1/2)` (every binade below 1 has
+//!   `minpos`'s `M`).
+//! * **The tie in the table.** The top binade's entry is `M + 2^g`, an odd multiple of the
+//!   spacing `2^g`: `y + M'` still rounds to a multiple of `2^g` with ties to the even
+//!   multiple, so `y` itself rounds to nearest with ties to the *odd* multiple. The top
+//!   binade's multiples are `2^(n-3) = 1 · 2^g` and `maxpos = 2 · 2^g`, so its tie goes to
+//!   `2^(n-3)`, as step 4 requires, without a compare and blend. (`maxpos` itself has its
+//!   own field and the even `M`; the subtraction of `M'` is exact as before.)
+//! * **Sums skip the lower clamp.** A nonzero sum of two values is a multiple of `minpos`,
+//!   at least `minpos`; a zero sum keeps magnitude 0, whose `M` is clamped to `minpos`'s
+//!   and `(0 + M) - M = +0`. Products keep both clamps and map a zero product to `+0`.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -118,9 +139,7 @@ impl Es0Lanes {
             return 0.0;
         }
         let y = mag.clamp(self.minpos, self.maxpos);
-        let m = ((y & 0x7f80_0000).wrapping_mul(2))
-            .wrapping_sub(self.k)
-            .clamp(self.m_low, self.m_top);
+        let m = self.magic(y);
         let (yf, mf) = (f32::from_bits(y), f32::from_bits(m));
         let r = if y == self.tie {
             f32::from_bits(self.tie_to)
@@ -132,6 +151,14 @@ impl Es0Lanes {
         } else {
             r
         }
+    }
+
+    /// Step 2: the magic constant `M` of a magnitude `y` in `[minpos, maxpos]` (f32 bits).
+    #[inline]
+    fn magic(&self, y: u32) -> u32 {
+        ((y & 0x7f80_0000).wrapping_mul(2))
+            .wrapping_sub(self.k)
+            .clamp(self.m_low, self.m_top)
     }
 
     /// `R(t · 2^-2s)` of exact sums `t` in units of `minpos^2` (`|t| < 2^53`) into `dst`:
@@ -244,5 +271,77 @@ impl Es0Lanes {
             _mm256_sign_epi32(_mm256_andnot_si256(dead, units), bits),
             nar,
         )
+    }
+}
+
+/// [`Es0Lanes`]'s constants in AVX2 registers, and its rounding of the naive GEMM's exact
+/// products and sums (see "In the naive GEMM" in the module docs).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Es0Ymm {
+    abs: __m256i,
+    half: __m256i,
+    minpos: __m256i,
+    maxpos: __m256i,
+    /// `M` by the low three bits of the exponent field, for the fields of `1/2 .. maxpos`.
+    magic: __m256,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Es0Ymm {
+    /// The constants of `lanes`.
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn new(lanes: &Es0Lanes) -> Es0Ymm {
+        let splat = |v: u32| _mm256_set1_epi32(v as i32);
+        let mut magic = [0u32; 8];
+        for field in 126..134u32 {
+            magic[(field & 7) as usize] = lanes.magic(field << 23);
+        }
+        // The top binade's: one spacing more (see the module docs).
+        let top = 127 + lanes.n - 3;
+        magic[(top & 7) as usize] += 1;
+        Es0Ymm {
+            abs: splat(0x7fff_ffff),
+            half: splat(pow2_bits(-1)),
+            minpos: splat(lanes.minpos),
+            maxpos: splat(lanes.maxpos),
+            // SAFETY: 8 u32 read.
+            magic: unsafe { _mm256_castsi256_ps(_mm256_loadu_si256(magic.as_ptr().cast())) },
+        }
+    }
+
+    /// Steps 2 to 4 on clamped magnitudes `y` (or 0) by the table of `M`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn round_clamped(&self, y: __m256i) -> __m256i {
+        let field = _mm256_srli_epi32::<23>(_mm256_max_epi32(y, self.half));
+        let mf = _mm256_permutevar8x32_ps(self.magic, field);
+        let yf = _mm256_castsi256_ps(y);
+        _mm256_castps_si256(_mm256_sub_ps(_mm256_add_ps(yf, mf), mf))
+    }
+
+    /// Eight exact finite products rounded with their signs, `+0` for a zero product.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) fn product(&self, p: __m256) -> __m256 {
+        let bits = _mm256_castps_si256(p);
+        let mag = _mm256_and_si256(bits, self.abs);
+        let y = _mm256_max_epi32(_mm256_min_epi32(mag, self.maxpos), self.minpos);
+        let r = _mm256_or_si256(self.round_clamped(y), _mm256_andnot_si256(self.abs, bits));
+        let zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
+        _mm256_castsi256_ps(_mm256_andnot_si256(zero, r))
+    }
+
+    /// Eight exact sums of two values (neither `-0`) rounded with their signs.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) fn sum(&self, s: __m256) -> __m256 {
+        let bits = _mm256_castps_si256(s);
+        let mag = _mm256_and_si256(bits, self.abs);
+        let y = _mm256_min_epi32(mag, self.maxpos);
+        _mm256_castsi256_ps(_mm256_or_si256(
+            self.round_clamped(y),
+            _mm256_andnot_si256(self.abs, bits),
+        ))
     }
 }

@@ -125,6 +125,7 @@
 //! where not, a plain sum can fail (fp16 products into bf16 sums: `2^-24 + 1028` is the
 //! f32 `1028`, a bf16 tie that goes to `1024`; the exact sum goes to `1032`).
 
+use super::es0_lanes::Es0Lanes;
 use super::posit_magic::PositMagic;
 use crate::backend::isa::Isa;
 use crate::format::float::{Overflow, Specials};
@@ -196,6 +197,9 @@ pub struct PositTable {
     /// The magic-constant rounding of doubled values in the binades with a uniform grid
     /// ([`PositMagic`]), for the naive GEMM's AVX2 kernel.
     pub magic: Option<PositMagic>,
+    /// The rounding of posit<n,0> (`n <= 8`) by magic constants in every binade
+    /// ([`Es0Lanes`]), for the naive GEMM's AVX2 kernel.
+    pub es0: Option<Es0Lanes>,
 }
 
 /// [`PositTable`]'s per-regime step computed from `t` instead of looked up, for vector units
@@ -535,6 +539,7 @@ impl PositTable {
                 e - p.frac_bits(e).max(0)
             }),
             magic: PositMagic::new(p),
+            es0: Es0Lanes::new(*p),
         };
         for k in -k_max..=k_max {
             // The top bits of t in regime k.

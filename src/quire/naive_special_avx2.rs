@@ -33,11 +33,18 @@
 //!   it with the general roundings: every step ends with the definition's sums. The tile
 //!   runs in two halves of four registers, so that the sums, the step's copies and the
 //!   constants stay in registers.
+//! * **`naive` in posit<n,0>, `n <= 8`, by magic constants in every binade**
+//!   (`kernel_es0`): without exponent bits every binade's grid is uniform, and the clamps
+//!   to minpos and maxpos and the top binade's tie are a few integer operations more
+//!   ([`super::es0_lanes`]), so no step is redone: the exact product `x · y` (values of at
+//!   most six significand bits) and the exact sum are each rounded in about fifteen
+//!   operations, values not doubled. The tile runs in halves as above.
 
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
 
+use super::es0_lanes::{Es0Lanes, Es0Ymm};
 use super::lane_round::LaneRound;
 use super::lane_round_avx2::{has_f16c, round, Ymm};
 use super::lane_round_avx512::{HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
@@ -50,6 +57,9 @@ const REGS: usize = TILE / 8;
 
 /// Registers of f32 in a part of the tile of [`kernel_magic`].
 const MAGIC_REGS: usize = 4;
+
+/// Registers of f32 in a part of the tile of [`kernel_es0`].
+const ES0_REGS: usize = 8;
 
 /// Steps of a part of the tile that [`kernel_magic`] always tries by magic constants.
 const TRIAL_STEPS: usize = 16;
@@ -332,6 +342,54 @@ fn kernel_magic<const PROD: u8>(
     special == 0
 }
 
+/// The kernel of `naive` in posit<n,0> (`n <= 8`; [`Kinds`] with the same rounding for
+/// products and sums, products exact in f32): from `c = 0`, `c = S(c + P(a_t · y))` with
+/// `P` and `S` [`Es0Ymm`]'s roundings, which cover every finite value, so every step runs
+/// in registers. A zero `a_t` leaves the sums as they are and is skipped. Parts of the tile
+/// past its first `width` columns are not computed.
+#[target_feature(enable = "avx2,fma")]
+fn kernel_es0(
+    lanes: &Es0Lanes,
+    a: &[f32],
+    b: &[f32],
+    (stride, width): (usize, usize),
+    acc: &mut [f32; TILE],
+) -> bool {
+    let round = Es0Ymm::new(lanes);
+    let mut special = 0;
+    let parts = width.div_ceil(8 * ES0_REGS).min(REGS / ES0_REGS);
+    acc[parts * 8 * ES0_REGS..].fill(0.0);
+    for part in 0..parts {
+        let mut c = [_mm256_setzero_ps(); ES0_REGS];
+        for (t, &x) in a.iter().enumerate() {
+            if x == 0.0 {
+                continue;
+            }
+            let start = t * stride + part * 8 * ES0_REGS;
+            let row: &[f32; 8 * ES0_REGS] = b[start..start + 8 * ES0_REGS]
+                .try_into()
+                .expect("a full part of the tile");
+            let xv = _mm256_set1_ps(x);
+            // Written out register by register, so that the sums stay in registers.
+            macro_rules! steps {
+                ($($r:literal)*) => {$({
+                    // SAFETY: 8 f32 read from inside the row.
+                    let y = unsafe { _mm256_loadu_ps(row[8 * $r..].as_ptr()) };
+                    let p = round.product(_mm256_mul_ps(xv, y));
+                    c[$r] = round.sum(_mm256_add_ps(c[$r], p));
+                })*};
+            }
+            steps!(0 1 2 3 4 5 6 7);
+        }
+        for (r, v) in c.iter().enumerate() {
+            let at = part * 8 * ES0_REGS + 8 * r;
+            // None special with finite operands; checked as the other kernels do.
+            special |= store_sums(*v, &mut acc[at..at + 8]);
+        }
+    }
+    special == 0
+}
+
 /// The kernel for the run-time kinds, on an AVX2 CPU with F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -358,6 +416,11 @@ fn dispatch(
         return Some(false);
     }
     let (o, s) = (&op_ymm, &sum_ymm);
+    if let Some(LaneRound::Posit(p)) = op {
+        if let (Some(lanes), true) = (&p.es0, kinds.same && !kinds.check && kinds.prod == EXACT) {
+            return Some(kernel_es0(lanes, a, b, (stride, width), acc));
+        }
+    }
     let magic = match op {
         Some(LaneRound::Posit(p)) if kinds.same && kinds.plain_sums && !kinds.check => p.magic,
         _ => None,
