@@ -55,11 +55,16 @@ use super::posit_magic::PositMagic;
 /// Registers of f32 in a tile.
 const REGS: usize = TILE / 8;
 
-/// Registers of f32 in a part of the tile of [`kernel_magic`].
-const MAGIC_REGS: usize = 4;
+/// Registers of f32 in a part of the tile of [`kernel_magic`] and [`kernel_es0`]: the
+/// whole tile at once (eight independent sums a step), or halves where the tile's outputs
+/// fit in one ([`NARROW_WIDTH`]), so that no padding is computed.
+const WIDE_REGS: usize = 8;
 
-/// Registers of f32 in a part of the tile of [`kernel_es0`].
-const ES0_REGS: usize = 8;
+/// See [`WIDE_REGS`].
+const NARROW_REGS: usize = 4;
+
+/// Widths up to this run in parts of [`NARROW_REGS`].
+const NARROW_WIDTH: usize = 8 * NARROW_REGS;
 
 /// Steps of a part of the tile that [`kernel_magic`] always tries by magic constants.
 const TRIAL_STEPS: usize = 16;
@@ -272,7 +277,7 @@ impl MagicYmm {
 /// are (`c + 0 = c`, a value of the posit) and is skipped. Parts of the tile past its
 /// first `width` columns (padding) are not computed.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn kernel_magic<const PROD: u8>(
+fn kernel_magic<const PROD: u8, const R: usize>(
     magic: &PositMagic,
     op: &Ymm,
     a: &[f32],
@@ -283,12 +288,12 @@ fn kernel_magic<const PROD: u8>(
     let op = *op;
     let mg = MagicYmm::new(magic);
     let mut special = 0;
-    // The tile in parts of `MAGIC_REGS` registers, each part's sums held in registers
-    // through the whole of `a`.
-    let parts = width.div_ceil(8 * MAGIC_REGS).min(REGS / MAGIC_REGS);
-    acc[parts * 8 * MAGIC_REGS..].fill(0.0);
+    // The tile in parts of `R` registers, each part's sums held in registers through the
+    // whole of `a`.
+    let parts = width.div_ceil(8 * R).min(REGS / R);
+    acc[parts * 8 * R..].fill(0.0);
     for part in 0..parts {
-        let mut c = [_mm256_setzero_ps(); MAGIC_REGS];
+        let mut c = [_mm256_setzero_ps(); R];
         // Steps tried by magic constants and steps redone: past `TRIAL_STEPS` steps with
         // more than one in `1 << REDONE_SHIFT` redone, the rest of the part takes the
         // general roundings at once (data mostly outside the uniform binades, as in
@@ -298,10 +303,8 @@ fn kernel_magic<const PROD: u8>(
             if x == 0.0 {
                 continue;
             }
-            let start = t * stride + part * 8 * MAGIC_REGS;
-            let row: &[f32; 8 * MAGIC_REGS] = b[start..start + 8 * MAGIC_REGS]
-                .try_into()
-                .expect("a full part of the tile");
+            let start = t * stride + part * 8 * R;
+            let row = &b[start..start + 8 * R];
             // Doubled values (see [`super::naive_special`]).
             let xv = _mm256_set1_ps(2.0 * x);
             let magic_pays = tried < TRIAL_STEPS || redone << REDONE_SHIFT <= tried;
@@ -334,7 +337,7 @@ fn kernel_magic<const PROD: u8>(
             }
         }
         for (r, v) in c.iter().enumerate() {
-            let at = part * 8 * MAGIC_REGS + 8 * r;
+            let at = part * 8 * R + 8 * r;
             // None special with finite operands; checked as the other kernels do.
             special |= store_sums(_mm256_mul_ps(*v, _mm256_set1_ps(0.5)), &mut acc[at..at + 8]);
         }
@@ -348,7 +351,7 @@ fn kernel_magic<const PROD: u8>(
 /// in registers. A zero `a_t` leaves the sums as they are and is skipped. Parts of the tile
 /// past its first `width` columns are not computed.
 #[target_feature(enable = "avx2,fma")]
-fn kernel_es0(
+fn kernel_es0<const R: usize>(
     lanes: &Es0Lanes,
     a: &[f32],
     b: &[f32],
@@ -357,18 +360,16 @@ fn kernel_es0(
 ) -> bool {
     let round = Es0Ymm::new(lanes);
     let mut special = 0;
-    let parts = width.div_ceil(8 * ES0_REGS).min(REGS / ES0_REGS);
-    acc[parts * 8 * ES0_REGS..].fill(0.0);
+    let parts = width.div_ceil(8 * R).min(REGS / R);
+    acc[parts * 8 * R..].fill(0.0);
     for part in 0..parts {
-        let mut c = [_mm256_setzero_ps(); ES0_REGS];
+        let mut c = [_mm256_setzero_ps(); R];
         for (t, &x) in a.iter().enumerate() {
             if x == 0.0 {
                 continue;
             }
-            let start = t * stride + part * 8 * ES0_REGS;
-            let row: &[f32; 8 * ES0_REGS] = b[start..start + 8 * ES0_REGS]
-                .try_into()
-                .expect("a full part of the tile");
+            let start = t * stride + part * 8 * R;
+            let row = &b[start..start + 8 * R];
             let xv = _mm256_set1_ps(x);
             // Written out register by register, so that the sums stay in registers.
             macro_rules! steps {
@@ -379,10 +380,14 @@ fn kernel_es0(
                     c[$r] = round.sum(_mm256_add_ps(c[$r], p));
                 })*};
             }
-            steps!(0 1 2 3 4 5 6 7);
+            if R == WIDE_REGS {
+                steps!(0 1 2 3 4 5 6 7);
+            } else {
+                steps!(0 1 2 3);
+            }
         }
         for (r, v) in c.iter().enumerate() {
-            let at = part * 8 * ES0_REGS + 8 * r;
+            let at = part * 8 * R + 8 * r;
             // None special with finite operands; checked as the other kernels do.
             special |= store_sums(*v, &mut acc[at..at + 8]);
         }
@@ -418,7 +423,12 @@ fn dispatch(
     let (o, s) = (&op_ymm, &sum_ymm);
     if let Some(LaneRound::Posit(p)) = op {
         if let (Some(lanes), true) = (&p.es0, kinds.same && !kinds.check && kinds.prod == EXACT) {
-            return Some(kernel_es0(lanes, a, b, (stride, width), acc));
+            let tile = (stride, width);
+            return Some(if width <= NARROW_WIDTH {
+                kernel_es0::<NARROW_REGS>(lanes, a, b, tile, acc)
+            } else {
+                kernel_es0::<WIDE_REGS>(lanes, a, b, tile, acc)
+            });
         }
     }
     let magic = match op {
@@ -427,8 +437,14 @@ fn dispatch(
     };
     if let (Some(m), POSIT_RAISED) = (magic, kinds.op) {
         return Some(match kinds.prod {
-            EXACT => kernel_magic::<EXACT>(&m, o, a, b, (stride, width), acc),
-            _ => kernel_magic::<ROUNDED>(&m, o, a, b, (stride, width), acc),
+            EXACT if width <= NARROW_WIDTH => {
+                kernel_magic::<EXACT, NARROW_REGS>(&m, o, a, b, (stride, width), acc)
+            }
+            EXACT => kernel_magic::<EXACT, WIDE_REGS>(&m, o, a, b, (stride, width), acc),
+            _ if width <= NARROW_WIDTH => {
+                kernel_magic::<ROUNDED, NARROW_REGS>(&m, o, a, b, (stride, width), acc)
+            }
+            _ => kernel_magic::<ROUNDED, WIDE_REGS>(&m, o, a, b, (stride, width), acc),
         });
     }
     Some(run_kernel!(kernel, kinds, (o, s, a, b, stride, acc)))
