@@ -14,7 +14,8 @@
 //! * [`int_dot`], [`int_operand`], [`int_round`] and [`quire_i16`]: the integer quire GEMM
 //!   of posit<8,0> (f32 operands to i16 by table, i16 multiply-adds, exact sums rounded by
 //!   table), from f64 or straight from f32; [`es0_lanes`]: the same roundings of
-//!   posit<n,0> by magic constants in AVX2 lanes, without the tables.
+//!   posit<n,0> by magic constants in AVX2 lanes, without the tables (also the naive
+//!   GEMM's AVX2 kernel of posit<n,0>, `n <= 8`).
 //! * [`p8_units`], [`p8_lanes`] and [`naive_p8`]: the naive GEMM of posit<8,0> on i16
 //!   values in units of minpos (products by table, sums rounded by integer steps) in
 //!   vector lanes.

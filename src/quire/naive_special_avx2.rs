@@ -30,15 +30,17 @@
 //!   uniform grid), against about twenty for the integer rounding of the pattern and the
 //!   step to odd of the product. A step whose products or sums leave those binades (values
 //!   next to minpos or maxpos, where exponent bits are cut) is redone from the sums before
-//!   it with the general roundings: every step ends with the definition's sums. The tile
-//!   runs in two halves of four registers, so that the sums, the step's copies and the
-//!   constants stay in registers.
+//!   it with the general roundings: every step ends with the definition's sums. A tile of
+//!   more than 32 outputs runs as one part of eight registers (eight independent sums a
+//!   step, whose latency the step's throughput then hides), a narrower one in halves of
+//!   four, so that no padding is computed.
 //! * **`naive` in posit<n,0>, `n <= 8`, by magic constants in every binade**
 //!   (`kernel_es0`): without exponent bits every binade's grid is uniform, and the clamps
 //!   to minpos and maxpos and the top binade's tie are a few integer operations more
 //!   ([`super::es0_lanes`]), so no step is redone: the exact product `x · y` (values of at
 //!   most six significand bits) and the exact sum are each rounded in about fifteen
-//!   operations, values not doubled. The tile runs in halves as above.
+//!   operations, values not doubled. The tile runs in parts as above, the steps written
+//!   out register by register so that the sums stay in registers.
 
 #![cfg(target_arch = "x86_64")]
 

@@ -23,7 +23,9 @@
 //!   both rows.
 //! * **Portable (and AVX2).** The same i16 values one lane at a time, the sum rounded by
 //!   the table of every sum ([`P8Units::round`]). AVX2 has no word permutes across a
-//!   register, so it takes this path.
+//!   register, so it would take this path; the rules send naive posit<8,0> on AVX2 to the
+//!   register kernel instead, which rounds f32 lanes by magic constants
+//!   ([`super::es0_lanes`]).
 //!
 //! The conversions [`to_codes`] and [`to_rows`] compute
 //! [`super::p8_units::magnitude_pattern`] (AVX-512: 32 values a step, the same look-ups
