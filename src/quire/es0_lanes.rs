@@ -42,7 +42,7 @@
 //!
 //! # In the naive GEMM
 //!
-//! [`Es0Ymm`] holds the constants in registers for the naive GEMM's AVX2 kernel
+//! `Es0Ymm` holds the constants in registers for the naive GEMM's AVX2 kernel
 //! ([`super::naive_special_avx2`]), whose products and sums are f32 values exact by
 //! construction (products of two values have at most `2(n - 2)` significand bits, sums of
 //! two values are multiples of `minpos` below `2 maxpos`). Two steps change there:
