@@ -360,6 +360,7 @@ fn kernel_es0<const R: usize>(
     (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
 ) -> bool {
+    const { assert!(R == WIDE_REGS || R == NARROW_REGS) };
     let round = Es0Ymm::new(lanes);
     let mut special = 0;
     let parts = width.div_ceil(8 * R).min(REGS / R);
