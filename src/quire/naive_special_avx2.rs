@@ -39,8 +39,8 @@
 //!   to minpos and maxpos and the top binade's tie are a few integer operations more
 //!   ([`super::es0_lanes`]), so no step is redone: the exact product `x · y` (values of at
 //!   most six significand bits) and the exact sum are each rounded in about fifteen
-//!   operations, values not doubled. The tile runs in parts as above, the steps written
-//!   out register by register so that the sums stay in registers.
+//!   operations, values not doubled. The tile runs in parts as above (the same loop,
+//!   `in_parts`).
 
 #![cfg(target_arch = "x86_64")]
 
@@ -271,42 +271,69 @@ impl MagicYmm {
     }
 }
 
+/// The tile loop of [`kernel_magic`] and [`kernel_es0`]: the tile's first `width` columns
+/// (padding past them not computed, its sums left 0) in parts of `R` registers, each
+/// part's sums held in registers through the whole of `a`. Per part, `part()` gives the
+/// step, which takes the sums from zero through every nonzero `a_t` (a zero one leaves
+/// them as they are: `c + 0 = c`, a value of the format) with the part's slice of row `t`
+/// of `b`; each final sum is stored as `finish(c)`. Returns whether none is Inf or NaN.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn in_parts<const R: usize, S>(
+    a: &[f32],
+    b: &[f32],
+    (stride, width): (usize, usize),
+    acc: &mut [f32; TILE],
+    mut part: impl FnMut() -> S,
+    finish: impl Fn(__m256) -> __m256,
+) -> bool
+where
+    S: FnMut(&mut [__m256; R], f32, &[f32]),
+{
+    let mut special = 0;
+    let parts = width.div_ceil(8 * R).min(REGS / R);
+    acc[parts * 8 * R..].fill(0.0);
+    for p in 0..parts {
+        let mut step = part();
+        let mut c = [_mm256_setzero_ps(); R];
+        for (t, &x) in a.iter().enumerate() {
+            if x != 0.0 {
+                let start = t * stride + p * 8 * R;
+                step(&mut c, x, &b[start..start + 8 * R]);
+            }
+        }
+        for (r, v) in c.iter().enumerate() {
+            let at = p * 8 * R + 8 * r;
+            special |= store_sums(finish(*v), &mut acc[at..at + 8]);
+        }
+    }
+    special == 0
+}
+
 /// The kernel of `naive` in a posit with plain sums ([`Kinds`] `POSIT_RAISED`,
 /// `POSIT_SUM`, products `PROD`), each product and sum rounded by its magic constant
-/// ([`super::posit_magic`]): `fma(x, y, M) - M` and `(s + M) - M`. A step (one `a_t`
-/// against the tile's row) with a product or sum out of the form's range is redone with
-/// the general roundings from the sums before it. A zero `a_t` leaves the sums as they
-/// are (`c + 0 = c`, a value of the posit) and is skipped. Parts of the tile past its
-/// first `width` columns (padding) are not computed.
+/// ([`super::posit_magic`]): `fma(x, y, M) - M` and `(s + M) - M`, in parts of `R`
+/// registers ([`in_parts`]). A step (one `a_t` against the part's row) with a product or
+/// sum out of the form's range is redone with the general roundings from the sums before
+/// it.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn kernel_magic<const PROD: u8, const R: usize>(
     magic: &PositMagic,
     op: &Ymm,
     a: &[f32],
     b: &[f32],
-    (stride, width): (usize, usize),
+    tile: (usize, usize),
     acc: &mut [f32; TILE],
 ) -> bool {
     let op = *op;
     let mg = MagicYmm::new(magic);
-    let mut special = 0;
-    // The tile in parts of `R` registers, each part's sums held in registers through the
-    // whole of `a`.
-    let parts = width.div_ceil(8 * R).min(REGS / R);
-    acc[parts * 8 * R..].fill(0.0);
-    for part in 0..parts {
-        let mut c = [_mm256_setzero_ps(); R];
+    let part = || {
         // Steps tried by magic constants and steps redone: past `TRIAL_STEPS` steps with
         // more than one in `1 << REDONE_SHIFT` redone, the rest of the part takes the
         // general roundings at once (data mostly outside the uniform binades, as in
         // posit<8,0>'s narrow range).
         let (mut tried, mut redone) = (0usize, 0usize);
-        for (t, &x) in a.iter().enumerate() {
-            if x == 0.0 {
-                continue;
-            }
-            let start = t * stride + part * 8 * R;
-            let row = &b[start..start + 8 * R];
+        move |c: &mut [__m256; R], x: f32, row: &[f32]| {
             // Doubled values (see [`super::naive_special`]).
             let xv = _mm256_set1_ps(2.0 * x);
             let magic_pays = tried < TRIAL_STEPS || redone << REDONE_SHIFT <= tried;
@@ -314,7 +341,7 @@ fn kernel_magic<const PROD: u8, const R: usize>(
                 tried += 1;
                 let mut lo = _mm256_set1_epi32(-1);
                 let mut hi = _mm256_setzero_si256();
-                let mut next = c;
+                let mut next = *c;
                 for (r, c) in next.iter_mut().enumerate() {
                     // SAFETY: 8 f32 read from inside the row.
                     let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
@@ -325,8 +352,8 @@ fn kernel_magic<const PROD: u8, const R: usize>(
                     *c = _mm256_sub_ps(_mm256_add_ps(s, m), m);
                 }
                 if mg.in_range(lo, hi) {
-                    c = next;
-                    continue;
+                    *c = next;
+                    return;
                 }
                 redone += 1;
             }
@@ -338,64 +365,39 @@ fn kernel_magic<const PROD: u8, const R: usize>(
                 *c = _mm256_castsi256_ps(round::<POSIT_SUM>(&op, s));
             }
         }
-        for (r, v) in c.iter().enumerate() {
-            let at = part * 8 * R + 8 * r;
-            // None special with finite operands; checked as the other kernels do.
-            special |= store_sums(_mm256_mul_ps(*v, _mm256_set1_ps(0.5)), &mut acc[at..at + 8]);
-        }
-    }
-    special == 0
+    };
+    // None special with finite operands; checked as the other kernels do.
+    in_parts(a, b, tile, acc, part, |v| {
+        _mm256_mul_ps(v, _mm256_set1_ps(0.5))
+    })
 }
 
 /// The kernel of `naive` in posit<n,0> (`n <= 8`; [`Kinds`] with the same rounding for
 /// products and sums, products exact in f32): from `c = 0`, `c = S(c + P(a_t · y))` with
 /// `P` and `S` [`Es0Ymm`]'s roundings, which cover every finite value, so every step runs
-/// in registers. A zero `a_t` leaves the sums as they are and is skipped. Parts of the tile
-/// past its first `width` columns are not computed.
+/// in registers, in parts of `R` registers ([`in_parts`]).
 #[target_feature(enable = "avx2,fma")]
 fn kernel_es0<const R: usize>(
     lanes: &Es0Lanes,
     a: &[f32],
     b: &[f32],
-    (stride, width): (usize, usize),
+    tile: (usize, usize),
     acc: &mut [f32; TILE],
 ) -> bool {
-    const { assert!(R == WIDE_REGS || R == NARROW_REGS) };
     let round = Es0Ymm::new(lanes);
-    let mut special = 0;
-    let parts = width.div_ceil(8 * R).min(REGS / R);
-    acc[parts * 8 * R..].fill(0.0);
-    for part in 0..parts {
-        let mut c = [_mm256_setzero_ps(); R];
-        for (t, &x) in a.iter().enumerate() {
-            if x == 0.0 {
-                continue;
-            }
-            let start = t * stride + part * 8 * R;
-            let row = &b[start..start + 8 * R];
+    let part = || {
+        |c: &mut [__m256; R], x: f32, row: &[f32]| {
             let xv = _mm256_set1_ps(x);
-            // Written out register by register, so that the sums stay in registers.
-            macro_rules! steps {
-                ($($r:literal)*) => {$({
-                    // SAFETY: 8 f32 read from inside the row.
-                    let y = unsafe { _mm256_loadu_ps(row[8 * $r..].as_ptr()) };
-                    let p = round.product(_mm256_mul_ps(xv, y));
-                    c[$r] = round.sum(_mm256_add_ps(c[$r], p));
-                })*};
-            }
-            if R == WIDE_REGS {
-                steps!(0 1 2 3 4 5 6 7);
-            } else {
-                steps!(0 1 2 3);
+            for (r, c) in c.iter_mut().enumerate() {
+                // SAFETY: 8 f32 read from inside the row.
+                let y = unsafe { _mm256_loadu_ps(row[8 * r..].as_ptr()) };
+                let p = round.product(_mm256_mul_ps(xv, y));
+                *c = round.sum(_mm256_add_ps(*c, p));
             }
         }
-        for (r, v) in c.iter().enumerate() {
-            let at = part * 8 * R + 8 * r;
-            // None special with finite operands; checked as the other kernels do.
-            special |= store_sums(*v, &mut acc[at..at + 8]);
-        }
-    }
-    special == 0
+    };
+    // None special with finite operands; checked as the other kernels do.
+    in_parts(a, b, tile, acc, part, |v| v)
 }
 
 /// The kernel for the run-time kinds, on an AVX2 CPU with F16C.
