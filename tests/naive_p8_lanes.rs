@@ -19,10 +19,12 @@ mod common;
 mod isa_cap;
 
 use common::{Mismatches, SplitMix};
+use half::f16;
 use isa_cap::on_every_isa;
 use qcandle::format::Rounding;
 use qcandle::quire::gemm_cpu::{naive_gemm, Bias, OpTables};
-use qcandle::quire::p8_lanes::{to_codes, to_rows};
+use qcandle::quire::p8_fp16;
+use qcandle::quire::p8_lanes::{self, to_codes, to_rows, Kernel};
 use qcandle::quire::p8_units::{
     lane_code, magnitude_pattern, round_sum, row_index, P8Units, MAXPOS,
 };
@@ -38,6 +40,22 @@ fn p8() -> Format {
 
 fn tables() -> std::sync::Arc<OpTables> {
     OpTables::get(&p8()).unwrap()
+}
+
+/// Runs `f` under each instruction set this CPU has and, under AVX-512 on a CPU with FP16
+/// and VBMI, with the i16 kernel and with the binary16 kernel; `f` gets the kernel's name.
+fn on_every_kernel(mut f: impl FnMut(String)) {
+    on_every_isa(|isa| {
+        let mut kernels = vec![true];
+        if p8_fp16::supported() && Kernel::best() != Kernel::Portable {
+            kernels.push(false);
+        }
+        for fp16 in kernels {
+            p8_lanes::allow_fp16(fp16);
+            f(format!("{isa:?} {:?}", Kernel::best()));
+        }
+        p8_lanes::allow_fp16(true);
+    });
 }
 
 /// The pattern of an output value (NaN: NaR), checked to be exactly that pattern's value.
@@ -78,6 +96,39 @@ fn sum_rounding_equals_add_table_on_all_finite_pairs() {
     }
     mm.assert_none_of("round(c + p) vs add table", checked);
     assert_eq!(checked, 255 * 255);
+}
+
+/// The binary16 kernel's sum (`p8_fp16`): each value as binary16 (`units · 2^-10`), the sum
+/// rounded to binary16 and then by the magic constants (`p8_fp16::round_sum`, the scalar
+/// form of the kernel's steps), equals the add table on every sum of two finite values,
+/// those that binary16 rounds first included (e.g. 2048 + 63 units).
+#[test]
+fn binary16_sum_rounding_equals_add_table_on_all_finite_pairs() {
+    let ops = tables();
+    let units = P8Units::get();
+    let half = |u: i16| f16::from_bits(p8_fp16::value(u));
+    let mut mm = Mismatches::default();
+    let mut inexact = 0;
+    for x in finite() {
+        for y in finite() {
+            let (ux, uy) = (units.units[x as usize], units.units[y as usize]);
+            let (hx, hy) = (half(ux), half(uy));
+            assert_eq!(
+                hx.to_f64() * 1024.0,
+                f64::from(ux),
+                "values are binary16 numbers"
+            );
+            let sum = f16::from_f32(hx.to_f32() + hy.to_f32());
+            inexact += usize::from(sum.to_f64() * 1024.0 != f64::from(ux + uy));
+            let got = p8_fp16::round_sum(sum).to_f64() * 1024.0;
+            let want = ops.decode[ops.add[(x as usize) << 8 | y as usize] as usize] * 64.0;
+            mm.check(got == want, || {
+                format!("{x:#x} + {y:#x} = {} units: {got} vs {want}", ux + uy)
+            });
+        }
+    }
+    mm.assert_none_of("binary16 round(c + p) vs add table", 255 * 255);
+    assert!(inexact > 0, "some sums are rounded by binary16 first");
 }
 
 /// `round_sum` on every integer from -8192 to 8192 (every sum of two values lies there)
@@ -259,14 +310,14 @@ fn kernel_sums_and_products_equal_tables_on_all_pairs_under_every_cap() {
     let all: Vec<u8> = (0..=255).collect();
     let products = reference(&ops, &all, &all, (256, 1, 256), &None);
     let mut mm = Mismatches::default();
-    on_every_isa(|isa| {
+    on_every_kernel(|isa| {
         let got = run_f64(&ops, &[one, one], &b, (1, 2, n), &None, true);
-        compare(&mut mm, &ops, &format!("{isa:?} sums"), &got, &sums, n);
+        compare(&mut mm, &ops, &format!("{isa} sums"), &got, &sums, n);
         let got = run_f64(&ops, &all, &all, (256, 1, 256), &None, true);
         compare(
             &mut mm,
             &ops,
-            &format!("{isa:?} products"),
+            &format!("{isa} products"),
             &got,
             &products,
             256,
@@ -417,10 +468,10 @@ fn f64_gemm_equals_definition_under_every_cap() {
         let (a, b, bias) = case_patterns(case, 700 + c as u64);
         let want = reference(&ops, &a, &b, case.dims, &bias);
         let (m, k, n) = case.dims;
-        on_every_isa(|isa| {
+        on_every_kernel(|isa| {
             for parallel in [false, true] {
                 let got = run_f64(&ops, &a, &b, case.dims, &bias, parallel);
-                let what = format!("{isa:?} {m}x{k}x{n} par {parallel}");
+                let what = format!("{isa} {m}x{k}x{n} par {parallel}");
                 compare(&mut mm, &ops, &what, &got, &want, n);
                 checked += got.len() as u64;
             }
@@ -485,7 +536,7 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
             (Some((false, _)), Some(v)) => Bias::PerCol(v),
             _ => Bias::None,
         };
-        on_every_isa(|isa| {
+        on_every_kernel(|isa| {
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let ao = Operand {
                     data: if a_t { &at } else { &af },
@@ -499,7 +550,7 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
                     .gemm_f32(ao, bo, case.dims, bias_arg, true)
                     .expect("naive posit<8,0> has an f32 path");
                 let got: Vec<f64> = got.into_iter().map(f64::from).collect();
-                let what = format!("{isa:?} {m}x{k}x{n} layout ({a_t}, {b_t})");
+                let what = format!("{isa} {m}x{k}x{n} layout ({a_t}, {b_t})");
                 compare(&mut mm, &ops, &what, &got, &want, n);
                 checked += got.len() as u64;
             }

@@ -18,7 +18,7 @@
 //!   GEMM's AVX2 kernel of posit<n,0>, `n <= 8`).
 //! * [`p8_units`], [`p8_lanes`] and [`naive_p8`]: the naive GEMM of posit<8,0> on i16
 //!   values in units of minpos (products by table, sums rounded by integer steps) in
-//!   vector lanes.
+//!   vector lanes; [`p8_fp16`]: the same sums in binary16 lanes (AVX-512 FP16).
 //! * [`posit_f64`] and [`naive_posit_f64`]: the posit rounding on f64 patterns and the
 //!   naive GEMM of the posits past the f32 kernels (posit<32,2>, ...) with it.
 //! * [`posit_magic`]: the posit rounding of doubled f32 values by one magic constant, for
@@ -70,6 +70,7 @@ pub mod naive_special;
 #[cfg(target_arch = "x86_64")]
 pub mod naive_special_avx2;
 pub mod ops;
+pub mod p8_fp16;
 pub mod p8_lanes;
 pub mod p8_units;
 pub mod posit_f64;

@@ -22,7 +22,8 @@ use rayon::prelude::*;
 
 use super::gemm_cpu::{Bias, Dims, OpTables};
 use super::int_operand::IntOperand;
-use super::p8_lanes::{sums, to_codes, to_rows, LANES};
+use super::p8_fp16::to_bytes;
+use super::p8_lanes::{sums, to_codes, to_rows, Columns, Kernel, LANES};
 use super::p8_units::{lane_code, posit8_0, row_index, P8Units};
 use super::quire_i16::Operand;
 use crate::format::Format;
@@ -33,12 +34,13 @@ const ROWS: usize = 2;
 /// The NaR pattern.
 const NAR: u8 = 0x80;
 
-/// Buffers of one call: `A`'s rows and `B`'s codes (the kernel's operands) and the units
-/// they come from.
+/// Buffers of one call: `A`'s rows and `B`'s codes and bytes (the kernel's operands) and
+/// the units they come from.
 #[derive(Default)]
 struct Buffers {
     a: Vec<u8>,
     b: Vec<i16>,
+    b_bytes: Vec<u8>,
     a_units: Vec<i16>,
     b_units: Vec<i16>,
 }
@@ -59,7 +61,11 @@ impl Buffers {
 
     /// Back to the thread, unless large.
     fn keep(self) {
-        let len = self.a.len() + self.b.len() + self.a_units.len() + self.b_units.len();
+        let len = self.a.len()
+            + self.b.len()
+            + self.b_bytes.len()
+            + self.a_units.len()
+            + self.b_units.len();
         if len <= KEEP {
             SCRATCH.with(|c| c.set(self));
         }
@@ -77,8 +83,11 @@ fn padded(n: usize) -> usize {
     n.div_ceil(LANES) * LANES
 }
 
-/// The operands of one GEMM in the kernel's layout, in `bufs.a` and `bufs.b`.
+/// The operands of one GEMM in the kernel's layout, in `bufs.a`, `bufs.b` and (for a
+/// kernel that reads them) `bufs.b_bytes`.
 struct Layout {
+    /// The kernel that sums.
+    kernel: Kernel,
     /// `B`'s row length in `bufs.b` (`n` padded to whole tiles).
     stride: usize,
     /// Rows of `A` holding a NaR.
@@ -110,7 +119,7 @@ fn transpose_padded(src: &[i16], (n, k): (usize, usize), dst: &mut [i16], stride
 
 /// From f64 operands (`a` `m x k`, `b` `k x n`, row-major): each value's pattern as the
 /// operation tables find it (a value off the grid is rounded), then its key.
-fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims) -> Layout {
+fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims, kernel: Kernel) -> Layout {
     let ops = OpTables::get(&Format::Posit(posit8_0())).expect("posit<8,0> has tables");
     let units = &P8Units::get().units;
     let (mut row_nar, mut col_nar) = (vec![false; m], vec![false; n]);
@@ -140,7 +149,11 @@ fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims) -> Layo
         }
         row[n..].fill(0);
     }
+    if kernel.reads_bytes() {
+        to_bytes(codes, (k, stride), &mut bufs.b_bytes);
+    }
     Layout {
+        kernel,
         stride,
         row_nar,
         col_nar,
@@ -151,7 +164,13 @@ fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims) -> Layo
 /// by [`IntOperand`], then to keys. `B` stored as it is (`k x n`) is converted row by row
 /// and its columns' NaR flags read from the f32 values; stored transposed (`n x k`, a
 /// linear layer's weight) it is converted as stored and transposed.
-fn layout_f32(bufs: &mut Buffers, a: Operand, b: Operand, (m, k, n): Dims, par: bool) -> Layout {
+fn layout_f32(
+    bufs: &mut Buffers,
+    (a, b): (Operand, Operand),
+    (m, k, n): Dims,
+    kernel: Kernel,
+    par: bool,
+) -> Layout {
     let conv = IntOperand::get(posit8_0()).expect("posit<8,0> has an operand table");
     let (mut row_nar, mut col_nar) = (vec![false; m], vec![false; n]);
     let mut t_nar = vec![false; k];
@@ -159,6 +178,7 @@ fn layout_f32(bufs: &mut Buffers, a: Operand, b: Operand, (m, k, n): Dims, par: 
     let Buffers {
         a: a_rows,
         b: codes,
+        b_bytes,
         a_units,
         b_units,
     } = bufs;
@@ -186,6 +206,9 @@ fn layout_f32(bufs: &mut Buffers, a: Operand, b: Operand, (m, k, n): Dims, par: 
                 }
             }
         }
+        if kernel.reads_bytes() {
+            to_bytes(codes, (k, stride), b_bytes);
+        }
     };
     if par {
         rayon::join(fill_a, fill_b);
@@ -195,6 +218,7 @@ fn layout_f32(bufs: &mut Buffers, a: Operand, b: Operand, (m, k, n): Dims, par: 
     }
     to_rows(a_units, sized(a_rows, m * k));
     Layout {
+        kernel,
         stride,
         row_nar,
         col_nar,
@@ -259,7 +283,12 @@ fn run<T: Send>(
         let a: Vec<&[u8]> = (first..first + rows)
             .map(|i| &bufs.a[i * k..i * k + k])
             .collect();
-        sums(tables, &a, &bufs.b, stride, k, sized(acc, rows * stride));
+        let b = Columns {
+            codes: &bufs.b,
+            stride,
+            bytes: &bufs.b_bytes,
+        };
+        sums(layout.kernel, tables, &a, &b, k, sized(acc, rows * stride));
         for (r, (o, c)) in dst.chunks_mut(n).zip(acc.chunks(stride)).enumerate() {
             let i = first + r;
             for (j, (o, &c)) in o.iter_mut().zip(c).enumerate() {
@@ -294,7 +323,7 @@ pub fn gemm_f64(a: &[f64], b: &[f64], dims: Dims, bias: Bias, out: &mut [f64], p
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
     let mut bufs = Buffers::take();
-    let layout = layout_f64(&mut bufs, a, b, dims);
+    let layout = layout_f64(&mut bufs, a, b, dims, Kernel::best());
     let bias = BiasUnits::new(bias);
     run(&bufs, &layout, dims, &bias, (out, parallel), |u| {
         u.map_or(f64::NAN, |u| f64::from(u) / 64.0)
@@ -308,7 +337,7 @@ pub fn gemm_f32(a: Operand, b: Operand, dims: Dims, bias: Bias, parallel: bool) 
     let (m, k, n) = dims;
     assert!(a.data.len() >= m * k && b.data.len() >= k * n);
     let mut bufs = Buffers::take();
-    let layout = layout_f32(&mut bufs, a, b, dims, parallel);
+    let layout = layout_f32(&mut bufs, (a, b), dims, Kernel::best(), parallel);
     let bias = BiasUnits::new(bias);
     let mut out = vec![0f32; m * n];
     run(&bufs, &layout, dims, &bias, (&mut out, parallel), |u| {

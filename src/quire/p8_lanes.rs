@@ -21,6 +21,9 @@
 //!   permutes, is bound by instruction throughput); each table row is loaded once per row
 //!   and step and serves every tile, each tile's codes and masks once per step and serve
 //!   both rows.
+//! * **AVX-512 FP16 and VBMI** ([`super::p8_fp16`]), where the CPU has them: the values as
+//!   binary16 numbers, the products by byte look-ups, the sums by `vaddph` and a rounding
+//!   by magic constants, about half the instructions of the i16 step.
 //! * **Portable (and AVX2).** The same i16 values one lane at a time, the sum rounded by
 //!   the table of every sum ([`P8Units::round`]). AVX2 has no word permutes across a
 //!   register, so it would take this path; the rules send naive posit<8,0> on AVX2 to the
@@ -35,8 +38,52 @@ use super::p8_units::{lane_code, row_index, P8Units};
 #[cfg(target_arch = "x86_64")]
 use crate::backend::isa::{self, Isa};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::p8_fp16;
+pub use super::p8_fp16::Columns;
+
 /// Columns of one tile (i16 lanes of a 512-bit register).
 pub const LANES: usize = 32;
+
+/// The kernels of [`sums`], all with the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// One lane at a time, the sum rounded by table.
+    Portable,
+    /// i16 lanes of AVX-512 F and BW.
+    Avx512Bw,
+    /// binary16 lanes of AVX-512 FP16 and VBMI ([`p8_fp16`]).
+    Avx512Fp16,
+}
+
+/// Whether [`Kernel::best`] may pick [`Kernel::Avx512Fp16`].
+static FP16: AtomicBool = AtomicBool::new(true);
+
+/// Lets [`Kernel::best`] pick the binary16 kernel where the CPU has it (`true`, the default)
+/// or keeps it to the i16 kernel, process-wide: for tests and comparisons of the kernels,
+/// which give the same bits.
+pub fn allow_fp16(allowed: bool) {
+    FP16.store(allowed, Ordering::Relaxed);
+}
+
+impl Kernel {
+    /// The kernel for the instruction set in use ([`isa::active`]).
+    pub fn best() -> Kernel {
+        if !avx512() {
+            Kernel::Portable
+        } else if FP16.load(Ordering::Relaxed) && p8_fp16::supported() {
+            Kernel::Avx512Fp16
+        } else {
+            Kernel::Avx512Bw
+        }
+    }
+
+    /// Whether this kernel reads `B`'s bytes ([`p8_fp16::to_bytes`]) besides its codes.
+    pub fn reads_bytes(self) -> bool {
+        self == Kernel::Avx512Fp16
+    }
+}
 
 /// Whether the AVX-512 kernels run (elsewhere the sums run one lane at a time).
 pub fn avx512() -> bool {
@@ -51,30 +98,42 @@ pub fn avx512() -> bool {
 }
 
 /// The sums of rows `a` (product table rows, [`row_index`], at least `k` each) against
-/// `B` (`b`: `k` rows of `stride` lane codes, [`lane_code`], `stride` a multiple of
-/// [`LANES`]), into `acc` (`a.len()` rows of `stride`): from 0, `t` ascending,
-/// `c_j = round(c_j + round(a_t · b_tj))`. One or two rows.
-pub fn sums(tables: &P8Units, a: &[&[u8]], b: &[i16], stride: usize, k: usize, acc: &mut [i16]) {
-    assert!(stride.is_multiple_of(LANES) && b.len() >= k * stride && acc.len() >= a.len() * stride);
+/// `B` (`b.codes`: `k` rows of `b.stride` lane codes, [`lane_code`], the stride a multiple
+/// of [`LANES`]; `b.bytes` as [`Kernel::reads_bytes`] says), into `acc` (`a.len()` rows of
+/// the stride): from 0, `t` ascending, `c_j = round(c_j + round(a_t · b_tj))`. One or two
+/// rows, by `kernel` (one the CPU runs, as [`Kernel::best`] gives).
+pub fn sums(kernel: Kernel, tables: &P8Units, a: &[&[u8]], b: &Columns, k: usize, acc: &mut [i16]) {
+    let stride = b.stride;
+    let b_codes = b.codes;
+    assert!(
+        stride.is_multiple_of(LANES)
+            && b_codes.len() >= k * stride
+            && acc.len() >= a.len() * stride
+    );
     assert!(a.iter().all(|r| r.len() >= k) && tables.prod.len() == 256 * 128);
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512 F and BW (`isa::active`); the bounds are asserted
-        // above, and every row index is below 256.
-        unsafe {
-            match *a {
-                [r0, r1] => avx512::rows::<2>(&tables.prod, [r0, r1], b, stride, k, acc),
-                [r0] => avx512::rows::<1>(&tables.prod, [r0], b, stride, k, acc),
-                _ => panic!("one or two rows"),
+    match kernel {
+        Kernel::Avx512Fp16 => return p8_fp16::sums(a, b, k, acc),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Bw => {
+            assert!(avx512(), "the AVX-512 kernel on a CPU without it");
+            // SAFETY: the CPU has AVX-512 F and BW (`isa::active`); the bounds are asserted
+            // above, and every row index is below 256.
+            unsafe {
+                match *a {
+                    [r0, r1] => avx512::rows::<2>(&tables.prod, [r0, r1], b_codes, stride, k, acc),
+                    [r0] => avx512::rows::<1>(&tables.prod, [r0], b_codes, stride, k, acc),
+                    _ => panic!("one or two rows"),
+                }
             }
+            return;
         }
-        return;
+        _ => {}
     }
     for (row, c) in a.iter().zip(acc.chunks_mut(stride)) {
         c.fill(0);
         for (step, &x) in row[..k].iter().enumerate() {
             let products = &tables.prod[x as usize * 128..][..128];
-            for (c, &code) in c.iter_mut().zip(&b[step * stride..][..stride]) {
+            for (c, &code) in c.iter_mut().zip(&b_codes[step * stride..][..stride]) {
                 let p = products[(code & 127) as usize];
                 let neg = code >> 15;
                 *c = tables.round(*c + ((p ^ neg) - neg));
