@@ -158,8 +158,8 @@ const fn magic() -> [u16; 32] {
     m
 }
 
-/// The rounding of a sum `y` by the magic constants (`(y + M) - M`, `M` with `y`'s sign), on one
-/// lane: the scalar form of the kernel's steps, for tests.
+/// The rounding of a sum `y` by the magic constants (`(y + M) - M`, `M` with `y`'s sign),
+/// on one lane: the scalar form of the kernel's steps, for tests.
 pub fn round_sum(y: f16) -> f16 {
     let m = f16::from_bits(MAGIC[usize::from((y.to_bits() >> 10) & 31)] | (y.to_bits() & 0x8000));
     // binary16 sums through f32 are correctly rounded (24 >= 2·11 + 2 bits).
