@@ -185,7 +185,10 @@ fn layout_f32(
     let a_units = sized(a_units, m * k);
     let b_units = sized(b_units, n * k);
     let codes = sized(codes, k * stride);
-    let mut fill_a = || conv.fill(a.data, a.transposed, (m, k), a_units, &mut row_nar, par);
+    let mut fill_a = || {
+        conv.fill(a.data, a.transposed, (m, k), a_units, &mut row_nar, par);
+        to_rows(a_units, sized(a_rows, m * k));
+    };
     let mut fill_b = || {
         if b.transposed {
             // Bᵀ (n x k) as stored: a row per column of B, with its NaR flag.
@@ -216,7 +219,6 @@ fn layout_f32(
         fill_a();
         fill_b();
     }
-    to_rows(a_units, sized(a_rows, m * k));
     Layout {
         kernel,
         stride,
