@@ -62,6 +62,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
+use super::p8_lanes::Columns;
 use super::p8_units::P8Units;
 
 /// Bytes of one row of [`Fp16Table`]: a plane of 128 low bytes, then 128 high bytes.
@@ -185,16 +186,6 @@ pub fn supported() -> bool {
     }
 }
 
-/// `B` as this kernel reads it.
-pub struct Columns<'a> {
-    /// `k` rows of `stride` lane codes (read by the other kernels).
-    pub codes: &'a [i16],
-    /// The row length of `codes`, a multiple of 32.
-    pub stride: usize,
-    /// [`to_bytes`] of `codes`.
-    pub bytes: &'a [u8],
-}
-
 /// The sums of one or two rows `a` (product table rows, at least `k` each) against all of
 /// `b`, into `acc` (`a.len()` rows of `b.stride`) in units.
 ///
@@ -237,39 +228,35 @@ mod x86 {
         scale: __m512i,
     }
 
-    /// `a + b` in binary16 lanes (`vaddph`).
-    #[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
-    #[inline]
-    fn add_ph(a: __m512i, b: __m512i) -> __m512i {
-        let r;
-        // SAFETY: the instruction reads and writes registers only; the CPU has AVX512-FP16
-        // (this function's target features).
-        unsafe {
-            asm!("vaddph {r}, {a}, {b}", r = lateout(zmm_reg) r, a = in(zmm_reg) a,
-                 b = in(zmm_reg) b, options(pure, nomem, nostack, preserves_flags))
+    /// A two-operand binary16 instruction on 32 lanes as a function.
+    macro_rules! binary_ph {
+        ($name:ident, $insn:literal, $what:literal) => {
+            #[doc = concat!("`", $what, "` in binary16 lanes (`", $insn, "`).")]
+            #[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
+            #[inline]
+            fn $name(a: __m512i, b: __m512i) -> __m512i {
+                let r;
+                // SAFETY: the instruction reads and writes registers only; the CPU has
+                // AVX512-FP16 (this function's target features).
+                unsafe {
+                    asm!(concat!($insn, " {r}, {a}, {b}"), r = lateout(zmm_reg) r,
+                         a = in(zmm_reg) a, b = in(zmm_reg) b,
+                         options(pure, nomem, nostack, preserves_flags))
+                };
+                r
+            }
         };
-        r
     }
 
-    /// `a - b` in binary16 lanes (`vsubph`).
-    #[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
-    #[inline]
-    fn sub_ph(a: __m512i, b: __m512i) -> __m512i {
-        let r;
-        // SAFETY: as `add_ph`.
-        unsafe {
-            asm!("vsubph {r}, {a}, {b}", r = lateout(zmm_reg) r, a = in(zmm_reg) a,
-                 b = in(zmm_reg) b, options(pure, nomem, nostack, preserves_flags))
-        };
-        r
-    }
+    binary_ph!(add_ph, "vaddph", "a + b");
+    binary_ph!(sub_ph, "vsubph", "a - b");
 
     /// Whole binary16 values `a · s` to i16 (`vmulph`, `vcvtph2w`).
     #[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
     #[inline]
     fn to_units(a: __m512i, s: __m512i) -> __m512i {
         let r;
-        // SAFETY: as `add_ph`.
+        // SAFETY: the instructions read and write registers only; the CPU has AVX512-FP16.
         unsafe {
             asm!("vmulph {r}, {a}, {s}", "vcvtph2w {r}, {r}", r = out(zmm_reg) r,
                  a = in(zmm_reg) a, s = in(zmm_reg) s, options(pure, nomem, nostack, preserves_flags))

@@ -41,10 +41,20 @@ use crate::backend::isa::{self, Isa};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::p8_fp16;
-pub use super::p8_fp16::Columns;
 
 /// Columns of one tile (i16 lanes of a 512-bit register).
 pub const LANES: usize = 32;
+
+/// `B` as the kernels of [`sums`] read it.
+pub struct Columns<'a> {
+    /// `k` rows of `stride` lane codes ([`lane_code`]), read by all but the binary16 kernel.
+    pub codes: &'a [i16],
+    /// The row length of `codes`, a multiple of 32.
+    pub stride: usize,
+    /// [`p8_fp16::to_bytes`] of `codes`, for the kernels that read it
+    /// ([`Kernel::reads_bytes`]; empty for the others).
+    pub bytes: &'a [u8],
+}
 
 /// The kernels of [`sums`], all with the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
