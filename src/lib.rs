@@ -63,6 +63,7 @@ pub mod run_stats;
 pub mod stats;
 #[cfg(feature = "cli")]
 pub mod sweep;
+mod team;
 #[cfg(feature = "cli")]
 pub mod train;
 

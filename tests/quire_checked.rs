@@ -415,60 +415,94 @@ fn random_f32(rng: &mut SplitMix) -> f32 {
 fn the_f32_entry_equals_the_quire_in_every_layout() {
     let mut mm = Mismatches::default();
     let mut rng = SplitMix(909);
-    for (pn, pes, m, k, n) in [
+    for shape in [
         (16, 1, 9, 70, 13),
         (16, 1, 3, 1000, 5),
         (32, 2, 7, 45, 6),
         (8, 2, 5, 64, 4),
     ] {
-        let p = posit(pn, pes);
-        let a32: Vec<f32> = (0..m * k).map(|_| random_f32(&mut rng)).collect();
-        let b32: Vec<f32> = (0..k * n).map(|_| random_f32(&mut rng)).collect();
-        let round = |v: &[f32]| -> Vec<f64> {
-            v.iter()
-                .map(|&x| p.round(f64::from(x), NearestEven, 0))
-                .collect()
-        };
-        let (a, b) = (round(&a32), round(&b32));
-        let transpose = |v: &[f32], rows: usize, cols: usize| -> Vec<f32> {
-            (0..rows * cols)
-                .map(|o| v[(o % rows) * cols + o / rows])
-                .collect()
-        };
-        let (at, bt) = (transpose(&a32, m, k), transpose(&b32, k, n));
-        let bias: Vec<f64> = (0..n).map(|_| normalish(p, &mut rng)).collect();
-        for bias in [Bias::None, Bias::PerCol(&bias)] {
-            let want = quire_reference(p, &a, &b, (m, k, n), bias);
-            let mut f64_out = vec![0.0; m * n];
-            let f64_fallbacks =
-                gemm_checked::gemm_f64(p, &a, &b, (m, k, n), bias, &mut f64_out, true);
-            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-                let opa = Operand {
-                    data: if ta { &at } else { &a32 },
-                    transposed: ta,
-                };
-                let opb = Operand {
-                    data: if tb { &bt } else { &b32 },
-                    transposed: tb,
-                };
-                for parallel in [false, true] {
-                    let (got, fallbacks) =
-                        gemm_checked::gemm_f32(p, opa, opb, (m, k, n), bias, parallel);
-                    assert_eq!(
-                        fallbacks, f64_fallbacks,
-                        "posit<{pn},{pes}> layouts {ta} {tb}"
-                    );
-                    for (o, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                        let w32 = w as f32;
-                        mm.check((g.is_nan() && w32.is_nan()) || g.to_bits() == w32.to_bits(), || {
-                            format!("posit<{pn},{pes}> {m}x{k}x{n} layouts ({ta}, {tb}) {bias:?} out[{o}]: {g:e} vs {w32:e}")
-                        });
-                    }
+        f32_entry_case(&mut mm, &mut rng, shape);
+    }
+    mm.assert_none("f32 entry");
+}
+
+/// The same where the output is cut into bands of rows, one per thread (at least 16 rows
+/// each, from 2^16 multiply-adds): bands of unequal heights, `A` stored transposed (each
+/// band gathers its columns), a bias per row (each band takes its part), on pools of 2, 3
+/// and 4 threads (the calling thread outside the pool).
+#[test]
+fn the_f32_entry_in_bands_equals_the_quire() {
+    let mut mm = Mismatches::default();
+    let mut rng = SplitMix(910);
+    for threads in [2, 3, 4] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        for shape in [
+            (16, 1, 37, 61, 41),
+            (16, 1, 70, 40, 30),
+            (32, 2, 33, 45, 50),
+        ] {
+            pool.install(|| f32_entry_case(&mut mm, &mut rng, shape));
+        }
+    }
+    mm.assert_none("f32 entry in bands");
+}
+
+/// One shape of the f32 entry's tests: random operands with NaR, zeros and extremes, every
+/// layout, no bias and a bias per column and per row, serial and parallel.
+fn f32_entry_case(
+    mm: &mut Mismatches,
+    rng: &mut SplitMix,
+    (pn, pes, m, k, n): (u32, u32, usize, usize, usize),
+) {
+    let p = posit(pn, pes);
+    let a32: Vec<f32> = (0..m * k).map(|_| random_f32(rng)).collect();
+    let b32: Vec<f32> = (0..k * n).map(|_| random_f32(rng)).collect();
+    let round = |v: &[f32]| -> Vec<f64> {
+        v.iter()
+            .map(|&x| p.round(f64::from(x), NearestEven, 0))
+            .collect()
+    };
+    let (a, b) = (round(&a32), round(&b32));
+    let transpose = |v: &[f32], rows: usize, cols: usize| -> Vec<f32> {
+        (0..rows * cols)
+            .map(|o| v[(o % rows) * cols + o / rows])
+            .collect()
+    };
+    let (at, bt) = (transpose(&a32, m, k), transpose(&b32, k, n));
+    let col_bias: Vec<f64> = (0..n).map(|_| normalish(p, rng)).collect();
+    let row_bias: Vec<f64> = (0..m).map(|_| normalish(p, rng)).collect();
+    for bias in [Bias::None, Bias::PerCol(&col_bias), Bias::PerRow(&row_bias)] {
+        let want = quire_reference(p, &a, &b, (m, k, n), bias);
+        let mut f64_out = vec![0.0; m * n];
+        let f64_fallbacks = gemm_checked::gemm_f64(p, &a, &b, (m, k, n), bias, &mut f64_out, true);
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let opa = Operand {
+                data: if ta { &at } else { &a32 },
+                transposed: ta,
+            };
+            let opb = Operand {
+                data: if tb { &bt } else { &b32 },
+                transposed: tb,
+            };
+            for parallel in [false, true] {
+                let (got, fallbacks) =
+                    gemm_checked::gemm_f32(p, opa, opb, (m, k, n), bias, parallel);
+                assert_eq!(
+                    fallbacks, f64_fallbacks,
+                    "posit<{pn},{pes}> {m}x{k}x{n} layouts {ta} {tb}"
+                );
+                for (o, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let w32 = w as f32;
+                    mm.check((g.is_nan() && w32.is_nan()) || g.to_bits() == w32.to_bits(), || {
+                        format!("posit<{pn},{pes}> {m}x{k}x{n} layouts ({ta}, {tb}) {bias:?} out[{o}]: {g:e} vs {w32:e}")
+                    });
                 }
             }
         }
     }
-    mm.assert_none("f32 entry");
 }
 
 /// Every exact accumulator gives the checked path's bits (`quire_gemm_with`), and

@@ -88,6 +88,7 @@ use rayon::prelude::*;
 use super::accumulator::Quire;
 use super::gemm_cpu::{dgemm_strided, for_rows, Bias, Dims, Strided};
 use super::quire_i16::Operand;
+use super::scratch::{self, Scratch};
 use crate::backend::f32_plan::{F32Plan, NearestLanes, SHAPE_POSIT};
 use crate::format::grid::pow2;
 use crate::format::rounding::{NearestEven, RuleKind};
@@ -136,8 +137,8 @@ fn values_are_f32(posit: Posit) -> bool {
 struct Prepared<'a> {
     a: Strided<'a>,
     b: Strided<'a>,
-    a_norms: Vec<f64>,
-    b_norms: Vec<f64>,
+    a_norms: &'a [f64],
+    b_norms: &'a [f64],
 }
 
 /// `out (m x n) = round(A · B + bias)` for f64 operands on the posit's grid, `a` (`m x k`)
@@ -196,15 +197,23 @@ pub fn gemm_f64_layout(
                 av,
                 if a.transposed { (k, m) } else { (m, k) },
                 !a.transposed,
+                parallel,
             )
         },
-        || norms(bv, if b.transposed { (n, k) } else { (k, n) }, b.transposed),
+        || {
+            norms(
+                bv,
+                if b.transposed { (n, k) } else { (k, n) },
+                b.transposed,
+                parallel,
+            )
+        },
     );
     let ops = Prepared {
         a: view(av, a.transposed, (m, k)),
         b: view(bv, b.transposed, (k, n)),
-        a_norms,
-        b_norms,
+        a_norms: &a_norms,
+        b_norms: &b_norms,
     };
     run(posit, &ops, dims, bias, &mut out[..m * n], None, parallel)
 }
@@ -221,6 +230,13 @@ fn view(data: &[f64], transposed: bool, (rows, cols): (usize, usize)) -> Strided
 /// `round(A · B + bias)` (`m x n`, row-major f32) for f32 operands not yet rounded to the
 /// posit, each in either layout; the bias already rounded. Also returns how many outputs
 /// the bound left to the exact path. The caller checks [`applies`].
+///
+/// `B` is rounded once, on the calling thread. Where `parallel` and `A` has enough rows
+/// ([`Threading`]), the output rows are cut into one band per thread of rayon's pool,
+/// shared with the caller through [`crate::team`]: each band rounds its rows of `A` and
+/// runs its own serial f64 GEMM and check, so that a call hands work to the pool once
+/// (the f64 GEMM's own threading hands it over twice per block of `k`, each time waiting
+/// for a sleeping worker to wake).
 pub fn gemm_f32(
     posit: Posit,
     a: Operand,
@@ -231,25 +247,113 @@ pub fn gemm_f32(
 ) -> (Vec<f32>, usize) {
     let (m, k, n) = dims;
     assert!(a.data.len() >= m * k && b.data.len() >= k * n);
-    // `A` (m x k): stored as is, or as its transpose (k x m). `B` (k x n): as is, or as
-    // its transpose (n x k). The norms run along A's rows and B's columns.
-    let a_shape = if a.transposed { (k, m) } else { (m, k) };
-    let b_shape = if b.transposed { (n, k) } else { (k, n) };
-    let ((av, a_norms), (bv, b_norms)) = join(
-        parallel,
-        || prepare(posit, &a.data[..m * k], a_shape, !a.transposed),
-        || prepare(posit, &b.data[..k * n], b_shape, b.transposed),
-    );
-    let ops = Prepared {
-        a: view(&av, a.transposed, (m, k)),
-        b: view(&bv, b.transposed, (k, n)),
-        a_norms,
-        b_norms,
-    };
-    let mut sums = vec![0.0; m * n];
     let mut out = vec![0f32; m * n];
-    let fallbacks = run(posit, &ops, dims, bias, &mut sums, Some(&mut out), parallel);
+    if m == 0 || n == 0 {
+        return (out, 0);
+    }
+    let (bands, parallel) = match Threading::of(parallel, dims) {
+        Threading::Serial => (1, false),
+        Threading::Bands(b) => (b, false),
+        Threading::Inside => (1, true),
+    };
+    // `B` (k x n): stored as is, or as its transpose (n x k); its norms run along its
+    // columns. Rounded once, on the calling thread, while the helpers wake.
+    let b_shape = if b.transposed { (n, k) } else { (k, n) };
+    let prepare_b = || prepare(posit, &b.data[..k * n], b_shape, b.transposed, parallel);
+    let band_rows = m.div_ceil(bands);
+    // Rows `r0..` of the output (`out` holds them) from rows `r0..` of `A`.
+    let band = |(bv, b_norms): &(Scratch<f64>, Vec<f64>), (r0, out): (usize, &mut [f32])| {
+        let rows = out.len() / n;
+        let (av, a_norms, a_transposed) = prepare_rows(posit, a, (m, k), r0..r0 + rows, parallel);
+        let ops = Prepared {
+            a: view(&av, a_transposed, (rows, k)),
+            b: view(bv, b.transposed, (k, n)),
+            a_norms: &a_norms,
+            b_norms,
+        };
+        let bias = match bias {
+            Bias::PerRow(v) => Bias::PerRow(&v[r0..r0 + rows]),
+            other => other,
+        };
+        let mut sums = scratch::take::<f64>(rows * n);
+        run(
+            posit,
+            &ops,
+            (rows, k, n),
+            bias,
+            &mut sums,
+            Some(out),
+            parallel,
+        )
+    };
+    let tasks: Vec<_> = out
+        .chunks_mut(band_rows * n)
+        .enumerate()
+        .map(|(t, o)| (t * band_rows, o))
+        .collect();
+    let fallbacks = crate::team::run(bands - 1, prepare_b, tasks, band)
+        .into_iter()
+        .sum();
     (out, fallbacks)
+}
+
+/// How [`gemm_f32`] uses rayon's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Threading {
+    /// All on the calling thread: not `parallel`, or under [`SERIAL_WORK`] multiply-adds.
+    Serial,
+    /// This many bands of output rows, one per thread, each of at least [`BAND_ROWS`]
+    /// rows, each run serially.
+    Bands(usize),
+    /// One band (too few rows to cut), threaded inside (the f64 GEMM's own threads).
+    Inside,
+}
+
+/// Multiply-adds below which [`gemm_f32`] runs on the calling thread.
+const SERIAL_WORK: usize = 1 << 16;
+
+/// Rows per band, at least.
+const BAND_ROWS: usize = 16;
+
+impl Threading {
+    fn of(parallel: bool, (m, k, n): Dims) -> Threading {
+        let threads = rayon::current_num_threads();
+        if !parallel || threads < 2 || m.saturating_mul(k).saturating_mul(n) < SERIAL_WORK {
+            Threading::Serial
+        } else if m >= 2 * BAND_ROWS {
+            Threading::Bands(threads.min(m / BAND_ROWS))
+        } else {
+            Threading::Inside
+        }
+    }
+}
+
+/// Rows `rows` of `A` (`m x k`, stored as is or transposed) rounded to the posit in f64,
+/// with their 2-norms, and whether the values are stored transposed (`k x rows`).
+fn prepare_rows(
+    posit: Posit,
+    a: Operand,
+    (m, k): (usize, usize),
+    rows: std::ops::Range<usize>,
+    parallel: bool,
+) -> (Scratch<f64>, Vec<f64>, bool) {
+    let len = rows.len();
+    if !a.transposed {
+        let src = &a.data[rows.start * k..rows.end * k];
+        let (v, norms) = prepare(posit, src, (len, k), true, parallel);
+        return (v, norms, false);
+    }
+    // Stored `k x m`: the band is `len` consecutive values of each of the `k` rows.
+    if len == m {
+        let (v, norms) = prepare(posit, &a.data[..k * m], (k, m), false, parallel);
+        return (v, norms, true);
+    }
+    let mut band = scratch::take::<f32>(k * len);
+    for (u, dst) in band.chunks_mut(len).enumerate() {
+        dst.copy_from_slice(&a.data[u * m + rows.start..u * m + rows.end]);
+    }
+    let (v, norms) = prepare(posit, &band, (k, len), false, parallel);
+    (v, norms, true)
 }
 
 /// `(f(), g())`, on the rayon pool when `parallel`.
@@ -266,57 +370,99 @@ fn join<A: Send, B: Send>(
 }
 
 /// The operand `src` (`rows x cols` row-major) rounded to the posit in f64, and the 2-norm
-/// of each row (`along_rows`) or each column.
+/// of each row (`along_rows`) or each column, in one pass; blocks of rows in parallel where
+/// `parallel` and the operand is large.
 fn prepare(
     posit: Posit,
     src: &[f32],
-    shape: (usize, usize),
+    (rows, cols): (usize, usize),
     along_rows: bool,
-) -> (Vec<f64>, Vec<f64>) {
+    parallel: bool,
+) -> (Scratch<f64>, Vec<f64>) {
     let plan = if values_are_f32(posit) {
         F32Plan::shared(&Format::Posit(posit), RuleKind::NearestEven)
     } else {
         None
     };
-    let round = |x: f32| posit.round(f64::from(x), NearestEven, 0);
-    let mut values = vec![0.0; src.len()];
-    let fill = |(src, dst): (&[f32], &mut [f64])| match &plan {
-        // The quantize kernel's f32 plan (the same values as `Posit::round`), then widened.
-        Some(_) => {
-            let mut rounded = vec![0f32; src.len()];
-            let done = crate::backend::cpu::quantize_slice(
-                Some(src),
-                &mut rounded,
-                &[src.len()],
-                &Format::Posit(posit),
-                crate::format::Rounding::NearestEven,
-                None,
-            );
-            if done.is_ok() {
-                for (d, &x) in dst.iter_mut().zip(&rounded) {
-                    *d = f64::from(x);
-                }
-            } else {
-                for (d, &x) in dst.iter_mut().zip(src) {
-                    *d = round(x);
-                }
-            }
-        }
-        None => {
-            for (d, &x) in dst.iter_mut().zip(src) {
-                *d = round(x);
-            }
-        }
-    };
-    if src.len() <= BLOCK {
-        fill((src, &mut values));
-    } else {
-        src.par_chunks(BLOCK)
-            .zip(values.par_chunks_mut(BLOCK))
-            .for_each(fill);
+    let src = &src[..rows * cols];
+    let mut values = scratch::take::<f64>(src.len());
+    if rows == 0 || cols == 0 {
+        return (values, vec![0.0; if along_rows { rows } else { cols }]);
     }
-    let norms = norms(&values, shape, along_rows);
-    (values, norms)
+    let block = |src: &[f32], dst: &mut [f64]| {
+        round_rows(posit, plan.as_deref(), src, dst, cols, along_rows)
+    };
+    let block_len = (BLOCK / cols).max(1) * cols;
+    let sums = if !parallel || src.len() <= block_len {
+        block(src, &mut values)
+    } else if along_rows {
+        let blocks = src
+            .par_chunks(block_len)
+            .zip(values.par_chunks_mut(block_len));
+        blocks.flat_map_iter(|(s, d)| block(s, d)).collect()
+    } else {
+        src.par_chunks(block_len)
+            .zip(values.par_chunks_mut(block_len))
+            .map(|(s, d)| block(s, d))
+            .reduce_with(|mut x, y| {
+                x.iter_mut().zip(&y).for_each(|(s, t)| *s += t);
+                x
+            })
+            .unwrap_or_else(|| vec![0.0; cols])
+    };
+    (values, sums.into_iter().map(f64::sqrt).collect())
+}
+
+/// Values per piece of [`round_rows`], staged on the stack between rounding and widening.
+const STAGE: usize = 512;
+
+/// Whole rows `src` (of `cols` values) rounded to the posit into `dst` in f64; returns the
+/// sum of squares of each row (`along_rows`) or of each column over these rows, summed in
+/// any order (see the module docs). Pieces of [`STAGE`] values are rounded by the quantize
+/// kernel's f32 plan where there is one (the same values as `Posit::round`), then widened
+/// and squared while still in the L1 cache.
+fn round_rows(
+    posit: Posit,
+    plan: Option<&F32Plan>,
+    src: &[f32],
+    dst: &mut [f64],
+    cols: usize,
+    along_rows: bool,
+) -> Vec<f64> {
+    let round = |x: f64| posit.round(x, NearestEven, 0);
+    let mut sums = vec![0.0; if along_rows { src.len() / cols } else { cols }];
+    let mut stage = [0f32; STAGE];
+    for (r, (src, dst)) in src.chunks(cols).zip(dst.chunks_mut(cols)).enumerate() {
+        let mut row_sum = 0.0;
+        for (p, (src, dst)) in src.chunks(STAGE).zip(dst.chunks_mut(STAGE)).enumerate() {
+            match plan {
+                Some(plan) => {
+                    let stage = &mut stage[..src.len()];
+                    crate::backend::cpu::round_nearest_run(plan, src, stage, round);
+                    for (d, &x) in dst.iter_mut().zip(stage.iter()) {
+                        *d = f64::from(x);
+                    }
+                }
+                None => {
+                    for (d, &x) in dst.iter_mut().zip(src) {
+                        *d = round(f64::from(x));
+                    }
+                }
+            }
+            if along_rows {
+                row_sum += sum_of_squares(dst);
+            } else {
+                let acc = &mut sums[p * STAGE..p * STAGE + dst.len()];
+                for (s, &x) in acc.iter_mut().zip(dst.iter()) {
+                    *s += x * x;
+                }
+            }
+        }
+        if along_rows {
+            sums[r] = row_sum;
+        }
+    }
+    sums
 }
 
 /// Elements per parallel block of the operand passes: smaller operands are one block, on
@@ -325,8 +471,13 @@ const BLOCK: usize = 1 << 16;
 
 /// The 2-norm `sqrt(Σ v²)` of each row (`along_rows`) or each column of `v` (`rows x cols`,
 /// row-major), summed in any order (see the module docs); NaN or Inf where a value is not
-/// finite. Blocks of rows run in parallel where the matrix is large.
-pub(crate) fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -> Vec<f64> {
+/// finite. Blocks of rows run in parallel where `parallel` and the matrix is large.
+pub(crate) fn norms(
+    v: &[f64],
+    (rows, cols): (usize, usize),
+    along_rows: bool,
+    parallel: bool,
+) -> Vec<f64> {
     if rows == 0 || cols == 0 {
         return vec![0.0; if along_rows { rows } else { cols }];
     }
@@ -335,7 +486,7 @@ pub(crate) fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -
     let sums = if along_rows {
         let row_sums =
             |block: &[f64]| -> Vec<f64> { block.chunks(cols).map(sum_of_squares).collect() };
-        if v.len() <= block_len {
+        if !parallel || v.len() <= block_len {
             row_sums(v)
         } else {
             v.par_chunks(block_len).flat_map_iter(row_sums).collect()
@@ -350,7 +501,7 @@ pub(crate) fn norms(v: &[f64], (rows, cols): (usize, usize), along_rows: bool) -
             }
             acc
         };
-        if v.len() <= block_len {
+        if !parallel || v.len() <= block_len {
             column_sums(v)
         } else {
             v.par_chunks(block_len)
@@ -408,7 +559,7 @@ fn run(
         gemm::Parallelism::None
     };
     dgemm_strided(dims, ops.a, ops.b, out, par);
-    let norms = (&ops.a_norms[..], &ops.b_norms[..]);
+    let norms = (ops.a_norms, ops.b_norms);
     let term = |i: usize, j: usize, u: usize| (ops.a.at(i, u), ops.b.at(u, j));
     check(posit, dims, norms, bias, term, out, out32, parallel)
 }

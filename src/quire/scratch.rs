@@ -51,12 +51,18 @@ impl Element for f32 {
 /// when dropped.
 pub struct Scratch<T: Element>(Vec<T>);
 
-/// A buffer of `len` elements from this thread's pool (the largest kept), or a new one.
+/// A buffer of `len` elements from this thread's pool (the smallest kept that holds `len`,
+/// else the largest), or a new one.
 pub fn take<T: Element>(len: usize) -> Scratch<T> {
     let mut v = T::pool()
         .with(|p| {
             let mut p = p.borrow_mut();
-            let best = (0..p.len()).max_by_key(|&i| p[i].capacity())?;
+            // The smallest buffer that holds `len` elements, else the largest (to grow):
+            // a call that takes buffers of several sizes gets each back the next time.
+            let fits = (0..p.len())
+                .filter(|&i| p[i].capacity() >= len)
+                .min_by_key(|&i| p[i].capacity());
+            let best = fits.or_else(|| (0..p.len()).max_by_key(|&i| p[i].capacity()))?;
             Some(p.swap_remove(best))
         })
         .unwrap_or_default();

@@ -1,0 +1,211 @@
+//! A short list of tasks shared by the calling thread and helpers from rayon's pool, for
+//! parallel work of a few hundred microseconds.
+//!
+//! `rayon::join` and the parallel iterators called from a thread outside the pool hand the
+//! whole job to the pool and put the caller to sleep until it is done; inside, each split
+//! waits for an idle worker to wake and steal its half. Where waking a thread takes tens
+//! of microseconds (a parked virtual CPU: about 50 µs on the 2-vCPU machines qcandle is
+//! benchmarked on, measured in the round trip of an empty `rayon::spawn` after 300 µs of
+//! idleness), a GEMM of 300 µs split that way runs no faster than on one thread.
+//!
+//! [`run`] instead keeps the caller working: it asks the pool for helpers, computes the
+//! tasks' shared input itself meanwhile (the part every task needs, such as a GEMM's
+//! rounded right operand), then claims tasks one at a time from a shared counter, as each
+//! helper does once it is awake and the shared input is ready. A helper that wakes late
+//! finds fewer tasks left, or none; the caller never sleeps waiting for one to wake, and
+//! once no task is left unclaimed it spins (yielding) only until the ones being run are
+//! done. Which thread runs a task never changes its result.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// `run(&shared(), task)` for every task, on the calling thread and up to `helpers` threads
+/// of rayon's pool (see the module docs); the results in the tasks' order. `shared` runs
+/// once, on the calling thread. With `helpers == 0` or a single task, everything runs on
+/// the calling thread. A panic in `shared` or in a task is raised again on the calling
+/// thread once no thread is still working.
+pub(crate) fn run<S, T, R>(
+    helpers: usize,
+    shared: impl FnOnce() -> S,
+    tasks: Vec<T>,
+    work: impl Fn(&S, T) -> R + Sync,
+) -> Vec<R>
+where
+    S: Send + Sync,
+    T: Send,
+    R: Send,
+{
+    let len = tasks.len();
+    if helpers == 0 || len <= 1 {
+        let s = shared();
+        return tasks.into_iter().map(|t| work(&s, t)).collect();
+    }
+    let board = Board {
+        shared: OnceLock::new(),
+        abandoned: AtomicBool::new(false),
+        tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
+        results: (0..len).map(|_| Mutex::new(None)).collect(),
+        next: AtomicUsize::new(0),
+        settled: AtomicUsize::new(0),
+    };
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers.min(len - 1) {
+            scope.spawn(|_| board.help(&work));
+        }
+        // If `shared` panics, the helpers must not wait for it.
+        let guard = Abandon(&board.abandoned);
+        let _ = board.shared.set(shared());
+        std::mem::forget(guard);
+        board.help(&work);
+        // Every task is claimed: wait for the helpers still running one (a task's length
+        // at most), yielding, rather than sleeping until one wakes the caller.
+        while board.settled.load(Ordering::Acquire) < len {
+            std::thread::yield_now();
+        }
+    });
+    board
+        .results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every task ran (a panic would have been raised)")
+        })
+        .collect()
+}
+
+/// What the threads of one [`run`] share.
+struct Board<S, T, R> {
+    /// The tasks' shared input, once the caller has computed it.
+    shared: OnceLock<S>,
+    /// Set where computing the shared input panicked: the helpers then stop.
+    abandoned: AtomicBool,
+    /// The tasks, each taken by the thread that claims it.
+    tasks: Vec<Mutex<Option<T>>>,
+    /// Each task's result.
+    results: Vec<Mutex<Option<R>>>,
+    /// The next task to claim.
+    next: AtomicUsize,
+    /// Tasks finished or abandoned by a panic.
+    settled: AtomicUsize,
+}
+
+impl<S: Send + Sync, T: Send, R: Send> Board<S, T, R> {
+    /// Waits for the shared input, then claims and runs tasks until none is left.
+    fn help(&self, work: &(impl Fn(&S, T) -> R + Sync)) {
+        let shared = loop {
+            if let Some(s) = self.shared.get() {
+                break s;
+            }
+            if self.abandoned.load(Ordering::Acquire) {
+                return;
+            }
+            std::hint::spin_loop();
+        };
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.tasks.len() {
+                return;
+            }
+            // Counted as settled even if the task panics, so that the caller stops waiting
+            // and the scope raises the panic.
+            let _settle = Settle(&self.settled);
+            let task = lock(&self.tasks[i])
+                .take()
+                .expect("each task is claimed once");
+            let r = work(shared, task);
+            *lock(&self.results[i]) = Some(r);
+        }
+    }
+}
+
+/// The value under `m`, whether or not another thread panicked holding it.
+fn lock<V>(m: &Mutex<V>) -> std::sync::MutexGuard<'_, V> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts one task as settled when dropped (also while unwinding).
+struct Settle<'a>(&'a AtomicUsize);
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Marks the shared input as never coming when dropped (only while unwinding: it is
+/// forgotten once the input is set).
+struct Abandon<'a>(&'a AtomicBool);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_in_order_of_results() {
+        for helpers in 0..4 {
+            for len in 0..20 {
+                let tasks: Vec<usize> = (0..len).collect();
+                let runs = AtomicUsize::new(0);
+                let out = run(
+                    helpers,
+                    || 10,
+                    tasks,
+                    |s, t| {
+                        runs.fetch_add(1, Ordering::Relaxed);
+                        s * t
+                    },
+                );
+                assert_eq!(out, (0..len).map(|t| 10 * t).collect::<Vec<_>>());
+                assert_eq!(runs.into_inner(), len);
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_write_disjoint_pieces_of_a_buffer() {
+        let mut buf = vec![0u32; 1000];
+        let pieces: Vec<(usize, &mut [u32])> = buf.chunks_mut(64).enumerate().collect();
+        run(
+            2,
+            || 7u32,
+            pieces,
+            |s, (i, piece)| piece.iter_mut().for_each(|x| *x = s + i as u32),
+        );
+        for (i, x) in buf.iter().enumerate() {
+            assert_eq!(*x, 7 + (i / 64) as u32);
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_is_raised_on_the_caller() {
+        let r = std::panic::catch_unwind(|| {
+            run(
+                2,
+                || (),
+                (0..8).collect(),
+                |_, t: i32| assert!(t != 5, "task 5"),
+            )
+        });
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_panicking_shared_input_is_raised_and_stops_the_helpers() {
+        let r = std::panic::catch_unwind(|| {
+            run(
+                2,
+                || -> u8 { panic!("no input") },
+                (0..8).collect(),
+                |_, t: i32| t,
+            )
+        });
+        assert!(r.is_err());
+    }
+}
