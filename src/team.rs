@@ -19,6 +19,39 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+/// How a GEMM of `m x k x n` uses rayon's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Threading {
+    /// All on the calling thread: not `parallel`, one thread, or under [`SERIAL_WORK`]
+    /// multiply-adds.
+    Serial,
+    /// This many bands of output rows run by [`run`], one per thread, each of at least
+    /// [`BAND_ROWS`] rows and run serially.
+    Bands(usize),
+    /// One band (too few rows to cut), threaded inside.
+    Inside,
+}
+
+/// Multiply-adds below which a GEMM runs on the calling thread.
+pub(crate) const SERIAL_WORK: usize = 1 << 16;
+
+/// Rows per band, at least.
+pub(crate) const BAND_ROWS: usize = 16;
+
+impl Threading {
+    /// The threading of an `m x k x n` GEMM, threaded at all only where `parallel`.
+    pub(crate) fn of(parallel: bool, (m, k, n): (usize, usize, usize)) -> Threading {
+        let threads = rayon::current_num_threads();
+        if !parallel || threads < 2 || m.saturating_mul(k).saturating_mul(n) < SERIAL_WORK {
+            Threading::Serial
+        } else if m >= 2 * BAND_ROWS {
+            Threading::Bands(threads.min(m / BAND_ROWS))
+        } else {
+            Threading::Inside
+        }
+    }
+}
+
 /// `run(&shared(), task)` for every task, on the calling thread and up to `helpers` threads
 /// of rayon's pool (see the module docs); the results in the tasks' order. `shared` runs
 /// once, on the calling thread. With `helpers == 0` or a single task, everything runs on

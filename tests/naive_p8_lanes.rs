@@ -429,6 +429,23 @@ fn cases() -> Vec<Case> {
             (None, None, Some(1)),
         ),
         c((9, 0, 50), (0x20, 0x70), 0, Some(false), (None, None, None)),
+        // Enough rows and work for the f32 entry to cut the output into bands of rows
+        // (`team::Threading`): NaR in a row of the second band, a bias per row and per
+        // column.
+        c(
+            (37, 61, 41),
+            (0x20, 0x70),
+            3,
+            Some(true),
+            (Some((25, 7)), Some((39, 20)), Some(30)),
+        ),
+        c(
+            (70, 40, 30),
+            (0x01, 0x7f),
+            2,
+            Some(false),
+            (None, None, None),
+        ),
     ]
 }
 
@@ -536,6 +553,11 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
             (Some((false, _)), Some(v)) => Bias::PerCol(v),
             _ => Bias::None,
         };
+        // Three threads, so that the cases with enough rows run in bands on any machine.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
         on_every_kernel(|isa| {
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let ao = Operand {
@@ -546,8 +568,8 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
                     data: if b_t { &bt } else { &bf },
                     transposed: b_t,
                 };
-                let got = rule
-                    .gemm_f32(ao, bo, case.dims, bias_arg, true)
+                let got = pool
+                    .install(|| rule.gemm_f32(ao, bo, case.dims, bias_arg, true))
                     .expect("naive posit<8,0> has an f32 path");
                 let got: Vec<f64> = got.into_iter().map(f64::from).collect();
                 let what = format!("{isa} {m}x{k}x{n} layout ({a_t}, {b_t})");

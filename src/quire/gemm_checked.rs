@@ -93,6 +93,7 @@ use crate::backend::f32_plan::{F32Plan, NearestLanes, SHAPE_POSIT};
 use crate::format::grid::pow2;
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::{Format, Posit};
+use crate::team::Threading;
 
 /// The most terms (products and bias) of one output the bound admits.
 pub const MAX_TERMS: usize = 1 << 32;
@@ -232,7 +233,7 @@ fn view(data: &[f64], transposed: bool, (rows, cols): (usize, usize)) -> Strided
 /// the bound left to the exact path. The caller checks [`applies`].
 ///
 /// `B` is rounded once, on the calling thread. Where `parallel` and `A` has enough rows
-/// ([`Threading`]), the output rows are cut into one band per thread of rayon's pool,
+/// ([`Threading::of`]), the output rows are cut into one band per thread of rayon's pool,
 /// shared with the caller through [`crate::team`]: each band rounds its rows of `A` and
 /// runs its own serial f64 GEMM and check, so that a call hands work to the pool once
 /// (the f64 GEMM's own threading hands it over twice per block of `k`, each time waiting
@@ -295,37 +296,6 @@ pub fn gemm_f32(
         .into_iter()
         .sum();
     (out, fallbacks)
-}
-
-/// How [`gemm_f32`] uses rayon's threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Threading {
-    /// All on the calling thread: not `parallel`, or under [`SERIAL_WORK`] multiply-adds.
-    Serial,
-    /// This many bands of output rows, one per thread, each of at least [`BAND_ROWS`]
-    /// rows, each run serially.
-    Bands(usize),
-    /// One band (too few rows to cut), threaded inside (the f64 GEMM's own threads).
-    Inside,
-}
-
-/// Multiply-adds below which [`gemm_f32`] runs on the calling thread.
-const SERIAL_WORK: usize = 1 << 16;
-
-/// Rows per band, at least.
-const BAND_ROWS: usize = 16;
-
-impl Threading {
-    fn of(parallel: bool, (m, k, n): Dims) -> Threading {
-        let threads = rayon::current_num_threads();
-        if !parallel || threads < 2 || m.saturating_mul(k).saturating_mul(n) < SERIAL_WORK {
-            Threading::Serial
-        } else if m >= 2 * BAND_ROWS {
-            Threading::Bands(threads.min(m / BAND_ROWS))
-        } else {
-            Threading::Inside
-        }
-    }
 }
 
 /// Rows `rows` of `A` (`m x k`, stored as is or transposed) rounded to the posit in f64,

@@ -13,8 +13,9 @@
 //! which round a value off the grid. The buffers are kept per thread between calls.
 //!
 //! A NaR operand (NaN or ±Inf) makes its row or column of outputs NaR, as does a NaR bias
-//! term; the kernels read 0 in its place and the output is overwritten. Rows of the output
-//! go to the rayon pool two at a time (the kernel's rows).
+//! term; the kernels read 0 in its place and the output is overwritten. From f32, the
+//! output's rows are cut into one band per thread, each laying out its own rows of `A`
+//! ([`crate::team`]); from f64, rows go to the rayon pool two at a time (the kernel's rows).
 
 use std::cell::Cell;
 
@@ -27,6 +28,7 @@ use super::p8_lanes::{sums, to_codes, to_rows, Columns, Kernel, LANES};
 use super::p8_units::{lane_code, posit8_0, row_index, P8Units};
 use super::quire_i16::Operand;
 use crate::format::Format;
+use crate::team::Threading;
 
 /// Rows of `A` per kernel call.
 const ROWS: usize = 2;
@@ -34,40 +36,56 @@ const ROWS: usize = 2;
 /// The NaR pattern.
 const NAR: u8 = 0x80;
 
-/// Buffers of one call: `A`'s rows and `B`'s codes and bytes (the kernel's operands) and
-/// the units they come from.
+/// `B`'s buffers: its codes and bytes (the kernel's operand) and the units they come from.
 #[derive(Default)]
-struct Buffers {
-    a: Vec<u8>,
-    b: Vec<i16>,
-    b_bytes: Vec<u8>,
-    a_units: Vec<i16>,
-    b_units: Vec<i16>,
+struct ColumnBuffers {
+    codes: Vec<i16>,
+    bytes: Vec<u8>,
+    units: Vec<i16>,
+}
+
+/// A band of `A`'s rows: its table rows (the kernel's operand) and the units they come
+/// from.
+#[derive(Default)]
+struct RowBuffers {
+    rows: Vec<u8>,
+    units: Vec<i16>,
 }
 
 /// Buffers above this many elements in all are freed after the call instead of kept.
 const KEEP: usize = 8 << 20;
 
 thread_local! {
-    /// The buffers of the last call on this thread, reused by the next.
-    static SCRATCH: Cell<Buffers> = Cell::new(Buffers::default());
+    /// `B`'s buffers of the last call on this thread, reused by the next.
+    static COLUMNS: Cell<ColumnBuffers> = Cell::new(ColumnBuffers::default());
+    /// The row buffers of the last band this thread ran, reused by the next.
+    static ROWS_KEPT: Cell<RowBuffers> = Cell::new(RowBuffers::default());
 }
 
-impl Buffers {
+impl ColumnBuffers {
     /// This thread's buffers (empty when a call on this thread holds them).
-    fn take() -> Buffers {
-        SCRATCH.with(|c| c.take())
+    fn take() -> Self {
+        COLUMNS.with(|c| c.take())
     }
 
     /// Back to the thread, unless large.
     fn keep(self) {
-        let len = self.a.len()
-            + self.b.len()
-            + self.b_bytes.len()
-            + self.a_units.len()
-            + self.b_units.len();
-        if len <= KEEP {
-            SCRATCH.with(|c| c.set(self));
+        if self.codes.len() + self.bytes.len() + self.units.len() <= KEEP {
+            COLUMNS.with(|c| c.set(self));
+        }
+    }
+}
+
+impl RowBuffers {
+    /// This thread's buffers (empty when a band on this thread holds them).
+    fn take() -> Self {
+        ROWS_KEPT.with(|c| c.take())
+    }
+
+    /// Back to the thread, unless large.
+    fn keep(self) {
+        if self.rows.len() + self.units.len() <= KEEP {
+            ROWS_KEPT.with(|c| c.set(self));
         }
     }
 }
@@ -83,15 +101,12 @@ fn padded(n: usize) -> usize {
     n.div_ceil(LANES) * LANES
 }
 
-/// The operands of one GEMM in the kernel's layout, in `bufs.a`, `bufs.b` and (for a
-/// kernel that reads them) `bufs.b_bytes`.
-struct Layout {
+/// What the kernel needs of `B` besides its buffers ([`ColumnBuffers`]).
+struct ColumnInfo {
     /// The kernel that sums.
     kernel: Kernel,
-    /// `B`'s row length in `bufs.b` (`n` padded to whole tiles).
+    /// `B`'s row length in its codes (`n` padded to whole tiles).
     stride: usize,
-    /// Rows of `A` holding a NaR.
-    row_nar: Vec<bool>,
     /// Columns of `B` holding a NaR.
     col_nar: Vec<bool>,
 }
@@ -118,13 +133,21 @@ fn transpose_padded(src: &[i16], (n, k): (usize, usize), dst: &mut [i16], stride
 }
 
 /// From f64 operands (`a` `m x k`, `b` `k x n`, row-major): each value's pattern as the
-/// operation tables find it (a value off the grid is rounded), then its key.
-fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims, kernel: Kernel) -> Layout {
+/// operation tables find it (a value off the grid is rounded), then its key. Returns the
+/// rows' NaR flags and `B`'s layout.
+fn layout_f64(
+    (rows, cols): (&mut RowBuffers, &mut ColumnBuffers),
+    a: &[f64],
+    b: &[f64],
+    (m, k, n): Dims,
+    kernel: Kernel,
+) -> (Vec<bool>, ColumnInfo) {
     let ops = OpTables::get(&Format::Posit(posit8_0())).expect("posit<8,0> has tables");
     let units = &P8Units::get().units;
     let (mut row_nar, mut col_nar) = (vec![false; m], vec![false; n]);
-    let rows = sized(&mut bufs.a, m * k);
-    rows.par_chunks_mut(k.max(1))
+    let a_rows = sized(&mut rows.rows, m * k);
+    a_rows
+        .par_chunks_mut(k.max(1))
         .zip(a[..m * k].par_chunks(k.max(1)))
         .zip(row_nar.par_iter_mut())
         .with_min_len(16)
@@ -136,7 +159,7 @@ fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims, kernel:
             }
         });
     let stride = padded(n);
-    let codes = sized(&mut bufs.b, k * stride);
+    let codes = sized(&mut cols.codes, k * stride);
     for (row, src) in codes
         .chunks_mut(stride.max(1))
         .zip(b.chunks(n.max(1)))
@@ -150,81 +173,97 @@ fn layout_f64(bufs: &mut Buffers, a: &[f64], b: &[f64], (m, k, n): Dims, kernel:
         row[n..].fill(0);
     }
     if kernel.reads_bytes() {
-        to_bytes(codes, (k, stride), &mut bufs.b_bytes);
+        to_bytes(codes, (k, stride), &mut cols.bytes);
     }
-    Layout {
+    let info = ColumnInfo {
         kernel,
         stride,
-        row_nar,
+        col_nar,
+    };
+    (row_nar, info)
+}
+
+/// `B` from f32 not yet rounded, stored as it is (`k x n`, converted row by row, its
+/// columns' NaR flags read from the f32 values) or transposed (`n x k`, a linear layer's
+/// weight: converted as stored, then transposed): rounded and converted to units by
+/// [`IntOperand`], then to codes (and bytes, for a kernel that reads them). `par` spreads
+/// the conversion over the rayon pool.
+fn layout_columns_f32(
+    bufs: &mut ColumnBuffers,
+    b: Operand,
+    (k, n): (usize, usize),
+    kernel: Kernel,
+    par: bool,
+) -> ColumnInfo {
+    let conv = IntOperand::get(posit8_0()).expect("posit<8,0> has an operand table");
+    let mut col_nar = vec![false; n];
+    let mut t_nar = vec![false; k];
+    let stride = padded(n);
+    let ColumnBuffers {
+        codes,
+        bytes,
+        units,
+    } = bufs;
+    let units = sized(units, n * k);
+    let codes = sized(codes, k * stride);
+    if b.transposed {
+        // Bᵀ (n x k) as stored: a row per column of B, with its NaR flag.
+        conv.fill(b.data, false, (n, k), units, &mut col_nar, par);
+        to_codes(units);
+        transpose_padded(units, (n, k), codes, stride);
+    } else {
+        conv.fill(b.data, false, (k, n), units, &mut t_nar, par);
+        for (t, row) in codes.chunks_mut(stride.max(1)).enumerate().take(k) {
+            row[..n].copy_from_slice(&units[t * n..t * n + n]);
+            row[n..].fill(0);
+            to_codes(&mut row[..n]);
+            if t_nar[t] {
+                let src = &b.data[t * n..t * n + n];
+                for (flag, x) in col_nar.iter_mut().zip(src) {
+                    *flag |= !x.is_finite();
+                }
+            }
+        }
+    }
+    if kernel.reads_bytes() {
+        to_bytes(codes, (k, stride), bytes);
+    }
+    ColumnInfo {
+        kernel,
+        stride,
         col_nar,
     }
 }
 
-/// From f32 operands not yet rounded, each in either layout: rounded and converted to units
-/// by [`IntOperand`], then to keys. `B` stored as it is (`k x n`) is converted row by row
-/// and its columns' NaR flags read from the f32 values; stored transposed (`n x k`, a
-/// linear layer's weight) it is converted as stored and transposed.
-fn layout_f32(
-    bufs: &mut Buffers,
-    (a, b): (Operand, Operand),
-    (m, k, n): Dims,
-    kernel: Kernel,
+/// Rows `rows` of `A` (`m x k`, f32 not yet rounded, stored as it is or transposed) as
+/// table rows in `bufs.rows`, through units as [`layout_columns_f32`] makes them; returns
+/// their NaR flags. A band of a transposed `A` is gathered first (its values are `k` runs,
+/// one per stored row). `par` spreads the conversion over the rayon pool.
+fn layout_rows_f32(
+    bufs: &mut RowBuffers,
+    a: Operand,
+    (m, k): (usize, usize),
+    rows: std::ops::Range<usize>,
     par: bool,
-) -> Layout {
+) -> Vec<bool> {
     let conv = IntOperand::get(posit8_0()).expect("posit<8,0> has an operand table");
-    let (mut row_nar, mut col_nar) = (vec![false; m], vec![false; n]);
-    let mut t_nar = vec![false; k];
-    let stride = padded(n);
-    let Buffers {
-        a: a_rows,
-        b: codes,
-        b_bytes,
-        a_units,
-        b_units,
-    } = bufs;
-    let a_units = sized(a_units, m * k);
-    let b_units = sized(b_units, n * k);
-    let codes = sized(codes, k * stride);
-    let mut fill_a = || {
-        conv.fill(a.data, a.transposed, (m, k), a_units, &mut row_nar, par);
-        to_rows(a_units, sized(a_rows, m * k));
-    };
-    let mut fill_b = || {
-        if b.transposed {
-            // Bᵀ (n x k) as stored: a row per column of B, with its NaR flag.
-            conv.fill(b.data, false, (n, k), b_units, &mut col_nar, par);
-            to_codes(b_units);
-            transpose_padded(b_units, (n, k), codes, stride);
-        } else {
-            conv.fill(b.data, false, (k, n), b_units, &mut t_nar, par);
-            for (t, row) in codes.chunks_mut(stride.max(1)).enumerate().take(k) {
-                row[..n].copy_from_slice(&b_units[t * n..t * n + n]);
-                row[n..].fill(0);
-                to_codes(&mut row[..n]);
-                if t_nar[t] {
-                    let src = &b.data[t * n..t * n + n];
-                    for (flag, x) in col_nar.iter_mut().zip(src) {
-                        *flag |= !x.is_finite();
-                    }
-                }
-            }
-        }
-        if kernel.reads_bytes() {
-            to_bytes(codes, (k, stride), b_bytes);
-        }
-    };
-    if par {
-        rayon::join(fill_a, fill_b);
+    let len = rows.len();
+    let mut row_nar = vec![false; len];
+    let units = sized(&mut bufs.units, len * k);
+    if !a.transposed {
+        let src = &a.data[rows.start * k..rows.end * k];
+        conv.fill(src, false, (len, k), units, &mut row_nar, par);
+    } else if len == m {
+        conv.fill(&a.data[..k * m], true, (m, k), units, &mut row_nar, par);
     } else {
-        fill_a();
-        fill_b();
+        let band: Vec<f32> = (0..k)
+            .flat_map(|u| &a.data[u * m + rows.start..u * m + rows.end])
+            .copied()
+            .collect();
+        conv.fill(&band, true, (len, k), units, &mut row_nar, par);
     }
-    Layout {
-        kernel,
-        stride,
-        row_nar,
-        col_nar,
-    }
+    to_rows(units, sized(&mut bufs.rows, len * k));
+    row_nar
 }
 
 /// The bias terms in units (`None` for NaR), per row or per column.
@@ -264,37 +303,39 @@ impl BiasUnits {
     }
 }
 
-/// The GEMM on operands in the kernel's layout: each output as `to(Some(units))`, or
-/// `to(None)` where it is NaR.
-fn run<T: Send>(
-    bufs: &Buffers,
-    layout: &Layout,
-    (m, k, n): Dims,
+/// The outputs of a band of rows of `A` (`a_rows`, `rows x k` table rows, with their NaR
+/// flags; row `first` of the GEMM first) into `out` (`rows x n`), each as
+/// `to(Some(units))`, or `to(None)` where it is NaR; the kernel's rows two at a time,
+/// spread over the rayon pool where `parallel`.
+#[allow(clippy::too_many_arguments)]
+fn sum_band<T: Send>(
+    (a_rows, row_nar, first): (&[u8], &[bool], usize),
+    (cols, info): (&ColumnBuffers, &ColumnInfo),
+    (k, n): (usize, usize),
     bias: &BiasUnits,
-    (out, parallel): (&mut [T], bool),
+    out: &mut [T],
+    parallel: bool,
     to: impl Fn(Option<i16>) -> T + Sync,
 ) {
-    if n == 0 || m == 0 {
+    if n == 0 || out.is_empty() {
         return;
     }
     let tables = P8Units::get();
-    let stride = layout.stride;
+    let stride = info.stride;
     let group = |g: usize, dst: &mut [T], acc: &mut Vec<i16>| {
-        let first = g * ROWS;
+        let r0 = g * ROWS;
         let rows = dst.len() / n;
-        let a: Vec<&[u8]> = (first..first + rows)
-            .map(|i| &bufs.a[i * k..i * k + k])
-            .collect();
+        let a: Vec<&[u8]> = (r0..r0 + rows).map(|r| &a_rows[r * k..r * k + k]).collect();
         let b = Columns {
-            codes: &bufs.b,
+            codes: &cols.codes,
             stride,
-            bytes: &bufs.b_bytes,
+            bytes: &cols.bytes,
         };
-        sums(layout.kernel, tables, &a, &b, k, sized(acc, rows * stride));
+        sums(info.kernel, tables, &a, &b, k, sized(acc, rows * stride));
         for (r, (o, c)) in dst.chunks_mut(n).zip(acc.chunks(stride)).enumerate() {
-            let i = first + r;
+            let i = first + r0 + r;
             for (j, (o, &c)) in o.iter_mut().zip(c).enumerate() {
-                let nar = layout.row_nar[i] || layout.col_nar[j];
+                let nar = row_nar[r0 + r] || info.col_nar[j];
                 *o = to(match bias.at(i, j) {
                     _ if nar => None,
                     None => Some(c),
@@ -304,7 +345,6 @@ fn run<T: Send>(
             }
         }
     };
-    let out = &mut out[..m * n];
     if parallel {
         out.par_chunks_mut(ROWS * n)
             .enumerate()
@@ -324,27 +364,74 @@ fn run<T: Send>(
 pub fn gemm_f64(a: &[f64], b: &[f64], dims: Dims, bias: Bias, out: &mut [f64], parallel: bool) {
     let (m, k, n) = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
-    let mut bufs = Buffers::take();
-    let layout = layout_f64(&mut bufs, a, b, dims, Kernel::best());
+    let (mut rows, mut cols) = (RowBuffers::take(), ColumnBuffers::take());
+    let (row_nar, info) = layout_f64((&mut rows, &mut cols), a, b, dims, Kernel::best());
     let bias = BiasUnits::new(bias);
-    run(&bufs, &layout, dims, &bias, (out, parallel), |u| {
-        u.map_or(f64::NAN, |u| f64::from(u) / 64.0)
-    });
-    bufs.keep();
+    sum_band(
+        (&rows.rows, &row_nar, 0),
+        (&cols, &info),
+        (k, n),
+        &bias,
+        &mut out[..m * n],
+        parallel,
+        |u| u.map_or(f64::NAN, |u| f64::from(u) / 64.0),
+    );
+    rows.keep();
+    cols.keep();
 }
 
 /// [`gemm_f64`] from f32 operands not yet rounded to posit<8,0> (each in either layout,
 /// rounded to nearest even), the bias already rounded: the outputs as f32 (NaR as NaN).
+///
+/// `B` is laid out once, on the calling thread. Where `parallel` and `A` has enough rows
+/// ([`Threading::of`]), the output rows are cut into one band per thread of rayon's pool,
+/// shared with the caller through [`crate::team`], each band laying out its rows of `A`
+/// and summing them.
 pub fn gemm_f32(a: Operand, b: Operand, dims: Dims, bias: Bias, parallel: bool) -> Vec<f32> {
     let (m, k, n) = dims;
     assert!(a.data.len() >= m * k && b.data.len() >= k * n);
-    let mut bufs = Buffers::take();
-    let layout = layout_f32(&mut bufs, (a, b), dims, Kernel::best(), parallel);
+    let kernel = Kernel::best();
     let bias = BiasUnits::new(bias);
     let mut out = vec![0f32; m * n];
-    run(&bufs, &layout, dims, &bias, (&mut out, parallel), |u| {
-        u.map_or(f32::NAN, |u| f32::from(u) / 64.0)
-    });
-    bufs.keep();
+    if m == 0 || n == 0 {
+        return out;
+    }
+    let (bands, inside) = match Threading::of(parallel, dims) {
+        Threading::Serial => (1, false),
+        Threading::Bands(b) => (b, false),
+        Threading::Inside => (1, true),
+    };
+    let mut cols = ColumnBuffers::take();
+    let cols_ref = &mut cols;
+    let columns = move || {
+        // Moving the borrow out makes this closure `FnOnce`, free to hand it on.
+        let cols = cols_ref;
+        let info = layout_columns_f32(cols, b, (k, n), kernel, inside);
+        (&*cols, info)
+    };
+    // Bands of whole pairs of rows (the kernel's rows).
+    let band_rows = m.div_ceil(bands).div_ceil(ROWS) * ROWS;
+    let band = |(cols, info): &(&ColumnBuffers, ColumnInfo), (r0, out): (usize, &mut [f32])| {
+        let len = out.len() / n;
+        let mut rows = RowBuffers::take();
+        let row_nar = layout_rows_f32(&mut rows, a, (m, k), r0..r0 + len, inside);
+        sum_band(
+            (&rows.rows, &row_nar, r0),
+            (cols, info),
+            (k, n),
+            &bias,
+            out,
+            inside,
+            |u| u.map_or(f32::NAN, |u| f32::from(u) / 64.0),
+        );
+        rows.keep();
+    };
+    let tasks: Vec<_> = out
+        .chunks_mut(band_rows * n)
+        .enumerate()
+        .map(|(t, o)| (t * band_rows, o))
+        .collect();
+    crate::team::run(bands - 1, columns, tasks, band);
+    cols.keep();
     out
 }
