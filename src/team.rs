@@ -4,9 +4,10 @@
 //! `rayon::join` and the parallel iterators called from a thread outside the pool hand the
 //! whole job to the pool and put the caller to sleep until it is done; inside, each split
 //! waits for an idle worker to wake and steal its half. Where waking a thread takes tens
-//! of microseconds (a parked virtual CPU: about 50 µs on the 2-vCPU machines qcandle is
-//! benchmarked on, measured in the round trip of an empty `rayon::spawn` after 300 µs of
-//! idleness), a GEMM of 300 µs split that way runs no faster than on one thread.
+//! of microseconds (a parked virtual CPU: on the 2-vCPU machines qcandle is benchmarked
+//! on, an empty `rayon::spawn` after 300 µs of idleness starts about 50 µs later, and the
+//! caller learns it is done about 100 µs after the spawn), a GEMM of 300 µs split that
+//! way runs no faster than on one thread.
 //!
 //! [`run`] instead keeps the caller working: it asks the pool for helpers, computes the
 //! tasks' shared input itself meanwhile (the part every task needs, such as a GEMM's
@@ -15,6 +16,9 @@
 //! finds fewer tasks left, or none; the caller never sleeps waiting for one to wake, and
 //! once no task is left unclaimed it spins (yielding) only until the ones being run are
 //! done. Which thread runs a task never changes its result.
+//!
+//! The tasks should not call into rayon themselves: from a caller outside the pool, such a
+//! call would again put the caller to sleep until a worker is free to take it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -126,6 +130,7 @@ struct Board<S, T, R> {
 impl<S: Send + Sync, T: Send, R: Send> Board<S, T, R> {
     /// Waits for the shared input, then claims and runs tasks until none is left.
     fn help(&self, work: &(impl Fn(&S, T) -> R + Sync)) {
+        let mut spins = 0u32;
         let shared = loop {
             if let Some(s) = self.shared.get() {
                 break s;
@@ -133,7 +138,13 @@ impl<S: Send + Sync, T: Send, R: Send> Board<S, T, R> {
             if self.abandoned.load(Ordering::Acquire) {
                 return;
             }
-            std::hint::spin_loop();
+            // Yield now and then, in case this thread shares a CPU with the caller.
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         };
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
