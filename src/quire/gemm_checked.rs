@@ -233,8 +233,8 @@ fn view(data: &[f64], transposed: bool, (rows, cols): (usize, usize)) -> Strided
 /// the bound left to the exact path. The caller checks [`applies`].
 ///
 /// `B` is rounded once, on the calling thread. Where `parallel` and `A` has enough rows
-/// ([`Threading::of`]), the output rows are cut into one band per thread of rayon's pool,
-/// shared with the caller through [`crate::team`]: each band rounds its rows of `A` and
+/// (`team::Threading::of`), the output rows are cut into one band per thread of rayon's pool,
+/// shared with the caller through `crate::team`: each band rounds its rows of `A` and
 /// runs its own serial f64 GEMM and check, so that a call hands work to the pool once
 /// (the f64 GEMM's own threading hands it over twice per block of `k`, each time waiting
 /// for a sleeping worker to wake).

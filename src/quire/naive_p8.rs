@@ -15,7 +15,7 @@
 //! A NaR operand (NaN or ±Inf) makes its row or column of outputs NaR, as does a NaR bias
 //! term; the kernels read 0 in its place and the output is overwritten. From f32, the
 //! output's rows are cut into one band per thread, each laying out its own rows of `A`
-//! ([`crate::team`]); from f64, rows go to the rayon pool two at a time (the kernel's rows).
+//! (`crate::team`); from f64, rows go to the rayon pool two at a time (the kernel's rows).
 
 use std::cell::Cell;
 
@@ -384,8 +384,8 @@ pub fn gemm_f64(a: &[f64], b: &[f64], dims: Dims, bias: Bias, out: &mut [f64], p
 /// rounded to nearest even), the bias already rounded: the outputs as f32 (NaR as NaN).
 ///
 /// `B` is laid out once, on the calling thread. Where `parallel` and `A` has enough rows
-/// ([`Threading::of`]), the output rows are cut into one band per thread of rayon's pool,
-/// shared with the caller through [`crate::team`], each band laying out its rows of `A`
+/// (`team::Threading::of`), the output rows are cut into one band per thread of rayon's pool,
+/// shared with the caller through `crate::team`, each band laying out its rows of `A`
 /// and summing them.
 pub fn gemm_f32(a: Operand, b: Operand, dims: Dims, bias: Bias, parallel: bool) -> Vec<f32> {
     let (m, k, n) = dims;
