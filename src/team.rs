@@ -54,6 +54,32 @@ impl Threading {
             Threading::Inside
         }
     }
+
+    /// How many bands of rows to cut, and whether each band threads inside.
+    pub(crate) fn bands(self) -> (usize, bool) {
+        match self {
+            Threading::Serial => (1, false),
+            Threading::Bands(b) => (b, false),
+            Threading::Inside => (1, true),
+        }
+    }
+}
+
+/// The tasks of [`run`] for `bands` bands of a GEMM's output (`out`, rows of `n` values):
+/// each band's first row and its rows of `out`, bands of a whole multiple of `multiple`
+/// rows but the last.
+pub(crate) fn row_bands<V>(
+    out: &mut [V],
+    n: usize,
+    bands: usize,
+    multiple: usize,
+) -> Vec<(usize, &mut [V])> {
+    let rows = out.len() / n.max(1);
+    let band_rows = rows.div_ceil(bands.max(1)).div_ceil(multiple) * multiple;
+    out.chunks_mut((band_rows * n).max(1))
+        .enumerate()
+        .map(|(t, o)| (t * band_rows, o))
+        .collect()
 }
 
 /// `run(&shared(), task)` for every task, on the calling thread and up to `helpers` threads
@@ -190,6 +216,45 @@ impl Drop for Abandon<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shapes the GEMM tests run in bands (`tests/quire_checked.rs`,
+    /// `tests/naive_p8_lanes.rs`, on pools of 2-4 threads) do run in bands.
+    #[test]
+    fn threading_of_the_banded_test_shapes_and_of_small_or_flat_gemms() {
+        let of = |threads: usize, parallel: bool, dims| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            pool.install(|| Threading::of(parallel, dims))
+        };
+        assert_eq!(of(2, true, (37, 61, 41)), Threading::Bands(2));
+        assert_eq!(of(3, true, (37, 61, 41)), Threading::Bands(2));
+        assert_eq!(of(3, true, (70, 40, 30)), Threading::Bands(3));
+        assert_eq!(of(4, true, (33, 45, 50)), Threading::Bands(2));
+        assert_eq!(of(4, false, (70, 40, 30)), Threading::Serial);
+        assert_eq!(of(1, true, (70, 40, 30)), Threading::Serial);
+        assert_eq!(of(4, true, (9, 70, 13)), Threading::Serial);
+        assert_eq!(of(4, true, (16, 4096, 4096)), Threading::Inside);
+    }
+
+    #[test]
+    fn row_bands_cover_every_row_once_in_whole_multiples() {
+        for (rows, n, bands, multiple) in [(37, 3, 2, 2), (70, 1, 3, 1), (5, 4, 4, 2), (0, 3, 2, 1)]
+        {
+            let mut out = vec![0u8; rows * n];
+            let tasks = row_bands(&mut out, n, bands, multiple);
+            assert!(tasks.len() <= bands.max(1));
+            let mut next = 0;
+            for (i, (first, o)) in tasks.iter().enumerate() {
+                assert_eq!(*first, next, "{rows} rows, band {i}");
+                let len = o.len() / n;
+                assert!(i + 1 == tasks.len() || len % multiple == 0);
+                next += len;
+            }
+            assert_eq!(next, rows);
+        }
+    }
 
     #[test]
     fn every_task_runs_once_in_order_of_results() {

@@ -17,10 +17,13 @@
 mod common;
 #[path = "common/isa_cap.rs"]
 mod isa_cap;
+#[path = "common/layouts.rs"]
+mod layouts;
 
 use common::{Mismatches, SplitMix};
 use half::f16;
 use isa_cap::on_every_isa;
+use layouts::Layouts;
 use qcandle::format::Rounding;
 use qcandle::quire::gemm_cpu::{naive_gemm, Bias, OpTables};
 use qcandle::quire::p8_fp16;
@@ -28,7 +31,6 @@ use qcandle::quire::p8_lanes::{self, to_codes, to_rows, Kernel};
 use qcandle::quire::p8_units::{
     lane_code, magnitude_pattern, round_sum, row_index, P8Units, MAXPOS,
 };
-use qcandle::quire::quire_i16::Operand;
 use qcandle::quire::{Accumulate, GemmRule};
 use qcandle::Format;
 
@@ -526,6 +528,8 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
     let rule = GemmRule::new(&Accumulate::Naive, &p8()).unwrap().unwrap();
     let mut mm = Mismatches::default();
     let mut checked = 0;
+    // Three threads, so that the cases with enough rows run in bands on any machine.
+    let pool = layouts::pool(3);
     for (c, case) in cases().iter().enumerate() {
         let (a, b, bias) = case_patterns(case, 900 + c as u64);
         let want = reference(&ops, &a, &b, case.dims, &bias);
@@ -539,12 +543,7 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
             .iter()
             .map(|&p| f32_for(&ops, p, rng.next_u64()))
             .collect();
-        let transpose = |v: &[f32], rows: usize, cols: usize| -> Vec<f32> {
-            (0..rows * cols)
-                .map(|idx| v[(idx % rows) * cols + idx / rows])
-                .collect()
-        };
-        let (at, bt) = (transpose(&af, m, k), transpose(&bf, k, n));
+        let layouts = Layouts::new(&af, &bf, case.dims);
         let bias_v: Option<Vec<f64>> = bias
             .as_ref()
             .map(|(_, v)| v.iter().map(|&p| ops.decode[p as usize]).collect());
@@ -553,21 +552,8 @@ fn f32_gemm_equals_definition_in_every_layout_under_every_cap() {
             (Some((false, _)), Some(v)) => Bias::PerCol(v),
             _ => Bias::None,
         };
-        // Three threads, so that the cases with enough rows run in bands on any machine.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .expect("pool");
         on_every_kernel(|isa| {
-            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-                let ao = Operand {
-                    data: if a_t { &at } else { &af },
-                    transposed: a_t,
-                };
-                let bo = Operand {
-                    data: if b_t { &bt } else { &bf },
-                    transposed: b_t,
-                };
+            for ((a_t, b_t), ao, bo) in layouts.each() {
                 let got = pool
                     .install(|| rule.gemm_f32(ao, bo, case.dims, bias_arg, true))
                     .expect("naive posit<8,0> has an f32 path");

@@ -11,11 +11,14 @@
 mod common;
 #[path = "common/exact.rs"]
 mod exact;
+#[path = "common/layouts.rs"]
+mod layouts;
 #[path = "common/quire_reference.rs"]
 mod quire_reference;
 
 use common::{Mismatches, SplitMix};
 use exact::{same, Ref, Term};
+use layouts::Layouts;
 use quire_reference::quire_reference;
 
 use num_bigint::BigInt;
@@ -23,7 +26,6 @@ use qcandle::format::rounding::NearestEven;
 use qcandle::format::Posit;
 use qcandle::quire::gemm_checked;
 use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, quire_gemm_with, Accumulator, Bias};
-use qcandle::quire::quire_i16::Operand;
 
 fn posit(n: u32, es: u32) -> Posit {
     Posit::new(n, es).expect("posit")
@@ -435,10 +437,7 @@ fn the_f32_entry_in_bands_equals_the_quire() {
     let mut mm = Mismatches::default();
     let mut rng = SplitMix(910);
     for threads in [2, 3, 4] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool");
+        let pool = layouts::pool(threads);
         for shape in [
             (16, 1, 37, 61, 41),
             (16, 1, 70, 40, 30),
@@ -466,27 +465,14 @@ fn f32_entry_case(
             .collect()
     };
     let (a, b) = (round(&a32), round(&b32));
-    let transpose = |v: &[f32], rows: usize, cols: usize| -> Vec<f32> {
-        (0..rows * cols)
-            .map(|o| v[(o % rows) * cols + o / rows])
-            .collect()
-    };
-    let (at, bt) = (transpose(&a32, m, k), transpose(&b32, k, n));
+    let layouts = Layouts::new(&a32, &b32, (m, k, n));
     let col_bias: Vec<f64> = (0..n).map(|_| normalish(p, rng)).collect();
     let row_bias: Vec<f64> = (0..m).map(|_| normalish(p, rng)).collect();
     for bias in [Bias::None, Bias::PerCol(&col_bias), Bias::PerRow(&row_bias)] {
         let want = quire_reference(p, &a, &b, (m, k, n), bias);
         let mut f64_out = vec![0.0; m * n];
         let f64_fallbacks = gemm_checked::gemm_f64(p, &a, &b, (m, k, n), bias, &mut f64_out, true);
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let opa = Operand {
-                data: if ta { &at } else { &a32 },
-                transposed: ta,
-            };
-            let opb = Operand {
-                data: if tb { &bt } else { &b32 },
-                transposed: tb,
-            };
+        for ((ta, tb), opa, opb) in layouts.each() {
             for parallel in [false, true] {
                 let (got, fallbacks) =
                     gemm_checked::gemm_f32(p, opa, opb, (m, k, n), bias, parallel);

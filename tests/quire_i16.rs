@@ -11,9 +11,12 @@
 //! maxpos and below minpos, ties, signed zeros, f32 subnormals) with and without biases; and
 //! `GemmRule::gemm_f32`'s dispatch (the i16 and checked quires and naive posit<8,0>).
 
+#[path = "common/layouts.rs"]
+mod layouts;
 #[path = "common/quire_reference.rs"]
 mod quire_reference;
 
+use layouts::Layouts;
 use qcandle::backend::cpu::quantize_slice;
 use qcandle::backend::isa::{self, Isa};
 use qcandle::format::rounding::NearestEven;
@@ -519,16 +522,6 @@ fn reference(
     quire_reference(posit, &r(a), &r(b), dims, *bias)
 }
 
-fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; v.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = v[r * cols + c];
-        }
-    }
-    t
-}
-
 /// Instruction-set caps (`None`: the best, VNNI where the CPU has it) and thread settings
 /// of the f32 entry: the caps take the AVX2 and portable kernels on a CPU with AVX-512.
 /// The cap is process-wide; the other tests of this file give the same bits under any cap.
@@ -566,18 +559,10 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
                     .collect()
             };
             let (row_bias, col_bias) = (rb(&mut rng, m), rb(&mut rng, n));
-            let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+            let layouts = Layouts::new(&a, &b, (m, k, n));
             for bias in [Bias::None, Bias::PerRow(&row_bias), Bias::PerCol(&col_bias)] {
                 let want = reference(posit, &a, &b, (m, k, n), &bias);
-                for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-                    let ao = Operand {
-                        data: if a_t { &at } else { &a },
-                        transposed: a_t,
-                    };
-                    let bo = Operand {
-                        data: if b_t { &bt } else { &b },
-                        transposed: b_t,
-                    };
+                for ((a_t, b_t), ao, bo) in layouts.each() {
                     for (isa, parallel) in caps() {
                         isa::set_cap(isa);
                         let got =

@@ -252,22 +252,17 @@ pub fn gemm_f32(
     if m == 0 || n == 0 {
         return (out, 0);
     }
-    let (bands, parallel) = match Threading::of(parallel, dims) {
-        Threading::Serial => (1, false),
-        Threading::Bands(b) => (b, false),
-        Threading::Inside => (1, true),
-    };
+    let (bands, parallel) = Threading::of(parallel, dims).bands();
     // `B` (k x n): stored as is, or as its transpose (n x k); its norms run along its
     // columns. Rounded once, on the calling thread, while the helpers wake.
     let b_shape = if b.transposed { (n, k) } else { (k, n) };
     let prepare_b = || prepare(posit, &b.data[..k * n], b_shape, b.transposed, parallel);
-    let band_rows = m.div_ceil(bands);
     // Rows `r0..` of the output (`out` holds them) from rows `r0..` of `A`.
     let band = |(bv, b_norms): &(Scratch<f64>, Vec<f64>), (r0, out): (usize, &mut [f32])| {
         let rows = out.len() / n;
-        let (av, a_norms, a_transposed) = prepare_rows(posit, a, (m, k), r0..r0 + rows, parallel);
+        let (av, a_norms) = prepare_rows(posit, a, (m, k), r0..r0 + rows, parallel);
         let ops = Prepared {
-            a: view(&av, a_transposed, (rows, k)),
+            a: view(&av, a.transposed, (rows, k)),
             b: view(bv, b.transposed, (k, n)),
             a_norms: &a_norms,
             b_norms,
@@ -287,11 +282,7 @@ pub fn gemm_f32(
             parallel,
         )
     };
-    let tasks: Vec<_> = out
-        .chunks_mut(band_rows * n)
-        .enumerate()
-        .map(|(t, o)| (t * band_rows, o))
-        .collect();
+    let tasks = crate::team::row_bands(&mut out, n, bands, 1);
     let fallbacks = crate::team::run(bands - 1, prepare_b, tasks, band)
         .into_iter()
         .sum();
@@ -299,31 +290,20 @@ pub fn gemm_f32(
 }
 
 /// Rows `rows` of `A` (`m x k`, stored as is or transposed) rounded to the posit in f64,
-/// with their 2-norms, and whether the values are stored transposed (`k x rows`).
+/// with their 2-norms, stored as `A` is (`k x rows` where transposed).
 fn prepare_rows(
     posit: Posit,
     a: Operand,
     (m, k): (usize, usize),
     rows: std::ops::Range<usize>,
     parallel: bool,
-) -> (Scratch<f64>, Vec<f64>, bool) {
-    let len = rows.len();
-    if !a.transposed {
-        let src = &a.data[rows.start * k..rows.end * k];
-        let (v, norms) = prepare(posit, src, (len, k), true, parallel);
-        return (v, norms, false);
-    }
-    // Stored `k x m`: the band is `len` consecutive values of each of the `k` rows.
-    if len == m {
-        let (v, norms) = prepare(posit, &a.data[..k * m], (k, m), false, parallel);
-        return (v, norms, true);
-    }
-    let mut band = scratch::take::<f32>(k * len);
-    for (u, dst) in band.chunks_mut(len).enumerate() {
-        dst.copy_from_slice(&a.data[u * m + rows.start..u * m + rows.end]);
-    }
-    let (v, norms) = prepare(posit, &band, (k, len), false, parallel);
-    (v, norms, true)
+) -> (Scratch<f64>, Vec<f64>) {
+    let shape = if a.transposed {
+        (k, rows.len())
+    } else {
+        (rows.len(), k)
+    };
+    prepare(posit, &a.band((m, k), rows), shape, !a.transposed, parallel)
 }
 
 /// `(f(), g())`, on the rayon pool when `parallel`.

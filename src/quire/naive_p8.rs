@@ -237,8 +237,8 @@ fn layout_columns_f32(
 
 /// Rows `rows` of `A` (`m x k`, f32 not yet rounded, stored as it is or transposed) as
 /// table rows in `bufs.rows`, through units as [`layout_columns_f32`] makes them; returns
-/// their NaR flags. A band of a transposed `A` is gathered first (its values are `k` runs,
-/// one per stored row). `par` spreads the conversion over the rayon pool.
+/// their NaR flags (a band of a transposed `A` gathered first: `Operand::band`). `par`
+/// spreads the conversion over the rayon pool.
 fn layout_rows_f32(
     bufs: &mut RowBuffers,
     a: Operand,
@@ -250,18 +250,8 @@ fn layout_rows_f32(
     let len = rows.len();
     let mut row_nar = vec![false; len];
     let units = sized(&mut bufs.units, len * k);
-    if !a.transposed {
-        let src = &a.data[rows.start * k..rows.end * k];
-        conv.fill(src, false, (len, k), units, &mut row_nar, par);
-    } else if len == m {
-        conv.fill(&a.data[..k * m], true, (m, k), units, &mut row_nar, par);
-    } else {
-        let band: Vec<f32> = (0..k)
-            .flat_map(|u| &a.data[u * m + rows.start..u * m + rows.end])
-            .copied()
-            .collect();
-        conv.fill(&band, true, (len, k), units, &mut row_nar, par);
-    }
+    let band = a.band((m, k), rows);
+    conv.fill(&band, a.transposed, (len, k), units, &mut row_nar, par);
     to_rows(units, sized(&mut bufs.rows, len * k));
     row_nar
 }
@@ -396,11 +386,7 @@ pub fn gemm_f32(a: Operand, b: Operand, dims: Dims, bias: Bias, parallel: bool) 
     if m == 0 || n == 0 {
         return out;
     }
-    let (bands, inside) = match Threading::of(parallel, dims) {
-        Threading::Serial => (1, false),
-        Threading::Bands(b) => (b, false),
-        Threading::Inside => (1, true),
-    };
+    let (bands, inside) = Threading::of(parallel, dims).bands();
     let mut cols = ColumnBuffers::take();
     let cols_ref = &mut cols;
     let columns = move || {
@@ -409,8 +395,6 @@ pub fn gemm_f32(a: Operand, b: Operand, dims: Dims, bias: Bias, parallel: bool) 
         let info = layout_columns_f32(cols, b, (k, n), kernel, inside);
         (&*cols, info)
     };
-    // Bands of whole pairs of rows (the kernel's rows).
-    let band_rows = m.div_ceil(bands).div_ceil(ROWS) * ROWS;
     let band = |(cols, info): &(&ColumnBuffers, ColumnInfo), (r0, out): (usize, &mut [f32])| {
         let len = out.len() / n;
         let mut rows = RowBuffers::take();
@@ -426,11 +410,8 @@ pub fn gemm_f32(a: Operand, b: Operand, dims: Dims, bias: Bias, parallel: bool) 
         );
         rows.keep();
     };
-    let tasks: Vec<_> = out
-        .chunks_mut(band_rows * n)
-        .enumerate()
-        .map(|(t, o)| (t * band_rows, o))
-        .collect();
+    // Bands of whole pairs of rows (the kernel's rows).
+    let tasks = crate::team::row_bands(&mut out, n, bands, ROWS);
     crate::team::run(bands - 1, columns, tasks, band);
     cols.keep();
     out

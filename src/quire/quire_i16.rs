@@ -58,6 +58,27 @@ impl<'a> Operand<'a> {
         let t = super::layer_io::transpose(&self.data[..rows * cols], cols, rows);
         std::borrow::Cow::Owned(t)
     }
+
+    /// The values of rows `band` of the operand (`rows x cols`), stored as the operand is:
+    /// row-major (`band.len() x cols`, a slice of the data) or, where it is stored
+    /// transposed, as their transpose (`cols x band.len()`, gathered from the `cols` stored
+    /// rows unless the band is every row).
+    pub(crate) fn band(
+        &self,
+        (rows, cols): (usize, usize),
+        band: std::ops::Range<usize>,
+    ) -> std::borrow::Cow<'a, [f32]> {
+        use std::borrow::Cow;
+        if !self.transposed {
+            Cow::Borrowed(&self.data[band.start * cols..band.end * cols])
+        } else if band.len() == rows {
+            Cow::Borrowed(&self.data[..cols * rows])
+        } else {
+            let runs =
+                (0..cols).flat_map(|u| &self.data[u * rows + band.start..u * rows + band.end]);
+            Cow::Owned(runs.copied().collect())
+        }
+    }
 }
 
 /// An integer matrix with a NaR flag per row.
