@@ -26,7 +26,10 @@
 //! baseline, at 128x400x120 and, for the settings fast enough, 1024³.
 //!
 //! Run: `cargo bench --bench gemm` (add `-- 128x400x120` to run one shape, `-- accumulate/`
-//! for the layer groups only).
+//! for the layer groups only). `QCANDLE_BENCH_ISA=avx2` (or `portable`) caps the instruction
+//! set qcandle's kernels use (`qcandle::backend::isa::set_cap`), to time a narrower CPU's
+//! compiled paths on a wider one; candle's matmul is not capped, so such ratios understate
+//! the narrower CPU's.
 
 /// The tool's CPU thread settings, applied before the first candle op.
 #[path = "../src/bin/qcandle/threads.rs"]
@@ -51,8 +54,24 @@ const FORMATS: &[(&str, Accumulator)] = &[
 
 type Op = fn(&Tensor, &Tensor, &Format) -> candle_core::Result<Tensor>;
 
+/// Applies `QCANDLE_BENCH_ISA` (module docs), once per process.
+fn cap_isa() {
+    use qcandle::backend::isa::{set_cap, Isa};
+    let Ok(name) = std::env::var("QCANDLE_BENCH_ISA") else {
+        return;
+    };
+    let isa = match name.as_str() {
+        "portable" => Isa::Portable,
+        "avx2" => Isa::Avx2,
+        "avx512" => Isa::Avx512,
+        other => panic!("QCANDLE_BENCH_ISA={other}: expected portable, avx2 or avx512"),
+    };
+    set_cap(Some(isa));
+}
+
 fn bench_gemm(c: &mut Criterion) {
     threads::tune_cpu_threads();
+    cap_isa();
     for &(m, k, n) in SHAPES {
         let big = m * k * n >= 1 << 28;
         let a = Tensor::from_vec(
@@ -124,6 +143,7 @@ const SETTINGS: &[(&str, &str, bool)] = &[
 
 fn bench_accumulate(c: &mut Criterion) {
     threads::tune_cpu_threads();
+    cap_isa();
     for &(m, k, n) in SHAPES {
         let big = m * k * n >= 1 << 28;
         let x = Tensor::from_vec(

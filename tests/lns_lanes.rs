@@ -4,18 +4,25 @@
 //! fallback, the table implementation), odd shapes and partial tiles, biases per row and per
 //! column, zeros, exact cancellation, saturation, flush to zero, operands outside the range,
 //! NaN, and differences next to the singularity of db where the f64 path leaves the
-//! decision to the exact evaluation; and the 32-bit AVX-512 kernel of the exact tables at
+//! decision to the exact evaluation; and the 32-bit kernel (AVX-512 and AVX2) of the exact tables at
 //! its bounds (`|k| <= 2^28`, formats up to 30 bits, and the i64 kernels past them), tiles
-//! of every width and row pairs with zero operands in one row.
+//! of every width and row pairs with zero operands in one row. The f32 entry of the layers
+//! (`qcandle::quire::gemm_lns::lns_gemm_f32`) in bands of rows on pools of 2 to 4 threads,
+//! every operand layout, against the definition on the operands' nearest codes.
 
 mod common;
 #[path = "common/isa_cap.rs"]
 mod isa_cap;
+#[path = "common/layouts.rs"]
+mod layouts;
 
 use common::SplitMix;
 use isa_cap::on_every_isa;
+use layouts::{pool, Layouts};
 use qcandle::format::lns::Lns;
 use qcandle::lns::{lns_gemm_lanes, GaussLog, LnsArith, LnsBias, LnsError, LnsValue, LANES};
+use qcandle::quire::gemm_cpu::Bias;
+use qcandle::quire::gemm_lns::lns_gemm_f32;
 
 /// The definition: `c = 0; c = c + a b` for `p` ascending; `c = c + bias`.
 fn scalar(
@@ -399,6 +406,110 @@ fn tiles_of_every_width_equal_the_definition() {
                 }
                 let b = codes(l, k * n, 2, 6, &mut rng);
                 check(&ar, &a, &b, (m, k, n), "widths");
+            }
+        }
+    }
+}
+
+/// `len` f32s within `2^±spread` of 1 (one in 97 times `2^100`, past the range of lns<16,8>
+/// and lns<12,4>: they saturate), one in `zeros` zero.
+fn f32s(len: usize, spread: f64, zeros: u64, rng: &mut SplitMix) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            if rng.below(zeros) == 0 {
+                0.0
+            } else {
+                let e = (rng.below(1 << 20) as f64 / f64::from(1 << 20) * 2.0 - 1.0) * spread;
+                let far = if i % 97 == 5 { 2f64.powi(100) } else { 1.0 };
+                let x = (2f64.powf(e) * far) as f32;
+                if rng.coin() {
+                    -x
+                } else {
+                    x
+                }
+            }
+        })
+        .collect()
+}
+
+/// The f32 entry (bands of rows on pools of 2 to 4 threads, parallel or not, every layout,
+/// every instruction set) against the definition on the nearest codes, output by output:
+/// the exact tables in 32-bit lanes (lns<16,8>, with saturated operands and products), the f64
+/// evaluation (lns<20,12>) and the table implementation (lns<12,4>), with no bias, a bias
+/// per row and per column, zeros, a NaN in a row of the second band (its row is NaN, the
+/// others unchanged) and a NaN in `B` (its column is NaN).
+#[test]
+fn the_f32_entry_in_bands_equals_the_definition() {
+    let mut rng = SplitMix(41);
+    let table = GaussLog::Table {
+        grid_bits: 2,
+        guard_bits: 0,
+    };
+    let cases = [
+        ((16, 8), GaussLog::Ideal, (37, 61, 41)),
+        ((16, 8), GaussLog::Truncated, (70, 40, 30)),
+        ((20, 12), GaussLog::Ideal, (40, 33, 20)),
+        ((12, 4), table, (36, 20, 9)),
+    ];
+    for ((w, f), gauss, dims @ (m, k, n)) in cases {
+        let l = Lns::new(w, f).unwrap();
+        let ar = LnsArith::new(l, gauss).unwrap();
+        let mut a = f32s(m * k, 3.0, 6, &mut rng);
+        let mut b = f32s(k * n, 3.0, 6, &mut rng);
+        for nan in [None, Some(true), Some(false)] {
+            match nan {
+                // Row 20 lies in the second band of any split of these shapes.
+                Some(true) => a[20 * k + 3] = f32::NAN,
+                Some(false) => b[2 * n + 4] = f32::NAN,
+                None => {}
+            }
+            let row_bias = f32s(m, 2.0, 5, &mut rng);
+            let col_bias = f32s(n, 2.0, 5, &mut rng);
+            let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+            let (row_bias, col_bias) = (wide(&row_bias), wide(&col_bias));
+            let near = |v: &[f32]| -> Vec<LnsValue> {
+                v.iter()
+                    .map(|&x| LnsValue::nearest(l, f64::from(x)))
+                    .collect()
+            };
+            let near64 = |v: &[f64]| -> Vec<LnsValue> {
+                v.iter().map(|&x| LnsValue::nearest(l, x)).collect()
+            };
+            let (ac, bc) = (near(&a), near(&b));
+            let (rc, cc) = (near64(&row_bias), near64(&col_bias));
+            let layouts = Layouts::new(&a, &b, dims);
+            for (bias, lns_bias) in [
+                (Bias::None, LnsBias::None),
+                (Bias::PerRow(&row_bias), LnsBias::PerRow(&rc)),
+                (Bias::PerCol(&col_bias), LnsBias::PerCol(&cc)),
+            ] {
+                let want: Vec<f32> = scalar(&ar, &ac, &bc, dims, lns_bias)
+                    .iter()
+                    .map(|v| v.to_f64(l) as f32)
+                    .collect();
+                match nan {
+                    Some(true) => assert!(want[20 * n..21 * n].iter().all(|v| v.is_nan())),
+                    Some(false) => assert!((0..m).all(|i| want[i * n + 4].is_nan())),
+                    None => assert!(want.iter().all(|v| !v.is_nan())),
+                }
+                on_every_isa(|isa| {
+                    for threads in [2, 3, 4] {
+                        pool(threads).install(|| {
+                            for (layout, opa, opb) in layouts.each() {
+                                for parallel in [true, false] {
+                                    let got = lns_gemm_f32(&ar, opa, opb, dims, bias, parallel);
+                                    let bad = (0..want.len())
+                                        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+                                        .count();
+                                    assert_eq!(
+                                        bad, 0,
+                                        "lns<{w},{f}> {gauss:?} {dims:?} nan {nan:?} {bias:?} {isa:?} {threads} threads, transposed {layout:?}, parallel {parallel}"
+                                    );
+                                }
+                            }
+                        });
+                    }
+                });
             }
         }
     }

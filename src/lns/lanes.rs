@@ -31,17 +31,19 @@
 //!   lane by lane. A zero `a[i][p]` skips
 //!   step `p` for the whole tile (every product is zero, and `c ⊕ 0 = c` for every `c` in
 //!   the range). Rows run in parallel.
-//! * On AVX-512 the exact tables run in 32-bit lanes instead where the format and the
-//!   operands allow it (`|k| <= 2^28`: formats up to 30 bits), sixteen lanes per gather,
-//!   two rows of `A` per pass ([`super::lanes_i32`], which shows why its one formula gives
-//!   every case of the addition).
+//! * On AVX-512 and AVX2 the exact tables run in 32-bit lanes instead where the format
+//!   and the operands allow it (`|k| <= 2^28`: formats up to 30 bits), sixteen or eight
+//!   lanes per gather, two rows of `A` per pass ([`super::lanes_i32`], which shows why its
+//!   one formula gives every case of the addition). A step whose products all lie in the
+//!   range (known from each row of `B`'s smallest and largest exponent) skips bringing
+//!   them in.
 //! * Operands come from f64 (and go back) through tables for `f <= 10`
 //!   (`format::lns_small_f`: the boundaries of nearest rounding, the values of
 //!   `2^(r/2^f)`), built from the exact paths.
-//! * A NaN anywhere in the operands sends the whole product to the scalar definition (NaN
-//!   absorbs, and is rare).
-
-use rayon::prelude::*;
+//! * `B` is packed once ([`PackedRight`]) for any number of bands of rows of `A`
+//!   ([`gemm_rows`]), which is how the layers' GEMMs split over threads.
+//! * A NaN anywhere in the operands sends the product (of the band) to the scalar
+//!   definition (NaN absorbs, and is rare).
 
 use super::arith::LnsArith;
 use super::error::LnsError;
@@ -130,12 +132,17 @@ impl Range {
     }
 }
 
-/// A finite or zero value packed (NaN is handled before packing).
+/// The packed NaN: below [`ZERO`] and every packed value; it never enters a kernel (a NaN
+/// anywhere sends the product to the scalar definition).
+const NAN: i64 = i64::MIN;
+
+/// A value packed: `k << 1 | sign`, [`ZERO`] or [`NAN`].
 #[inline]
-fn pack(v: LnsValue) -> i64 {
+pub(crate) fn pack(v: LnsValue) -> i64 {
     match v {
         LnsValue::Finite { negative, k } => ((k as i64) << 1) | i64::from(negative),
-        LnsValue::Zero | LnsValue::NaN => ZERO,
+        LnsValue::Zero => ZERO,
+        LnsValue::NaN => NAN,
     }
 }
 
@@ -144,11 +151,59 @@ fn pack(v: LnsValue) -> i64 {
 pub(super) fn unpack(c: i64) -> LnsValue {
     if c == ZERO {
         LnsValue::Zero
+    } else if c == NAN {
+        LnsValue::NaN
     } else {
         LnsValue::Finite {
             negative: c & 1 == 1,
             k: (c >> 1) as i32,
         }
+    }
+}
+
+/// The right operand `B` (`k x n`) of [`gemm_rows`], packed once for the products of any
+/// number of bands of rows of `A`.
+pub(crate) struct PackedRight {
+    /// The packed codes ([`pack`]), row-major.
+    codes: Vec<i64>,
+    /// The inner dimension.
+    k: usize,
+    /// The columns.
+    n: usize,
+    /// Whether a code is NaN.
+    nan: bool,
+    /// `B` laid out for the 32-bit kernel, where it runs for this format and `B`.
+    #[cfg(target_arch = "x86_64")]
+    lanes32: Option<lanes_i32::Right>,
+}
+
+impl PackedRight {
+    /// `B` from its packed codes ([`pack`], row-major `k x n`) in `arith`'s arithmetic.
+    pub(crate) fn new(arith: &LnsArith, codes: Vec<i64>, (k, n): (usize, usize)) -> Self {
+        assert_eq!(codes.len(), k * n, "B is k x n");
+        let nan = codes.contains(&NAN);
+        #[cfg(target_arch = "x86_64")]
+        let lanes32 = match arith.sums() {
+            SumsRef::Exact(_) if !nan => lanes_i32::Right::new(range_of(arith), &codes, k),
+            _ => None,
+        };
+        PackedRight {
+            codes,
+            k,
+            n,
+            nan,
+            #[cfg(target_arch = "x86_64")]
+            lanes32,
+        }
+    }
+}
+
+/// The range of `arith`'s format.
+fn range_of(arith: &LnsArith) -> Range {
+    let lns = arith.lns();
+    Range {
+        k_min: lns.k_min(),
+        k_max: lns.k_max(),
     }
 }
 
@@ -183,44 +238,67 @@ pub fn lns_gemm_lanes(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let (a, b, out) = (&a[..m * k], &b[..k * n], &mut out[..m * n]);
+    // Packing is linear in the operands' size, the product cubic: it runs on this thread.
+    let ap: Vec<i64> = a[..m * k].iter().map(|&v| pack(v)).collect();
+    let right = PackedRight::new(arith, b[..k * n].iter().map(|&v| pack(v)).collect(), (k, n));
+    gemm_rows(arith, &ap, &right, m, bias, &mut out[..m * n], parallel);
+    Ok(())
+}
+
+/// `out = A · B [+ bias]` as [`lns_gemm_lanes`] does, for `A`'s packed codes ([`pack`],
+/// `m x k`) and `B` packed once ([`PackedRight`]); `bias` the values of these rows (per
+/// row) or of every column. Any part of a product's rows gives the same bits as the whole.
+pub(crate) fn gemm_rows(
+    arith: &LnsArith,
+    ap: &[i64],
+    right: &PackedRight,
+    m: usize,
+    bias: LnsBias,
+    out: &mut [LnsValue],
+    parallel: bool,
+) {
+    let (k, n) = (right.k, right.n);
+    assert!(ap.len() >= m * k && out.len() >= m * n);
+    let (ap, bp, out) = (&ap[..m * k], &right.codes[..], &mut out[..m * n]);
     let bias_slice = match bias {
         LnsBias::PerRow(v) => &v[..m],
         LnsBias::PerCol(v) => &v[..n],
         LnsBias::None => &[],
     };
-    let nan = |v: &[LnsValue]| v.par_iter().any(|x| x.is_nan());
-    if nan(a) || nan(b) || nan(bias_slice) {
-        scalar(arith, a, b, (m, k, n), bias, out, parallel);
-        return Ok(());
+    if right.nan || ap.contains(&NAN) || bias_slice.iter().any(|x| x.is_nan()) {
+        let values = |codes: &[i64]| codes.iter().map(|&c| unpack(c)).collect::<Vec<_>>();
+        scalar(
+            arith,
+            &values(ap),
+            &values(bp),
+            (m, k, n),
+            bias,
+            out,
+            parallel,
+        );
+        return;
     }
-    let lns = arith.lns();
-    let range = Range {
-        k_min: lns.k_min(),
-        k_max: lns.k_max(),
-    };
+    let range = range_of(arith);
     // Operands outside the range keep their exact k, as `LnsArith` reads them: packing
     // holds any i32 k, and sums of two stay far from i64's limits.
-    let ap: Vec<i64> = a.par_iter().map(|&v| pack(v)).collect();
-    let bp: Vec<i64> = b.par_iter().map(|&v| pack(v)).collect();
     let biasp: Vec<i64> = bias_slice.iter().map(|&v| pack(v)).collect();
     let packed = Packed {
         range,
-        a: &ap,
-        b: &bp,
+        a: ap,
+        b: bp,
         bias: &biasp,
     };
     let dims = (m, k, n);
     match arith.sums() {
         #[cfg(target_arch = "x86_64")]
-        SumsRef::Exact(s) if lanes_i32::applies(range, &ap, &bp) => {
-            lanes_i32::gemm(s, range, &ap, &bp, dims, bias, &biasp, out, parallel)
+        SumsRef::Exact(s) if right.lanes32.is_some() && lanes_i32::takes_rows(ap) => {
+            let b32 = right.lanes32.as_ref().expect("checked");
+            lanes_i32::gemm(s, range, ap, b32, dims, bias, &biasp, out, parallel)
         }
         SumsRef::Exact(s) => tiles(s, lanes_vec::row, &packed, dims, bias, out, parallel),
         SumsRef::F64(s) => tiles(s, lanes_vec::row, &packed, dims, bias, out, parallel),
         SumsRef::Table(s) => tiles(s, row_tiles, &packed, dims, bias, out, parallel),
     }
-    Ok(())
 }
 
 /// The packed operands and the format's range.

@@ -1,7 +1,7 @@
 //! The fast LNS matrix product ([`super::lanes`]) for the exact tables (`f <= 10`) in
-//! 32-bit lanes: AVX-512 intrinsics, sixteen lanes per vector and per gather, for formats
-//! and operands whose exponents fit the bounds below. The same bits as the scalar
-//! definition, which [`super::lanes`] states.
+//! 32-bit lanes: sixteen lanes per vector and per gather in AVX-512, eight in AVX2 (the
+//! submodule `avx2`, the same steps), for formats and operands whose exponents fit the
+//! bounds below. The same bits as the scalar definition, which [`super::lanes`] states.
 //!
 //! # Representation
 //!
@@ -46,7 +46,7 @@
 //!
 //! # Tiles
 //!
-//! A row runs in tiles of four vectors (64 columns) against one row of `A` and the next
+//! A row runs in tiles of four vectors (64 columns in AVX-512, 32 in AVX2) against one row of `A` and the next
 //! row of `A` together (two rows per pass share the loads of `B` and double the
 //! independent chains that hide the gathers' latency); the last tile of a row is one to
 //! four vectors, the last one masked (its unused lanes compute bounded values that are
@@ -57,14 +57,18 @@
 //! The gathers dominate: sixteen table reads per vector and step, which the processor
 //! serves at about one element per cycle however they are issued (two 8-lane gathers, a
 //! 16-bit table, or scalar reads measured no faster). The rest of a step is about
-//! seventeen vector instructions. Without AVX-512 (or past the bounds) the product runs in
-//! the 64-bit lanes of [`super::lanes_vec`], with the same results.
+//! seventeen vector instructions (nineteen in AVX2, whose eight-lane gathers serve about
+//! as many elements per cycle). Without AVX2 (or past the bounds) the product runs in the
+//! 64-bit lanes of [`super::lanes_vec`], with the same results.
 
 use std::arch::x86_64::*;
 
 use super::gauss::ExactTables;
 use super::lanes::{bring_operand, unpack, LnsBias, Range, ZERO};
 use super::value::LnsValue;
+use crate::backend::isa::{self, Isa};
+
+mod avx2;
 
 /// The exponent of zero.
 const ZK: i32 = -(1 << 30);
@@ -93,66 +97,114 @@ pub(super) fn table(sb: &[i64], sb_far: i64, db: &[i64], db_far: i64) -> Vec<i32
     t
 }
 
-/// True where the kernel can run: AVX-512, a range within `±(2^28 - 1)` and every operand
-/// with `|k| <= 2^28`.
-pub(super) fn applies(range: Range, ap: &[i64], bp: &[i64]) -> bool {
-    let fits = |c: &i64| *c == ZERO || (*c >> 1).abs() <= K_BOUND;
-    available()
-        && range.k_min() > -K_BOUND
-        && range.k_max() < K_BOUND
-        && ap.iter().all(fits)
-        && bp.iter().all(fits)
+/// `B`'s exponents ([`ZK`] for zero) and signs (0, or -1 for negative: all ones, so that
+/// the signs select the `db` half of the table with one `and`), row-major, for the
+/// kernel: built where the kernel applies to the format and to `B`.
+pub(super) struct Right {
+    bk: Vec<i32>,
+    bs: Vec<i32>,
+    /// Each row's smallest and largest exponent ([`ZK`] the smallest where it holds a zero).
+    bounds: Vec<(i32, i32)>,
 }
 
-fn available() -> bool {
-    crate::backend::isa::active() == crate::backend::isa::Isa::Avx512
-}
-
-/// `B` split into exponents ([`ZK`] for zero) and signs (0, or -1 for negative: all ones,
-/// so that the signs select the `db` half of the table with one `and`).
-fn split(bp: &[i64]) -> (Vec<i32>, Vec<i32>) {
-    bp.iter()
-        .map(|&c| {
-            if c == ZERO {
-                (ZK, 0)
-            } else {
-                ((c >> 1) as i32, -((c & 1) as i32))
-            }
+impl Right {
+    /// `B` (packed codes of `rows` rows, no NaN) laid out for the kernel, or `None` where the kernel does
+    /// not run: a CPU (or cap) without AVX2, a range past `±(2^28 - 1)` or an operand of
+    /// `B` with `|k| > 2^28`.
+    pub(super) fn new(range: Range, bp: &[i64], rows: usize) -> Option<Right> {
+        let runs = kernel().is_some()
+            && range.k_min() > -K_BOUND
+            && range.k_max() < K_BOUND
+            && bp.iter().all(fits);
+        runs.then(|| {
+            let (bk, bs): (Vec<i32>, Vec<i32>) = bp
+                .iter()
+                .map(|&c| {
+                    if c == ZERO {
+                        (ZK, 0)
+                    } else {
+                        ((c >> 1) as i32, -((c & 1) as i32))
+                    }
+                })
+                .unzip();
+            let n = bp.len() / rows.max(1);
+            let bounds = bk
+                .chunks(n.max(1))
+                .map(|row| {
+                    let lo = row.iter().copied().min().unwrap_or(0);
+                    let hi = row.iter().copied().max().unwrap_or(0);
+                    (lo, hi)
+                })
+                .collect();
+            Right { bk, bs, bounds }
         })
-        .unzip()
+    }
+}
+
+/// Whether the kernel takes the rows `ap` of `A` (packed codes, no NaN): every operand with
+/// `|k| <= 2^28`.
+pub(super) fn takes_rows(ap: &[i64]) -> bool {
+    ap.iter().all(fits)
+}
+
+/// A packed operand the kernel takes: zero, or `|k| <= 2^28`.
+fn fits(c: &i64) -> bool {
+    *c == ZERO || (*c >> 1).abs() <= K_BOUND
+}
+
+/// The compiled kernel for the active instruction set (AVX-512 or AVX2), if any.
+fn kernel() -> Option<Isa> {
+    match isa::active() {
+        Isa::Avx512 => Some(Isa::Avx512),
+        Isa::Avx2 => Some(Isa::Avx2),
+        Isa::Portable => None,
+    }
 }
 
 /// The operands of one pass: exponents and signs of `B` (`n` columns), the table and the
-/// range as vectors.
+/// range.
 struct Pass<'a> {
     bk: &'a [i32],
     bs: &'a [i32],
+    bounds: &'a [(i32, i32)],
     n: usize,
     table: &'a [i32],
     len: i32,
     range: Range,
 }
 
-/// The product of packed codes (`ap` m x k, `bp` k x n, no NaN, [`applies`] true) into
-/// `out`: row pairs in parallel when `parallel`, each as the module docs describe, then the
-/// bias by the scalar addition.
+impl Pass<'_> {
+    /// Whether every product of the nonzero `x` (packed) with row `p` of `B` is nonzero and
+    /// within the range: then the step need not bring it in.
+    #[inline(always)]
+    fn in_range(&self, x: i64, p: usize) -> bool {
+        let (lo, hi) = self.bounds[p];
+        let kx = x >> 1;
+        kx + i64::from(lo) >= self.range.k_min() && kx + i64::from(hi) <= self.range.k_max()
+    }
+}
+
+/// The product of packed codes (`ap` m x k with [`takes_rows`] true, `right` the kernel's
+/// `B`, k x n, no NaN) into `out`: row pairs in parallel when `parallel`, each as the
+/// module docs describe, then the bias by the scalar addition.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm(
     sums: &ExactTables,
     range: Range,
     ap: &[i64],
-    bp: &[i64],
+    right: &Right,
     (m, k, n): (usize, usize, usize),
     bias: LnsBias,
     biasp: &[i64],
     out: &mut [LnsValue],
     parallel: bool,
 ) {
-    let (bk, bs) = split(bp);
+    let isa = kernel().expect("Right::new checked that a kernel runs");
     let table = sums.lane_table();
     let pass = Pass {
-        bk: &bk,
-        bs: &bs,
+        bk: &right.bk,
+        bs: &right.bs,
+        bounds: &right.bounds,
         n,
         table,
         len: sums.len() as i32,
@@ -167,9 +219,14 @@ pub(super) fn gemm(
         } else {
             a0
         };
+        debug_assert_eq!(right.bounds.len(), k);
         let mut codes = vec![ZERO; 2 * n];
-        // SAFETY: `applies` checked that the CPU has AVX-512 F/BW/DQ/VL.
-        unsafe { row_pair(&pass, a0, a1, &mut codes) };
+        match isa {
+            // SAFETY: `kernel` returns AVX-512 only where the CPU has F/BW/DQ/VL.
+            Isa::Avx512 => unsafe { row_pair(&pass, a0, a1, &mut codes) },
+            // SAFETY: `kernel` returns AVX2 only where the CPU has AVX2 and FMA.
+            _ => unsafe { avx2::row_pair(&pass, a0, a1, &mut codes) },
+        }
         for (r, dst_row) in dst.chunks_mut(n).enumerate() {
             let i = i0 + r;
             for (j, (d, &c)) in dst_row.iter_mut().zip(&codes[r * n..]).enumerate() {
@@ -201,6 +258,16 @@ pub(super) fn gemm(
     }
 }
 
+/// The packed code of a lane's exponent and sign.
+#[inline(always)]
+fn code(k: i32, s: i32) -> i64 {
+    if k == ZK {
+        ZERO
+    } else {
+        (i64::from(k) << 1) | i64::from(s & 1)
+    }
+}
+
 /// Rows `a0` and `a1` of the product (the same slice when there is one row), as packed
 /// codes into `codes` (`2 n`: the first row, then the second).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
@@ -222,12 +289,7 @@ fn row_pair(pass: &Pass, a0: &[i64], a1: &[i64], codes: &mut [i64]) {
         }
         for r in 0..2 {
             for jj in 0..width {
-                let (kk, s) = (k_out[r][jj], s_out[r][jj]);
-                codes[r * n + j0 + jj] = if kk == ZK {
-                    ZERO
-                } else {
-                    (i64::from(kk) << 1) | i64::from(s & 1)
-                };
+                codes[r * n + j0 + jj] = code(k_out[r][jj], s_out[r][jj]);
             }
         }
         j0 += width;
@@ -246,9 +308,11 @@ struct Consts {
 }
 
 /// One step of one vector: `(k, s) = (k, s) ⊕ (kx + ky, sx ^ sy)` (see the module docs).
+/// `CLAMP` false: every product is known nonzero and within the range
+/// ([`Pass::in_range`]), so it is not brought into the range.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-fn step(
+fn step<const CLAMP: bool>(
     c: &Consts,
     kx: __m512i,
     sx: __m512i,
@@ -258,9 +322,11 @@ fn step(
     s: &mut __m512i,
 ) {
     // The product brought into the range (a zero operand flushes).
-    let kp = _mm512_add_epi32(kx, ky);
-    let under = _mm512_cmplt_epi32_mask(kp, c.k_min);
-    let kp = _mm512_mask_mov_epi32(_mm512_min_epi32(kp, c.k_max), under, c.zk);
+    let mut kp = _mm512_add_epi32(kx, ky);
+    if CLAMP {
+        let under = _mm512_cmplt_epi32_mask(kp, c.k_min);
+        kp = _mm512_mask_mov_epi32(_mm512_min_epi32(kp, c.k_max), under, c.zk);
+    }
     let sp = _mm512_xor_si512(sx, sy);
     // The sum.
     let u = _mm512_abs_epi32(_mm512_sub_epi32(*k, kp));
@@ -327,6 +393,7 @@ fn tile<const V: usize>(
         }
         let (kx0, sx0) = split(x0);
         let (kx1, sx1) = split(x1);
+        let (in0, in1) = (pass.in_range(x0, p), pass.in_range(x1, p));
         let at = p * n + j0;
         let bk = &pass.bk[at..];
         let bs = &pass.bs[at..];
@@ -340,11 +407,15 @@ fn tile<const V: usize>(
                 )
             };
             // A zero a[i][p] skips the step of its row (`c ⊕ 0 = c`).
-            if !z0 {
-                step(&c, kx0, sx0, ky, sy, &mut k0[v], &mut s0[v]);
+            match (z0, in0) {
+                (true, _) => {}
+                (false, true) => step::<false>(&c, kx0, sx0, ky, sy, &mut k0[v], &mut s0[v]),
+                (false, false) => step::<true>(&c, kx0, sx0, ky, sy, &mut k0[v], &mut s0[v]),
             }
-            if !z1 {
-                step(&c, kx1, sx1, ky, sy, &mut k1[v], &mut s1[v]);
+            match (z1, in1) {
+                (true, _) => {}
+                (false, true) => step::<false>(&c, kx1, sx1, ky, sy, &mut k1[v], &mut s1[v]),
+                (false, false) => step::<true>(&c, kx1, sx1, ky, sy, &mut k1[v], &mut s1[v]),
             }
         }
     }

@@ -126,7 +126,7 @@ mod error;
 mod exact;
 mod gauss;
 mod gauss_f64;
-mod lanes;
+pub(crate) mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod lanes_i32;
 mod lanes_vec;
