@@ -6,18 +6,22 @@
 //! Posits and floats, `naive` and `naive:<A>` (also mixing posit and float), odd shapes
 //! with partial tiles, bias per column and per row, and edge values: zeros, values near
 //! minpos and maxpos (saturation), products below the float's range, NaR and NaN, float
-//! overflow.
+//! overflow. The f32 entry (`NaiveF32::gemm_f32`) in bands of rows on pools of 2 to 4
+//! threads, every operand layout, against the f64 entry.
 //!
 //! The cap is process-wide, so the tests of this file take a lock while they hold one.
 
 mod common;
 #[path = "common/isa_cap.rs"]
 mod isa_cap;
+#[path = "common/layouts.rs"]
+mod layouts;
 #[path = "common/operands.rs"]
 mod operands;
 
 use common::SplitMix;
 use isa_cap::on_every_isa;
+use layouts::{pool, Layouts};
 use operands::values;
 use qcandle::backend::f32_plan::F32Plan;
 use qcandle::format::rounding::RuleKind;
@@ -835,4 +839,80 @@ fn posit_n0_products_and_sums_of_every_pair_equal_the_definition() {
             );
         }
     });
+}
+
+/// The f32 entry of the register kernel, in bands of rows (pools of 2, 3 and 4 threads,
+/// parallel or not), against its f64 entry (which the tests above hold to the definition)
+/// output by output: every operand layout, operands rounded by the entry or already
+/// rounded, no bias, a bias per row and per column, and a NaN or NaR in a row of the second
+/// band and in `B` (their row and column take the definition's path).
+#[test]
+fn the_f32_entry_in_bands_equals_the_f64_entry() {
+    use qcandle::quire::{Accumulate, GemmRule};
+    let mut rng = SplitMix(29);
+    for (op, acc, dims @ (m, k, n)) in [
+        ("posit<16,1>", None, (37, 61, 41)),
+        ("e4m3", Some("fp16"), (70, 40, 30)),
+        ("posit<8,0>", None, (33, 20, 70)),
+        ("fp16", None, (40, 33, 17)),
+    ] {
+        let format = fmt(op);
+        let kernel = match acc {
+            None => NaiveF32::new(&format),
+            Some(acc) => NaiveF32::with_accumulator(&format, &fmt(acc), false),
+        }
+        .expect("the register kernel");
+        let rule = GemmRule::new(&Accumulate::Naive, &format)
+            .expect("rule")
+            .expect("not f32");
+        let scale = format.max_finite().expect("finite") / 64.0;
+        let mut draw = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| ((rng.next_u32() as f64 / 2f64.powi(31) - 1.0) * scale) as f32)
+                .collect()
+        };
+        let (mut a, mut b) = (draw(m * k), draw(k * n));
+        let (row_bias, col_bias) = (rule.operands(&draw(m)), rule.operands(&draw(n)));
+        for nan in [false, true] {
+            if nan {
+                // Row 20 lies in the second band of any split of these shapes.
+                a[20 * k + 3] = f32::NAN;
+                b[2 * n + 4] = f32::NAN;
+            }
+            let (av, bv) = (rule.operands(&a), rule.operands(&b));
+            let as_f32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            let (ar, br) = (as_f32(&av), as_f32(&bv));
+            for bias in [Bias::None, Bias::PerRow(&row_bias), Bias::PerCol(&col_bias)] {
+                let mut want = vec![0.0; m * n];
+                kernel.gemm(&av, &bv, dims, bias, &mut want, false);
+                on_every_isa(|isa| {
+                    for (round, layouts) in [
+                        (true, Layouts::new(&a, &b, dims)),
+                        (false, Layouts::new(&ar, &br, dims)),
+                    ] {
+                        for threads in [2, 3, 4] {
+                            pool(threads).install(|| {
+                                for (layout, opa, opb) in layouts.each() {
+                                    for parallel in [true, false] {
+                                        let got: Vec<f32> = kernel
+                                            .gemm_f32(opa, opb, dims, bias, parallel, round)
+                                            .expect("the f32 entry runs");
+                                        let bad = got
+                                            .iter()
+                                            .zip(&want)
+                                            .filter(|(g, w)| !same(f64::from(**g), **w as f32 as f64))
+                                            .count();
+                                        assert_eq!(
+                                            bad, 0,
+                                            "{op} {acc:?} {dims:?} nan {nan} {bias:?} {isa:?} {threads} threads, transposed {layout:?}, parallel {parallel}, round {round}"
+                                        );
+                                    }
+                                }
+                            });
+                        }
+                    }
+                });
+            }
+        }
+    }
 }

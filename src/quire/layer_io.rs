@@ -54,7 +54,7 @@ pub(crate) fn transpose<T: Copy + Default + Send + Sync>(
     cols: usize,
 ) -> Vec<T> {
     let mut t = vec![T::default(); rows * cols];
-    transpose_into(v, rows, cols, &mut t, rows);
+    transpose_into(v, rows, cols, &mut t, rows, true);
     t
 }
 
@@ -62,16 +62,17 @@ pub(crate) fn transpose<T: Copy + Default + Send + Sync>(
 const TRANSPOSE_TASK: usize = 1 << 14;
 
 /// `src` (`rows x cols`, row-major) transposed into the first `rows` elements of each of
-/// `cols` rows of `dst`, `dst_stride` apart (the rest of each row is left as it is), in
-/// parallel. A task writes a band of whole rows of `dst` (at least [`TRANSPOSE_TASK`]
-/// elements, however short the rows), reading `src` in tiles of 16 x 16 so that both sides
-/// use whole cache lines.
+/// `cols` rows of `dst`, `dst_stride` apart (the rest of each row is left as it is), on the
+/// rayon pool when `parallel`. A task writes a band of whole rows of `dst` (at least
+/// [`TRANSPOSE_TASK`] elements, however short the rows), reading `src` in tiles of 16 x 16
+/// so that both sides use whole cache lines.
 pub(crate) fn transpose_into<T: Copy + Send + Sync>(
     src: &[T],
     rows: usize,
     cols: usize,
     dst: &mut [T],
     dst_stride: usize,
+    parallel: bool,
 ) {
     const TILE: usize = 16;
     if rows == 0 || cols == 0 {
@@ -79,23 +80,32 @@ pub(crate) fn transpose_into<T: Copy + Send + Sync>(
     }
     assert!(dst_stride >= rows && dst.len() >= (cols - 1) * dst_stride + rows);
     let band = TRANSPOSE_TASK.div_ceil(rows).next_multiple_of(TILE);
-    dst.par_chunks_mut(band * dst_stride)
-        .take(cols.div_ceil(band))
-        .enumerate()
-        .for_each(|(bi, out)| {
-            let j0 = bi * band;
-            let width = band.min(cols - j0);
-            for i0 in (0..rows).step_by(TILE) {
-                for jt in (0..width).step_by(TILE) {
-                    for i in i0..(i0 + TILE).min(rows) {
-                        let line = &src[i * cols + j0..][..width];
-                        for j in jt..(jt + TILE).min(width) {
-                            out[j * dst_stride + i] = line[j];
-                        }
+    let task = |(bi, out): (usize, &mut [T])| {
+        let j0 = bi * band;
+        let width = band.min(cols - j0);
+        for i0 in (0..rows).step_by(TILE) {
+            for jt in (0..width).step_by(TILE) {
+                for i in i0..(i0 + TILE).min(rows) {
+                    let line = &src[i * cols + j0..][..width];
+                    for j in jt..(jt + TILE).min(width) {
+                        out[j * dst_stride + i] = line[j];
                     }
                 }
             }
-        });
+        }
+    };
+    let bands = cols.div_ceil(band);
+    if parallel {
+        dst.par_chunks_mut(band * dst_stride)
+            .take(bands)
+            .enumerate()
+            .for_each(task);
+    } else {
+        dst.chunks_mut(band * dst_stride)
+            .take(bands)
+            .enumerate()
+            .for_each(task);
+    }
 }
 
 /// Kernel outputs as the f32 a tensor holds.
@@ -232,7 +242,7 @@ mod tests {
             assert!((0..rows * cols).all(|e| t[(e % cols) * rows + e / cols] == src[e]));
             for stride in [rows, rows + 5] {
                 let mut dst = vec![u32::MAX; cols * stride];
-                transpose_into(&src, rows, cols, &mut dst, stride);
+                transpose_into(&src, rows, cols, &mut dst, stride, stride > rows);
                 for j in 0..cols {
                     for i in 0..rows {
                         assert_eq!(
@@ -248,7 +258,7 @@ mod tests {
             }
         }
         let mut none: Vec<u32> = Vec::new();
-        transpose_into(&[], 0, 5, &mut none, 0);
-        transpose_into(&[], 5, 0, &mut none, 5);
+        transpose_into(&[], 0, 5, &mut none, 0, true);
+        transpose_into(&[], 5, 0, &mut none, 5, false);
     }
 }

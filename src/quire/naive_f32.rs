@@ -45,6 +45,7 @@ use crate::backend::f32_plan::F32Plan;
 use crate::format::float::{Overflow, Specials};
 use crate::format::rounding::{NearestEven, RuleKind};
 use crate::format::Format;
+use crate::team::{self, Threading};
 
 /// `v` narrowed to f32 with rounding to odd (inputs inside f32's normal range).
 #[inline(always)]
@@ -173,6 +174,39 @@ fn special_tile(
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// Whether every value of `v` is finite (a pass without early exits, which vectorises).
+fn finite(v: &[f32]) -> bool {
+    v.iter().fold(true, |all, x| all & x.is_finite())
+}
+
+/// For each tile of [`TILE`] columns of `bf` (`k` rows of `stride`), whether its values are
+/// all finite.
+fn tile_finite(bf: &[f32], k: usize, stride: usize) -> Vec<bool> {
+    let mut tiles = vec![true; stride / TILE];
+    for row in bf[..k * stride].chunks_exact(stride.max(1)) {
+        for (f, part) in tiles.iter_mut().zip(row.chunks_exact(TILE)) {
+            *f &= finite(part);
+        }
+    }
+    tiles
+}
+
+/// `prepare(src, dst)` in pieces of 4096 values, on the rayon pool when `parallel`.
+fn prepare_chunks(
+    prepare: &(impl Fn(&[f32], &mut [f32]) + Sync),
+    src: &[f32],
+    dst: &mut [f32],
+    parallel: bool,
+) {
+    if parallel {
+        dst.par_chunks_mut(4096)
+            .zip(src.par_chunks(4096))
+            .for_each(|(d, s)| prepare(s, d));
+    } else {
+        prepare(src, dst);
+    }
 }
 
 /// `B` (`k x n`) as f32 rows padded with zeros to whole tiles (`k x stride`, `stride` the
@@ -338,7 +372,9 @@ impl NaiveF32 {
         }
         let af: Vec<f32> = a[..m * k].iter().map(|&v| v as f32).collect();
         let bf = bf.expect("checked above");
-        self.tiled(&af, &bf, (m, k, n), bias, out, parallel);
+        let stride = n.div_ceil(TILE) * TILE;
+        let finite = tile_finite(&bf, k, stride);
+        self.tiled(&af, &bf, &finite, (m, k, n), bias, out, parallel);
     }
 
     /// [`NaiveF32::gemm`] straight from f32 operands not yet rounded (each in either
@@ -369,55 +405,68 @@ impl NaiveF32 {
                 dst.copy_from_slice(src);
             }
         };
-        let a_rows = a.row_major(m, k);
-        let mut af = vec![0f32; m * k];
-        if parallel {
-            af.par_chunks_mut(4096)
-                .zip(a_rows.par_chunks(4096))
-                .for_each(|(dst, src)| prepare(src, dst));
-        } else {
-            prepare(&a_rows, &mut af);
+        let mut out = vec![0f32; m * n];
+        if m == 0 || n == 0 {
+            return Some(out);
         }
-        // B (k x n) in the kernel's layout: rows padded with zeros to whole tiles.
+        let (bands, inside) = Threading::of(parallel, (m, k, n)).bands();
+        // B (k x n) in the kernel's layout, rows padded with zeros to whole tiles, and which
+        // tiles are finite: once, on the calling thread (threaded only for a single band).
         let stride = n.div_ceil(TILE) * TILE;
-        let mut bf = scratch::take::<f32>(k * stride);
-        if b.transposed {
-            // Stored as Bᵀ (n x k): rounded as it is stored, then transposed into place (in
-            // parallel whatever `parallel` says: the layers hand over transposed operands
-            // only from outside parallel loops).
-            let bt = &b.data[..n * k];
-            let rounded;
-            let bt = if round {
-                let mut r = vec![0f32; n * k];
-                r.par_chunks_mut(4096)
-                    .zip(bt.par_chunks(4096))
-                    .for_each(|(dst, src)| prepare(src, dst));
-                rounded = r;
-                &rounded[..]
+        let layout_b = || {
+            let mut bf = scratch::take::<f32>(k * stride);
+            if b.transposed {
+                // Stored as Bᵀ (n x k): rounded as it is stored, then transposed into place.
+                let bt = &b.data[..n * k];
+                let rounded;
+                let bt = if round {
+                    let mut r = vec![0f32; n * k];
+                    prepare_chunks(&prepare, bt, &mut r, inside);
+                    rounded = r;
+                    &rounded[..]
+                } else {
+                    bt
+                };
+                transpose_into(bt, n, k, &mut bf, stride, inside);
+                for row in bf.chunks_mut(stride.max(1)) {
+                    row[n..].fill(0.0);
+                }
             } else {
-                bt
-            };
-            transpose_into(bt, n, k, &mut bf, stride);
-            bf.par_chunks_mut(stride.max(1))
-                .with_min_len(256)
-                .for_each(|row| row[n..].fill(0.0));
-        } else {
-            let fill = |(t, row): (usize, &mut [f32])| {
-                prepare(&b.data[t * n..t * n + n], &mut row[..n]);
-                row[n..].fill(0.0);
-            };
-            if parallel {
-                bf.par_chunks_mut(stride.max(1))
-                    .with_min_len(64)
-                    .enumerate()
-                    .for_each(fill);
-            } else {
-                bf.chunks_mut(stride.max(1)).enumerate().for_each(fill);
+                for (t, row) in bf.chunks_mut(stride.max(1)).enumerate() {
+                    prepare(&b.data[t * n..t * n + n], &mut row[..n]);
+                    row[n..].fill(0.0);
+                }
             }
-        }
-        let mut out = vec![0f64; m * n];
-        self.tiled(&af, &bf, (m, k, n), bias, &mut out, parallel);
-        Some(out.into_iter().map(|v| v as f32).collect())
+            let finite = tile_finite(&bf, k, stride);
+            (bf, finite)
+        };
+        // Each band rounds its own rows of A and sums them.
+        let band = |(bf, finite): &(scratch::Scratch<f32>, Vec<bool>),
+                    (r0, out): (usize, &mut [f32])| {
+            let rows = out.len() / n;
+            let stored = a.band((m, k), r0..r0 + rows);
+            let mut af = vec![0f32; rows * k];
+            if a.transposed {
+                // Stored as the band's transpose (k x rows).
+                let mut t = vec![0f32; rows * k];
+                transpose_into(&stored, k, rows, &mut t, k, inside);
+                prepare_chunks(&prepare, &t, &mut af, inside);
+            } else {
+                prepare_chunks(&prepare, &stored, &mut af, inside);
+            }
+            let bias = match bias {
+                Bias::PerRow(v) => Bias::PerRow(&v[r0..r0 + rows]),
+                other => other,
+            };
+            let mut sums = vec![0f64; rows * n];
+            self.tiled(&af, bf, finite, (rows, k, n), bias, &mut sums, inside);
+            for (o, s) in out.iter_mut().zip(sums) {
+                *o = s as f32;
+            }
+        };
+        let tasks = team::row_bands(&mut out, n, bands, 1);
+        team::run(bands - 1, layout_b, tasks, band);
+        Some(out)
     }
 
     /// Whether [`NaiveF32::gemm_f32`] runs: all but `fma` into a plan accumulator with
@@ -428,11 +477,13 @@ impl NaiveF32 {
 
     /// The register kernel of [`NaiveF32::gemm`] on `af` (`m x k`, row-major) and `bf`
     /// (`k x n`, each row padded to whole tiles: see [`padded`]), both values of the
-    /// operand format (Inf and NaN allowed).
+    /// operand format (Inf and NaN allowed); `tile_finite` from [`tile_finite`].
+    #[allow(clippy::too_many_arguments)]
     fn tiled(
         &self,
         af: &[f32],
         bf: &[f32],
+        tile_finite: &[bool],
         (m, k, n): Dims,
         bias: Bias,
         out: &mut [f64],
@@ -452,17 +503,8 @@ impl NaiveF32 {
         };
         let products = self.products();
         let special = self.special_lanes();
-        // Which rows of A and which tiles of B are finite, found once for all tiles (in
-        // passes without early exits, which vectorise).
-        let finite = |v: &[f32]| v.iter().fold(true, |all, x| all & x.is_finite());
+        // Which rows of A are finite, found once for all tiles.
         let row_finite: Vec<bool> = (0..m).map(|i| finite(&af[i * k..i * k + k])).collect();
-        let tiles = stride / TILE;
-        let mut tile_finite = vec![true; tiles];
-        for row in bf[..k * stride].chunks_exact(stride.max(1)) {
-            for (f, part) in tile_finite.iter_mut().zip(row.chunks_exact(TILE)) {
-                *f &= finite(part);
-            }
-        }
         let row = |i: usize, dst: &mut [f64]| {
             let x = &af[i * k..i * k + k];
             let mut sums = vec![0f32; n];
