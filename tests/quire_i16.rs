@@ -318,22 +318,40 @@ fn check_fill(
     let xt: Vec<f32> = (0..rows * cols)
         .map(|i| xs[(i % rows) * cols + i / rows])
         .collect();
+    // Rows as they are (`fill`), and padded with zeros to 64 (`fill_padded`, into a buffer
+    // of other values: every padding element must be written).
     for (src, transposed) in [(xs, false), (&xt[..], true)] {
-        let mut dst = vec![7i16; rows * cols];
-        let mut nar = vec![false; rows];
-        table.fill(src, transposed, (rows, cols), &mut dst, &mut nar, parallel);
-        let mut bad = 0;
-        for r in 0..rows {
-            let w = want_row(r);
-            bad += usize::from(nar[r] != w.iter().any(|v| v.is_none()));
-            for (d, v) in dst[r * cols..r * cols + cols].iter().zip(w) {
-                bad += usize::from(*d != v.unwrap_or(0));
+        for stride in [cols, 64] {
+            let mut dst = vec![7i16; rows * stride];
+            let mut nar = vec![true; rows];
+            if stride == cols {
+                table.fill(src, transposed, (rows, cols), &mut dst, &mut nar, parallel);
+            } else {
+                let dims = (rows, cols);
+                table.fill_padded(
+                    src,
+                    transposed,
+                    dims,
+                    (&mut dst, stride),
+                    &mut nar,
+                    parallel,
+                );
             }
+            let mut bad = 0;
+            for r in 0..rows {
+                let w = want_row(r);
+                bad += usize::from(nar[r] != w.iter().any(|v| v.is_none()));
+                let row = &dst[r * stride..(r + 1) * stride];
+                for (d, v) in row.iter().zip(w) {
+                    bad += usize::from(*d != v.unwrap_or(0));
+                }
+                bad += row[cols..].iter().filter(|&&d| d != 0).count();
+            }
+            assert_eq!(
+                bad, 0,
+                "{posit:?} fill {cap:?} parallel {parallel} transposed {transposed} stride {stride}: {bad} differ"
+            );
         }
-        assert_eq!(
-            bad, 0,
-            "{posit:?} fill {cap:?} parallel {parallel} transposed {transposed}: {bad} differ"
-        );
     }
 }
 
@@ -588,6 +606,70 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
                         same(*g, *w) && same(*v, *w),
                         "{posit:?} f64 path: {g} {v} vs {w}"
                     );
+                }
+            }
+        }
+    }
+}
+
+/// The f32 entry in bands of rows (pools of 2, 3 and 4 threads, every instruction set,
+/// parallel or not) against the quire, output by output: every operand layout, no bias, a
+/// bias per row (offset to each band's rows) and per column, shapes whose rows split
+/// unevenly, and a NaN in a row past the first band and ±Inf in `B` (their row and column
+/// NaR).
+#[test]
+fn the_f32_entry_in_bands_equals_the_quire() {
+    let mut rng = Rng(41);
+    for posit in i16_posits() {
+        let s = posit.max_scale();
+        for &(m, k, n) in &[(70, 40, 30), (37, 61, 41), (99, 25, 33)] {
+            // Finite operands (the adversarial draw's NaN and ±Inf replaced), then one NaN
+            // in row m/2 + 1 (past the first band of any split) and ±Inf in two rows of `B`.
+            let mut finite = |len: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|_| Some(rng.value(s)).filter(|v| v.is_finite()).unwrap_or(0.75))
+                    .collect()
+            };
+            let (a, b) = (finite(m * k), finite(k * n));
+            let (row_bias, col_bias) = {
+                let r = |v: Vec<f32>| -> Vec<f64> {
+                    v.iter()
+                        .map(|&x| posit.round(f64::from(x), NearestEven, 0))
+                        .collect()
+                };
+                (r(finite(m)), r(finite(n)))
+            };
+            for special in [false, true] {
+                let (mut a, mut b) = (a.clone(), b.clone());
+                if special {
+                    a[(m / 2 + 1) * k + 3] = f32::NAN;
+                    b[2 * n + 4] = f32::INFINITY;
+                    b[(k - 1) * n] = f32::NEG_INFINITY;
+                }
+                let layouts = Layouts::new(&a, &b, (m, k, n));
+                for bias in [Bias::None, Bias::PerRow(&row_bias), Bias::PerCol(&col_bias)] {
+                    let want = reference(posit, &a, &b, (m, k, n), &bias);
+                    for threads in [2, 3, 4] {
+                        layouts::pool(threads).install(|| {
+                            for ((a_t, b_t), ao, bo) in layouts.each() {
+                                for (isa, parallel) in caps() {
+                                    isa::set_cap(isa);
+                                    let got = gemm_f32(posit, ao, bo, (m, k, n), bias, parallel)
+                                        .expect("f32 values");
+                                    isa::set_cap(None);
+                                    let bad = got
+                                        .iter()
+                                        .zip(&want)
+                                        .filter(|(g, w)| !same(f64::from(**g), **w))
+                                        .count();
+                                    assert_eq!(
+                                        bad, 0,
+                                        "{posit:?} ({m},{k},{n}) special {special} {bias:?} {threads} threads, layout {a_t}/{b_t} {isa:?} parallel {parallel}"
+                                    );
+                                }
+                            }
+                        });
+                    }
                 }
             }
         }

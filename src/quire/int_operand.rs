@@ -302,15 +302,33 @@ impl IntOperand {
         nar: &mut [bool],
         parallel: bool,
     ) {
+        self.fill_padded(src, transposed, (rows, cols), (dst, cols), nar, parallel);
+    }
+
+    /// [`IntOperand::fill`] into rows of `stride >= cols` values, the last `stride - cols` of
+    /// each row set to 0 (so that dot products over whole padded rows are unchanged).
+    pub fn fill_padded(
+        &self,
+        src: &[f32],
+        transposed: bool,
+        (rows, cols): (usize, usize),
+        (dst, stride): (&mut [i16], usize),
+        nar: &mut [bool],
+        parallel: bool,
+    ) {
         use rayon::prelude::*;
-        assert!(src.len() >= rows * cols && dst.len() >= rows * cols && nar.len() >= rows);
+        assert!(stride >= cols);
+        assert!(src.len() >= rows * cols && dst.len() >= rows * stride && nar.len() >= rows);
         if cols == 0 {
             nar[..rows].fill(false);
+            dst[..rows * stride].fill(0);
             return;
         }
         let isa = isa::active();
         let vector = !transposed && isa >= Isa::Avx2;
         let row = |(r, (out, flag)): (usize, (&mut [i16], &mut bool))| {
+            let (out, pad) = out.split_at_mut(cols);
+            pad.fill(0);
             let mut bad = false;
             let mut put = |d: &mut i16, x: f32| match self.int(x) {
                 Some(v) => *d = v,
@@ -347,15 +365,15 @@ impl IntOperand {
             }
             *flag = bad;
         };
-        let (dst, nar) = (&mut dst[..rows * cols], &mut nar[..rows]);
+        let (dst, nar) = (&mut dst[..rows * stride], &mut nar[..rows]);
         if parallel {
-            dst.par_chunks_mut(cols)
+            dst.par_chunks_mut(stride)
                 .zip(nar.par_iter_mut())
                 .enumerate()
                 .with_min_len(16)
                 .for_each(row);
         } else {
-            dst.chunks_mut(cols)
+            dst.chunks_mut(stride)
                 .zip(nar.iter_mut())
                 .enumerate()
                 .for_each(row);
