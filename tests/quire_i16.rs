@@ -167,8 +167,45 @@ fn every_int_kernel_equals_a_plain_loop() {
                 })
                 .collect()
         };
-        let a = draw(m * k);
-        let mut bt = draw(n * k);
+        check_int_kernels(&kernels, (m, k, n), draw(m * k), draw(n * k), extreme);
+    }
+    // Values of a few hundred units, whose sums the 512-bit kernels keep in i32 lanes
+    // (`int_dot::fits_i32`), at lengths past the 1024-element chunk; then products of
+    // ±4095 and ±4096 at k = 128, where row 0 and column 0 (all positive) total
+    // 128 · 4095² < 2^31 (still narrow) and 2^31 (not: an i32 would wrap).
+    for &(m, k, n, mag) in &[(6, 1100, 9, 300), (5, 2048, 7, 700), (3, 4000, 5, 100)] {
+        let mut draw = |len: usize| -> Vec<i16> {
+            (0..len)
+                .map(|_| rng.below(2 * mag + 1) as i16 - mag as i16)
+                .collect()
+        };
+        let (a, bt) = (draw(m * k), draw(n * k));
+        assert!(int_dot::fits_i32(&a, &bt, k));
+        check_int_kernels(&kernels, (m, k, n), a, bt, false);
+    }
+    for v in [4095i16, 4096] {
+        let (m, k, n) = (5, 128, 6);
+        let a: Vec<i16> = (0..m * k)
+            .map(|i| if i >= k && i % 7 == 3 { -v } else { v })
+            .collect();
+        let mut bt = vec![v; n * k];
+        bt[k..2 * k].fill(-v);
+        assert_eq!(int_dot::fits_i32(&a, &bt, k), v == 4095);
+        check_int_kernels(&kernels, (m, k, n), a, bt, false);
+    }
+}
+
+/// [`every_int_kernel_equals_a_plain_loop`] on one pair of operands: every kernel, serial
+/// and parallel, against the plain sums; `extreme` operands also make column 0 the row 0's
+/// copy and column 1 its negation (sums of ±maxpos² only).
+fn check_int_kernels(
+    kernels: &[Kernel],
+    (m, k, n): (usize, usize, usize),
+    a: Vec<i16>,
+    mut bt: Vec<i16>,
+    extreme: bool,
+) {
+    {
         if extreme {
             // Column 0 meets row 0 in +maxpos² products only; column 1 in -maxpos².
             bt[..k].copy_from_slice(&a[..k]);
@@ -187,7 +224,7 @@ fn every_int_kernel_equals_a_plain_loop() {
         if extreme {
             assert_eq!(want[0], k as i64 * (1 << 24));
         }
-        for &kernel in &kernels {
+        for &kernel in kernels {
             for parallel in [false, true] {
                 let mut got = vec![0i64; m * n];
                 int_dot::gemm_map(

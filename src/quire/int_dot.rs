@@ -13,6 +13,14 @@
 //! * **i64 totals.** The widened lanes (each at most `2^30`) are added in i64, and a dot
 //!   product of length `k` is at most `k · 2^24` in magnitude: exact for any `k < 2^39`
 //!   (the callers keep whole sums, bias included, below `2^53`).
+//! * **i32 all the way, where the operands allow** ([`fits_i32`]). If `k · max|a| ·
+//!   max|b| < 2^31`, no partial sum of any dot product's terms, in any order, leaves the
+//!   i32 range, so the 512-bit kernels sum all of `k` in their lanes and reduce the lanes in
+//!   i32 by unpacks and adds, widening only the four totals of a row instead of all
+//!   sixteen lanes of each accumulator first. That reduction runs once per 4 x 4 tile, a
+//!   real share of the work when `k` is a few hundred (a LeNet-5 layer: about 10% of the
+//!   kernel's time). Layer data of a few units (a few hundred minpos) passes; values near
+//!   maxpos pass only for `k < 128`.
 //!
 //! The sums are integers, so every kernel and every order of the additions gives the same
 //! result: it does not depend on the tiling, the CPU or the thread count.
@@ -118,9 +126,10 @@ impl Kernel {
         }
     }
 
-    /// Sixteen exact dot products: `a[r]` with `b[c]` at `[r][c]` (all of one length).
+    /// Sixteen exact dot products: `a[r]` with `b[c]` at `[r][c]` (all of one length);
+    /// `narrow` where the operands' sums fit an i32 ([`fits_i32`]).
     #[inline]
-    fn tile(self, a: [&[i16]; 4], b: [&[i16]; 4]) -> [[i64; 4]; 4] {
+    fn tile(self, a: [&[i16]; 4], b: [&[i16]; 4], narrow: bool) -> [[i64; 4]; 4] {
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY (each arm): `gemm_map` runs only kernels whose `supported()` holds, so
@@ -141,8 +150,12 @@ impl Kernel {
                     };
                     return [lo[0], lo[1], hi[0], hi[1]];
                 }
-                Kernel::Avx512 => return unsafe { tile4x4_avx512(a, b) },
-                Kernel::Avx512Vnni => return unsafe { tile4x4_avx512_vnni(a, b) },
+                Kernel::Avx512 if narrow => return unsafe { tile4x4_avx512::<true>(a, b) },
+                Kernel::Avx512 => return unsafe { tile4x4_avx512::<false>(a, b) },
+                Kernel::Avx512Vnni if narrow => {
+                    return unsafe { tile4x4_avx512_vnni::<true>(a, b) }
+                }
+                Kernel::Avx512Vnni => return unsafe { tile4x4_avx512_vnni::<false>(a, b) },
             }
         }
         a.map(|row| dot4_body(row, b))
@@ -383,20 +396,49 @@ fn reduce4_avx512(v: [std::arch::x86_64::__m512i; 4]) -> std::arch::x86_64::__m2
     _mm512_castsi512_si256(w)
 }
 
+/// The four totals of four 16-lane i32 accumulators, summed in i32 and widened at the end:
+/// exact where every partial sum of their lanes fits an i32 (the narrow tiles' bound).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn reduce4_avx512_i32(v: [std::arch::x86_64::__m512i; 4]) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // Per 128-bit lane: (v0, v1, v0, v1) and (v2, v3, v2, v3), each a sum of two lanes.
+    let t01 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let t23 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    // Per 128-bit lane: (v0, v1, v2, v3).
+    let u = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(t01, t23),
+        _mm512_unpackhi_epi64(t01, t23),
+    );
+    // The four 128-bit lanes summed.
+    let h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64::<1>(u));
+    let q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    _mm256_cvtepi32_epi64(q)
+}
+
 /// A 4 x 4 tile on 512-bit registers; `$madd(acc, x, y)` adds the pairwise products of
-/// `x` and `y` to the i32 lanes of `acc`.
+/// `x` and `y` to the i32 lanes of `acc`. `NARROW` tiles sum all of `k` in the i32 lanes
+/// and across them before widening, for operands whose sums provably fit
+/// ([`fits_i32`]); the others widen every [`AVX512_CHUNK`] elements.
 macro_rules! tile4x4_avx512_kernel {
     ($(#[$doc:meta])* $name:ident, $features:literal, $madd:expr) => {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name(a: [&[i16]; 4], b: [&[i16]; 4]) -> [[i64; 4]; 4] {
+        unsafe fn $name<const NARROW: bool>(a: [&[i16]; 4], b: [&[i16]; 4]) -> [[i64; 4]; 4] {
             use std::arch::x86_64::*;
             let k = a[0].len();
+            let chunk = if NARROW { k } else { AVX512_CHUNK };
             let mut total = [_mm256_setzero_si256(); 4];
             let mut t = 0;
             while t < k {
-                let end = (t + AVX512_CHUNK).min(k);
+                let end = (t + chunk).min(k);
                 let mut acc = [[_mm512_setzero_si512(); 4]; 4];
                 // Whole vectors, then the last `end - t < 32` elements under a mask.
                 while t + 32 <= end {
@@ -428,7 +470,12 @@ macro_rules! tile4x4_avx512_kernel {
                     t = end;
                 }
                 for r in 0..4 {
-                    total[r] = _mm256_add_epi64(total[r], reduce4_avx512(acc[r]));
+                    let sums = if NARROW {
+                        reduce4_avx512_i32(acc[r])
+                    } else {
+                        reduce4_avx512(acc[r])
+                    };
+                    total[r] = _mm256_add_epi64(total[r], sums);
                 }
             }
             let mut out = [[0i64; 4]; 4];
@@ -495,15 +542,26 @@ pub fn gemm_map<T: Send>(
     } else {
         Kernel::Portable
     };
+    let narrow = fits_i32(&a[..m * k], &bt[..n * k], k);
     walk_tiles((m, k, n), out, parallel, 4, |at, dst| {
         let p = [0, 1, 2, 3].map(|r| at.a_row(a, k, r));
         let q = [0, 1, 2, 3].map(|c| at.bt_row(bt, k, n, c));
-        let s = kernel.tile(p, q);
+        let s = kernel.tile(p, q, narrow);
         for (rr, &sums) in s.iter().enumerate().take(at.live_rows) {
             let row = (at.r + rr) * n + at.j;
             finish(at.i0 + at.r + rr, at.j, sums, &mut dst[row..row + at.cols]);
         }
     });
+}
+
+/// Whether every partial sum of products of `a`'s and `bt`'s values, `k` at most per dot
+/// product, fits an i32: `k · max|a| · max|bt| < 2^31` bounds the sum of the magnitudes of
+/// any dot product's terms, so no subset of them, summed in any order, can wrap. Typical
+/// layer data (values of a few units, hundreds of minpos) passes; operands near maxpos
+/// (`4096² = 2^24`) pass only for `k < 128`.
+pub fn fits_i32(a: &[i16], bt: &[i16], k: usize) -> bool {
+    let max = |v: &[i16]| v.iter().map(|x| x.unsigned_abs()).max().unwrap_or(0);
+    (k as u128) * u128::from(max(a)) * u128::from(max(bt)) < 1 << 31
 }
 
 /// One tile of [`walk_tiles`]: rows `r..` of the block of rows that starts at `i0` (`rows`
