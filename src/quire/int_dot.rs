@@ -40,18 +40,18 @@
 //! 256-bit ones sum the last `k mod 16` in the portable loop. Callers that can should pad
 //! each row with zeros to a multiple of 32 elements and start it on a 64-byte boundary
 //! ([`super::quire_i16`] does): no load then straddles two cache lines, which measured up to
-//! 1.7x faster at 1024³ on an AVX-512 Xeon. After each chunk the sixteen accumulators are widened
-//! to i64 and reduced across their lanes in registers (`vpmovsxdq`, then unpacks and
-//! 128-bit lane shuffles: one vector of four sums per row).
+//! 1.7x faster at 1024³ on an AVX-512 Xeon. After each chunk the sixteen accumulators are
+//! widened to i64 and reduced across their lanes in registers (`vpmovsxdq`, then unpacks
+//! and 128-bit lane shuffles: one vector of four sums per row).
 //!
 //! [`gemm_map`] walks the output in panels of `Bᵀ` rows small enough to stay in the cache
 //! while every group of four rows of `A` passes over them (within a block of rows, each
-//! four rows of `Bᵀ` meet all the block's rows before the next four), and hands each exact sum to the
-//! caller's function as it leaves the tile (the quire GEMM rounds it there, so no matrix of
-//! sums is ever stored). [`gemm_clamped`] adds a term per row and per column to each sum
-//! and stores it as an f32, clamped and scaled (posit<n,0>'s quire, which rounds the f32s
-//! in one vector pass afterwards); the AVX2 kernels do that in registers as the sums leave
-//! the tile.
+//! four rows of `Bᵀ` meet all the block's rows before the next four), and hands each exact
+//! sum to the caller's function as it leaves the tile (the quire GEMM rounds it there, so no
+//! matrix of sums is ever stored). [`gemm_clamped`] adds a term per row and per column to
+//! each sum and stores it as an f32, clamped and scaled (posit<n,0>'s quire, which rounds
+//! the f32s in one vector pass afterwards); the AVX2 kernels do that in registers as the
+//! sums leave the tile.
 
 use crate::backend::isa::{self, Isa};
 
@@ -444,7 +444,8 @@ macro_rules! tile4x4_avx512_kernel {
                 while t + 32 <= end {
                     // SAFETY: elements t..t + 32, inside every row (`end <= k`, each
                     // row's length).
-                    let load = |p: &[i16]| unsafe { _mm512_loadu_si512(p.as_ptr().add(t).cast()) };
+                    let load =
+                        |p: &[i16]| unsafe { _mm512_loadu_si512(p.as_ptr().add(t).cast()) };
                     let x = [load(a[0]), load(a[1]), load(a[2]), load(a[3])];
                     for c in 0..4 {
                         let y = load(b[c]);
@@ -605,8 +606,8 @@ impl TileAt {
 /// task of the pool each where `parallel`), each in panels of `Bᵀ` rows small enough to stay
 /// in the cache while every group of `tile_rows` rows of the block passes over them, in
 /// tiles of `tile_rows x 4` (columns outer, so each tile's rows of `Bᵀ` stay in the
-/// innermost cache while the block's rows pass); `visit` gets each tile and its block of the output. A panel is
-/// a multiple of 4 columns, so only the matrix's last tile is partial.
+/// innermost cache while the block's rows pass); `visit` gets each tile and its block of the
+/// output. A panel is a multiple of 4 columns, so only the matrix's last tile is partial.
 fn walk_tiles<T: Send>(
     (m, k, n): (usize, usize, usize),
     out: &mut [T],
