@@ -195,6 +195,45 @@ fn every_int_kernel_equals_a_plain_loop() {
     }
 }
 
+/// `int_dot::fits_i32` finds the largest magnitude wherever it lies (a vector's lanes, the
+/// tail past whole vectors, `i16::MIN`), under every instruction-set cap: it decides `k ·
+/// max|a| · max|b| < 2^31` exactly at the edge.
+#[test]
+fn fits_i32_finds_the_largest_magnitude_anywhere() {
+    let mut cases = Vec::new();
+    for len in [1, 31, 32, 33, 64, 100, 1000] {
+        for at in [0, len / 2, len - 1] {
+            for big in [4096i16, -4096, i16::MIN] {
+                cases.push((len, at, big));
+            }
+        }
+    }
+    let mut rng = Rng(43);
+    for cap in [None, Some(Isa::Avx2), Some(Isa::Portable)] {
+        isa::set_cap(cap);
+        for &(len, at, big) in &cases {
+            let mut a: Vec<i16> = (0..len).map(|_| rng.below(7) as i16 - 3).collect();
+            a[at] = big;
+            let edge = (1usize << 31) / usize::from(big.unsigned_abs());
+            let one = [1i16];
+            let (below, at_edge) = (
+                int_dot::fits_i32(&a, &one, edge - 1),
+                int_dot::fits_i32(&a, &one, edge),
+            );
+            // The operands swapped give the same answer.
+            let swapped = int_dot::fits_i32(&one, &a, edge - 1);
+            isa::set_cap(None);
+            assert!(
+                below && swapped && !at_edge,
+                "{cap:?} len {len} at {at} value {big}: {below} {swapped} {at_edge}"
+            );
+            isa::set_cap(cap);
+        }
+        isa::set_cap(None);
+    }
+    assert!(int_dot::fits_i32(&[], &[], 1 << 40));
+}
+
 /// [`every_int_kernel_equals_a_plain_loop`] on one pair of operands: every kernel, serial
 /// and parallel, against the plain sums; `extreme` operands also make column 0 the row 0's
 /// copy and column 1 its negation (sums of ±maxpos² only).
