@@ -272,6 +272,48 @@ fn sums_on_and_near_rounding_boundaries_equal_the_quire() {
     mm.assert_none("boundary sums");
 }
 
+/// Sums on a rounding boundary that the bias completes (the products sum to the boundary
+/// less the bias): every one falls back, and the exact path adds the bias as the quire
+/// does, for small sums (an i128 total) and sums near maxpos (past 2^53 units of minpos²),
+/// biases of either sign from minpos to maxpos.
+#[test]
+fn boundary_sums_completed_by_the_bias_equal_the_quire() {
+    let mut mm = Mismatches::default();
+    for (pn, pes) in [(16, 1), (8, 2), (8, 1), (12, 3)] {
+        let r = Ref::new(pn, pes);
+        let p = r.posit();
+        let lows: Vec<u32> = vec![1, 3, r.one() - 1, r.one() + 7, r.maxp() - 2];
+        let biases = [
+            1,
+            r.one(),
+            r.one() + 3,
+            r.maxp(),
+            r.neg(r.one() - 2),
+            r.neg(2),
+        ];
+        for &beta in &biases {
+            let beta_units = r.sq_units(beta);
+            for sign in [1, -1] {
+                let targets: Vec<BigInt> = lows
+                    .iter()
+                    .map(|&lo| r.bound((lo << 1) | 1) * sign)
+                    .collect();
+                let rest: Vec<BigInt> = targets.iter().map(|t| t - &beta_units).collect();
+                let (a, b, k) = rows_for(&r, &rest);
+                let m = targets.len();
+                let bias = vec![r.value(beta); m];
+                let what = format!("posit<{pn},{pes}> bias {:e} sign {sign}", r.value(beta));
+                let fallbacks = check(&mut mm, p, &a, &b, (m, k, m), Bias::PerRow(&bias), &what);
+                assert!(
+                    fallbacks >= m,
+                    "{what}: {fallbacks} fallbacks for {m} sums on a boundary"
+                );
+            }
+        }
+    }
+    mm.assert_none("boundary sums completed by the bias");
+}
+
 /// Exact cancellation to zero, and maxpos² terms cancelled down to minpos² in every order
 /// (the f64 sum is 0 or minpos² depending on the order): all fall back, all equal the quire.
 #[test]

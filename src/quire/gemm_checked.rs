@@ -88,6 +88,7 @@ use rayon::prelude::*;
 use super::accumulator::Quire;
 use super::gemm_cpu::{dgemm_strided, for_rows, Bias, Dims, Strided};
 use super::quire_i16::Operand;
+use super::round_odd::i128_to_f64_odd;
 use super::scratch::{self, Scratch};
 use crate::backend::f32_plan::{F32Plan, NearestLanes, SHAPE_POSIT};
 use crate::format::grid::pow2;
@@ -830,14 +831,16 @@ fn exact_output(
     bias: Option<f64>,
 ) -> f64 {
     let s = posit.max_scale();
+    if 2 * s <= 62 {
+        if let Some(v) = exact_output_i128(posit, k, &term, bias) {
+            return v;
+        }
+    }
     let mut q = Quire::new(posit).expect("formats are checked by the ops");
     if 2 * s <= 62 {
         let scale = pow2(s);
         let to_int = |v: f64| (v * scale) as i64 as i128;
-        let chunk = 1usize
-            .checked_shl((126 - 4 * s) as u32)
-            .unwrap_or(usize::MAX)
-            .max(1);
+        let chunk = i128_chunk(s);
         let mut t = 0;
         while t < k {
             let end = t.saturating_add(chunk).min(k);
@@ -860,4 +863,52 @@ fn exact_output(
         q.add_exact_product(v, 1.0);
     }
     q.to_posit()
+}
+
+/// Products of posits with `maxpos = 2^s` (each at most `2^4s` units of `minpos^2`) one
+/// i128 sums without overflow: `2^(126 - 4s)`, at least one.
+fn i128_chunk(s: i32) -> usize {
+    1usize
+        .checked_shl((126 - 4 * s) as u32)
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// [`exact_output`] without a [`Quire`], for `2s <= 62` (`maxpos = 2^s`): where the `k`
+/// products fit one i128 sum ([`i128_chunk`]) and the bias is a multiple of `minpos`, the
+/// total in units of `minpos^2` is exact in an i128, and its f64 rounded to odd
+/// ([`i128_to_f64_odd`], scaled exactly), rounded once more to the posit, is the total's
+/// rounding ([`super::round_odd`]: posits with `2s <= 62` keep far fewer than 51 fraction
+/// bits). `None` otherwise (the quire then sums).
+///
+/// The exact path runs for outputs on or near a rounding boundary or whose interval
+/// straddles zero. In training, a patch repeated across images (a uniform background)
+/// repeats its sum, so one sum on a boundary can send thousands of a step's outputs here.
+fn exact_output_i128(
+    posit: Posit,
+    k: usize,
+    term: &impl Fn(usize) -> (f64, f64),
+    bias: Option<f64>,
+) -> Option<f64> {
+    let s = posit.max_scale();
+    if k > i128_chunk(s) {
+        return None;
+    }
+    let scale = pow2(s);
+    let to_int = |v: f64| (v * scale) as i64 as i128;
+    let mut sum: i128 = (0..k)
+        .map(|u| {
+            let (a, b) = term(u);
+            to_int(a) * to_int(b)
+        })
+        .sum();
+    if let Some(v) = bias {
+        // A posit bias is `c · minpos`, `|c| <= 2^2s`: `c · 2^s` units of minpos^2.
+        let c = v * scale;
+        if c.fract() != 0.0 || c.abs() > pow2(2 * s) {
+            return None;
+        }
+        sum += (c as i128) << s;
+    }
+    Some(posit.round(i128_to_f64_odd(sum) * pow2(-2 * s), NearestEven, 0))
 }
