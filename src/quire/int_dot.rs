@@ -50,8 +50,9 @@
 //! sum to the caller's function as it leaves the tile (the quire GEMM rounds it there, so no
 //! matrix of sums is ever stored). [`gemm_clamped`] adds a term per row and per column to
 //! each sum and stores it as an f32, clamped and scaled (posit<n,0>'s quire, which rounds
-//! the f32s in one vector pass afterwards); the AVX2 kernels do that in registers as the
-//! sums leave the tile.
+//! the f32s in one vector pass afterwards); the vector kernels do that in registers as the
+//! sums leave the tile (on AVX-512 the per-tile hand-back to a closure, scalar i64 to f32
+//! per output, took about 15% of a 1024³ product's time).
 
 use crate::backend::isa::{self, Isa};
 
@@ -244,7 +245,7 @@ macro_rules! tile2x4_avx2_kernel {
         $(#[$cdoc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $clamped(a: [&[i16]; 2], b: [&[i16]; 4], tile: &ClampedTile) -> [[f32; 4]; 2] {
+        unsafe fn $clamped(a: [&[i16]; 2], b: [&[i16]; 4], tile: &ClampedTile<2>) -> [[f32; 4]; 2] {
             let total = sums2x4_avx2!(a, b, $madd);
             tile.finish(total)
         }
@@ -295,11 +296,11 @@ macro_rules! sums2x4_avx2 {
     }};
 }
 
-/// The terms and bounds of one 2 x 4 tile of [`gemm_clamped`], for the fused AVX2 kernels.
+/// The terms and bounds of one `R x 4` tile of [`gemm_clamped`], for the fused kernels.
 #[cfg(target_arch = "x86_64")]
-struct ClampedTile {
-    /// The two rows' terms.
-    rows: [i64; 2],
+struct ClampedTile<const R: usize> {
+    /// The rows' terms.
+    rows: [i64; R],
     /// The four columns' terms.
     cols: [i64; 4],
     /// Totals are clamped to `±cap`.
@@ -309,17 +310,17 @@ struct ClampedTile {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl ClampedTile {
+impl<const R: usize> ClampedTile<R> {
     /// Each row's totals `sums + rows[r] + cols`, clamped to `±cap`, converted (exact for
     /// `cap < 2^24`) and scaled.
     #[target_feature(enable = "avx2")]
-    fn finish(&self, sums: [std::arch::x86_64::__m256i; 2]) -> [[f32; 4]; 2] {
+    fn finish(&self, sums: [std::arch::x86_64::__m256i; R]) -> [[f32; 4]; R] {
         use std::arch::x86_64::*;
         let cols = _mm256_setr_epi64x(self.cols[0], self.cols[1], self.cols[2], self.cols[3]);
         let (hi, lo) = (_mm256_set1_epi64x(self.cap), _mm256_set1_epi64x(-self.cap));
         let unit = _mm_set1_ps(self.unit);
-        let mut out = [[0f32; 4]; 2];
-        for r in 0..2 {
+        let mut out = [[0f32; 4]; R];
+        for r in 0..R {
             let v = _mm256_add_epi64(
                 sums[r],
                 _mm256_add_epi64(cols, _mm256_set1_epi64x(self.rows[r])),
@@ -425,60 +426,17 @@ fn reduce4_avx512_i32(v: [std::arch::x86_64::__m512i; 4]) -> std::arch::x86_64::
 /// A 4 x 4 tile on 512-bit registers; `$madd(acc, x, y)` adds the pairwise products of
 /// `x` and `y` to the i32 lanes of `acc`. `NARROW` tiles sum all of `k` in the i32 lanes
 /// and across them before widening, for operands whose sums provably fit
-/// ([`fits_i32`]); the others widen every [`AVX512_CHUNK`] elements.
+/// ([`fits_i32`]); the others widen every [`AVX512_CHUNK`] elements. Defines `$name` (the
+/// sixteen sums as i64) and `$clamped` (each row's four totals with their terms, clamped
+/// and scaled to f32 in registers: [`ClampedTile`]).
 macro_rules! tile4x4_avx512_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $madd:expr) => {
+    ($(#[$doc:meta])* $name:ident, $(#[$cdoc:meta])* $clamped:ident, $features:literal, $madd:expr) => {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name<const NARROW: bool>(a: [&[i16]; 4], b: [&[i16]; 4]) -> [[i64; 4]; 4] {
             use std::arch::x86_64::*;
-            let k = a[0].len();
-            let chunk = if NARROW { k } else { AVX512_CHUNK };
-            let mut total = [_mm256_setzero_si256(); 4];
-            let mut t = 0;
-            while t < k {
-                let end = (t + chunk).min(k);
-                let mut acc = [[_mm512_setzero_si512(); 4]; 4];
-                // Whole vectors, then the last `end - t < 32` elements under a mask.
-                while t + 32 <= end {
-                    // SAFETY: elements t..t + 32, inside every row (`end <= k`, each
-                    // row's length).
-                    let load =
-                        |p: &[i16]| unsafe { _mm512_loadu_si512(p.as_ptr().add(t).cast()) };
-                    let x = [load(a[0]), load(a[1]), load(a[2]), load(a[3])];
-                    for c in 0..4 {
-                        let y = load(b[c]);
-                        for r in 0..4 {
-                            acc[r][c] = $madd(acc[r][c], x[r], y);
-                        }
-                    }
-                    t += 32;
-                }
-                if t < end {
-                    let mask: __mmask32 = (1u32 << (end - t)) - 1;
-                    // SAFETY: the mask enables only elements t..end, inside every row;
-                    // masked-off elements are not read.
-                    let load =
-                        |p: &[i16]| unsafe { _mm512_maskz_loadu_epi16(mask, p.as_ptr().add(t)) };
-                    let x = [load(a[0]), load(a[1]), load(a[2]), load(a[3])];
-                    for c in 0..4 {
-                        let y = load(b[c]);
-                        for r in 0..4 {
-                            acc[r][c] = $madd(acc[r][c], x[r], y);
-                        }
-                    }
-                    t = end;
-                }
-                for r in 0..4 {
-                    let sums = if NARROW {
-                        reduce4_avx512_i32(acc[r])
-                    } else {
-                        reduce4_avx512(acc[r])
-                    };
-                    total[r] = _mm256_add_epi64(total[r], sums);
-                }
-            }
+            let total = sums4x4_avx512!(a, b, NARROW, $madd);
             let mut out = [[0i64; 4]; 4];
             for r in 0..4 {
                 // SAFETY: `out[r]` holds four i64, 32 bytes.
@@ -486,20 +444,91 @@ macro_rules! tile4x4_avx512_kernel {
             }
             out
         }
+
+        $(#[$cdoc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $clamped<const NARROW: bool>(
+            a: [&[i16]; 4],
+            b: [&[i16]; 4],
+            tile: &ClampedTile<4>,
+        ) -> [[f32; 4]; 4] {
+            let total = sums4x4_avx512!(a, b, NARROW, $madd);
+            tile.finish(total)
+        }
     };
+}
+
+/// The body of the 4 x 4 tiles: each row's four exact sums in an i64 vector (the last
+/// `k mod 32` elements under a mask).
+#[cfg(target_arch = "x86_64")]
+macro_rules! sums4x4_avx512 {
+    ($a:expr, $b:expr, $narrow:expr, $madd:expr) => {{
+        use std::arch::x86_64::*;
+        let (a, b): ([&[i16]; 4], [&[i16]; 4]) = ($a, $b);
+        let k = a[0].len();
+        let chunk = if $narrow { k } else { AVX512_CHUNK };
+        let mut total = [_mm256_setzero_si256(); 4];
+        let mut t = 0;
+        while t < k {
+            let end = (t + chunk).min(k);
+            let mut acc = [[_mm512_setzero_si512(); 4]; 4];
+            // Whole vectors, then the last `end - t < 32` elements under a mask.
+            while t + 32 <= end {
+                // SAFETY: elements t..t + 32, inside every row (`end <= k`, each row's
+                // length).
+                let load = |p: &[i16]| unsafe { _mm512_loadu_si512(p.as_ptr().add(t).cast()) };
+                let x = [load(a[0]), load(a[1]), load(a[2]), load(a[3])];
+                for c in 0..4 {
+                    let y = load(b[c]);
+                    for r in 0..4 {
+                        acc[r][c] = $madd(acc[r][c], x[r], y);
+                    }
+                }
+                t += 32;
+            }
+            if t < end {
+                let mask: __mmask32 = (1u32 << (end - t)) - 1;
+                // SAFETY: the mask enables only elements t..end, inside every row;
+                // masked-off elements are not read.
+                let load = |p: &[i16]| unsafe { _mm512_maskz_loadu_epi16(mask, p.as_ptr().add(t)) };
+                let x = [load(a[0]), load(a[1]), load(a[2]), load(a[3])];
+                for c in 0..4 {
+                    let y = load(b[c]);
+                    for r in 0..4 {
+                        acc[r][c] = $madd(acc[r][c], x[r], y);
+                    }
+                }
+                t = end;
+            }
+            for r in 0..4 {
+                let sums = if $narrow {
+                    reduce4_avx512_i32(acc[r])
+                } else {
+                    reduce4_avx512(acc[r])
+                };
+                total[r] = _mm256_add_epi64(total[r], sums);
+            }
+        }
+        total
+    }};
 }
 
 tile4x4_avx512_kernel!(
     /// Sixteen exact dot products by `vpmaddwd` and `vpaddd` (AVX-512BW).
     tile4x4_avx512,
-    "avx512f,avx512bw",
+    /// [`tile4x4_avx512`]'s totals clamped and scaled ([`ClampedTile::finish`]).
+    tile4x4_avx512_clamped,
+    "avx512f,avx512bw,avx2",
     |acc, x, y| _mm512_add_epi32(acc, _mm512_madd_epi16(x, y))
 );
 
 tile4x4_avx512_kernel!(
     /// Sixteen exact dot products by `vpdpwssd` (AVX512-VNNI).
     tile4x4_avx512_vnni,
-    "avx512f,avx512bw,avx512vnni",
+    /// [`tile4x4_avx512_vnni`]'s totals clamped and scaled ([`ClampedTile::finish`]).
+    tile4x4_avx512_vnni_clamped,
+    "avx512f,avx512bw,avx512vnni,avx2",
     |acc, x, y| _mm512_dpwssd_epi32(acc, x, y)
 );
 
@@ -700,8 +729,8 @@ fn walk_tiles<T: Send>(
 /// `out[i·n + j] = clamp(Σ_t a[i·k + t] · bt[j·k + t] + row_term[i] + col_term[j], ±cap) · unit`
 /// for every output: the exact totals of [`gemm()`] with a term per row and per column,
 /// clamped and scaled. `cap < 2^24`, so each clamped total is an f32, and `unit` a power of
-/// two, so the scaled one is exact where it stays normal. The AVX2 kernels do it in
-/// registers as the totals leave the tile; the others through [`gemm_map`].
+/// two, so the scaled one is exact where it stays normal. The vector kernels do it in
+/// registers as the totals leave the tile; the portable one through [`gemm_map`].
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_clamped(
     kernel: Kernel,
@@ -715,24 +744,25 @@ pub fn gemm_clamped(
 ) {
     assert!((0..1 << 24).contains(&cap) && row_term.len() >= m && col_term.len() >= n);
     #[cfg(target_arch = "x86_64")]
-    {
-        let fused: Option<ClampedKernel> = match kernel {
-            Kernel::Avx2 if kernel.supported() => Some(tile2x4_avx2_clamped),
-            Kernel::Avx2Vnni if kernel.supported() => Some(tile2x4_avx2_vnni_clamped),
-            _ => None,
-        };
-        if let Some(tile_fn) = fused {
-            gemm_fused(
-                tile_fn,
-                a,
-                bt,
-                (m, k, n),
-                (row_term, col_term),
-                (cap, unit),
-                out,
-                parallel,
-            );
-            return;
+    if kernel.supported() {
+        let args = (a, bt, (m, k, n), (row_term, col_term), (cap, unit));
+        let narrow = || fits_i32(&a[..m * k], &bt[..n * k], k);
+        match kernel {
+            Kernel::Portable => {}
+            Kernel::Avx2 => return gemm_fused(tile2x4_avx2_clamped, args, out, parallel),
+            Kernel::Avx2Vnni => return gemm_fused(tile2x4_avx2_vnni_clamped, args, out, parallel),
+            Kernel::Avx512 if narrow() => {
+                return gemm_fused(tile4x4_avx512_clamped::<true>, args, out, parallel)
+            }
+            Kernel::Avx512 => {
+                return gemm_fused(tile4x4_avx512_clamped::<false>, args, out, parallel)
+            }
+            Kernel::Avx512Vnni if narrow() => {
+                return gemm_fused(tile4x4_avx512_vnni_clamped::<true>, args, out, parallel)
+            }
+            Kernel::Avx512Vnni => {
+                return gemm_fused(tile4x4_avx512_vnni_clamped::<false>, args, out, parallel)
+            }
         }
     }
     gemm_map(kernel, a, bt, (m, k, n), out, parallel, |i, j, s, dst| {
@@ -742,30 +772,37 @@ pub fn gemm_clamped(
     });
 }
 
-/// A fused 2 x 4 AVX2 tile of [`gemm_clamped`]: two rows of `A`, four of `Bᵀ`, the terms.
+/// A fused `R x 4` tile of [`gemm_clamped`]: `R` rows of `A`, four of `Bᵀ`, the terms.
 #[cfg(target_arch = "x86_64")]
-type ClampedKernel = unsafe fn([&[i16]; 2], [&[i16]; 4], &ClampedTile) -> [[f32; 4]; 2];
+type ClampedKernel<const R: usize> =
+    unsafe fn([&[i16]; R], [&[i16]; 4], &ClampedTile<R>) -> [[f32; 4]; R];
 
-/// [`gemm_clamped`] by a fused 2 x 4 AVX2 tile (`tile_fn`, which the CPU runs), on the
-/// walk of [`gemm_map`] ([`walk_tiles`]) two rows of `A` at a time.
+/// The operands of [`gemm_clamped`]: `A`, `Bᵀ`, the dimensions, the terms per row and per
+/// column, the cap and the unit.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn gemm_fused(
-    tile_fn: ClampedKernel,
-    a: &[i16],
-    bt: &[i16],
-    (m, k, n): (usize, usize, usize),
-    (row_term, col_term): (&[i64], &[i64]),
-    (cap, unit): (i64, f32),
+type ClampedArgs<'a> = (
+    &'a [i16],
+    &'a [i16],
+    (usize, usize, usize),
+    (&'a [i64], &'a [i64]),
+    (i64, f32),
+);
+
+/// [`gemm_clamped`] by a fused `R x 4` tile (`tile_fn`, which the CPU runs), on the walk
+/// of [`gemm_map`] ([`walk_tiles`]) `R` rows of `A` at a time.
+#[cfg(target_arch = "x86_64")]
+fn gemm_fused<const R: usize>(
+    tile_fn: ClampedKernel<R>,
+    (a, bt, (m, k, n), (row_term, col_term), (cap, unit)): ClampedArgs,
     out: &mut [f32],
     parallel: bool,
 ) {
     assert!(a.len() >= m * k && bt.len() >= n * k && out.len() >= m * n);
-    walk_tiles((m, k, n), out, parallel, 2, |at, dst| {
-        let p = [0, 1].map(|r| at.a_row(a, k, r));
+    walk_tiles((m, k, n), out, parallel, R, |at, dst| {
+        let p = std::array::from_fn(|r| at.a_row(a, k, r));
         let q = [0, 1, 2, 3].map(|c| at.bt_row(bt, k, n, c));
         let tile = ClampedTile {
-            rows: [0, 1].map(|r| row_term[at.a_index(r)]),
+            rows: std::array::from_fn(|r| row_term[at.a_index(r)]),
             cols: [0, 1, 2, 3].map(|c| col_term[at.bt_index(n, c)]),
             cap,
             unit,
