@@ -826,3 +826,117 @@ fn gemm_f32_dispatches_to_the_quire_paths_and_the_naive_register_kernels() {
         "naive e4m3"
     );
 }
+
+/// `clamp(Σ_t a[i][t] · bt[j][t] + row_term[i] + col_term[j], ±cap) · unit`, the plain loop.
+fn clamped_sums(
+    a: &[i16],
+    bt: &[i16],
+    (m, k, n): (usize, usize, usize),
+    (row_term, col_term): (&[i64], &[i64]),
+    (cap, unit): (i64, f32),
+) -> Vec<f32> {
+    (0..m * n)
+        .map(|idx| {
+            let (i, j) = (idx / n, idx % n);
+            let s: i64 = (0..k)
+                .map(|t| i64::from(a[i * k + t]) * i64::from(bt[j * k + t]))
+                .sum();
+            (s + row_term[i] + col_term[j]).clamp(-cap, cap) as f32 * unit
+        })
+        .collect()
+}
+
+/// The pair-packed kernel (`int_pairs`: `B` packed by pairs of `k`, one output per lane)
+/// against the plain loop, with terms per row and column that push totals past the cap both
+/// ways: several blocks of 64 rows and a partial one, tiles of 8 rows and a partial one
+/// (`m` = 150, 13, 8, 70); one pair of `k`, one k-block of 128 pairs, several and a partial
+/// one (`k` = 2 to 600); columns off the 16-lane vectors and the 48-column panels (`n` = 1,
+/// 17, 48, 50, 97); serial and parallel. At the i32 bound's edge (`k = 128`, all ±4095) it
+/// runs; past it (±4096: 128 · 4096² = 2^31) it declines and writes nothing. Without AVX-512
+/// (a cap) nothing is packed.
+#[test]
+fn the_pair_packed_kernel_equals_a_plain_loop() {
+    use qcandle::quire::int_pairs::{self, PairPacked};
+    let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+    let mut rng = Rng(41);
+    let cap = (1i64 << 19) + 3;
+    let unit = (2f32).powi(-12);
+    let shapes = [
+        (150, 600, 97),
+        (8, 2, 1),
+        (13, 256, 17),
+        (64, 258, 50),
+        (70, 34, 48),
+    ];
+    for (m, k, n) in shapes {
+        let mut draw =
+            |len: usize| -> Vec<i16> { (0..len).map(|_| rng.below(1401) as i16 - 700).collect() };
+        let (a, bt) = (draw(m * k), draw(n * k));
+        let row_term: Vec<i64> = (0..m as i64).map(|i| (i % 3 - 1) << 20).collect();
+        let col_term: Vec<i64> = (0..n as i64).map(|j| (j % 5 - 2) * 77_777).collect();
+        let terms = (&row_term[..], &col_term[..]);
+        let Some(packed) = PairPacked::new(&bt, n, k) else {
+            assert!(!avx512, "AVX-512 BW but nothing packed");
+            continue;
+        };
+        assert_eq!(
+            packed.max_magnitude(),
+            bt.iter().map(|x| x.unsigned_abs()).max().unwrap()
+        );
+        let want = clamped_sums(&a, &bt, (m, k, n), terms, (cap, unit));
+        for parallel in [false, true] {
+            let mut got = vec![7f32; m * n];
+            let ran = int_pairs::gemm_clamped(
+                &a,
+                &packed,
+                (m, k),
+                terms,
+                (cap, unit),
+                &mut got,
+                parallel,
+            );
+            assert!(ran, "({m},{k},{n}) declined");
+            let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(bad, 0, "({m},{k},{n}) parallel {parallel}: {bad} differ");
+        }
+    }
+    if avx512 {
+        let (m, k, n) = (9, 128, 18);
+        for (edge, runs) in [(4095i16, true), (4096, false)] {
+            // Signs alternate by row and column: every product of row 0 and column 0 is +edge².
+            let a: Vec<i16> = (0..m * k)
+                .map(|x| if (x / k) % 2 == 0 { edge } else { -edge })
+                .collect();
+            let bt: Vec<i16> = (0..n * k)
+                .map(|x| if (x / k) % 3 == 1 { -edge } else { edge })
+                .collect();
+            let zeros = (vec![0i64; m], vec![0i64; n]);
+            let terms = (&zeros.0[..], &zeros.1[..]);
+            let packed = PairPacked::new(&bt, n, k).expect("AVX-512 packs");
+            let mut got = vec![7f32; m * n];
+            let ran = int_pairs::gemm_clamped(
+                &a,
+                &packed,
+                (m, k),
+                terms,
+                ((1 << 24) - 1, 1.0),
+                &mut got,
+                false,
+            );
+            assert_eq!(ran, runs, "edge {edge}");
+            if runs {
+                let want = clamped_sums(&a, &bt, (m, k, n), terms, ((1 << 24) - 1, 1.0));
+                assert_eq!(got, want, "edge {edge}");
+            } else {
+                assert!(
+                    got.iter().all(|&v| v == 7.0),
+                    "edge {edge}: written though declined"
+                );
+            }
+        }
+    }
+    isa::set_cap(Some(Isa::Avx2));
+    let packed = PairPacked::new(&[1, 2, 3, 4], 1, 4);
+    isa::set_cap(None);
+    assert!(packed.is_none(), "packed under the AVX2 cap");
+}

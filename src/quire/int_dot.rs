@@ -430,7 +430,12 @@ fn reduce4_avx512_i32(v: [std::arch::x86_64::__m512i; 4]) -> std::arch::x86_64::
 /// sixteen sums as i64) and `$clamped` (each row's four totals with their terms, clamped
 /// and scaled to f32 in registers: [`ClampedTile`]).
 macro_rules! tile4x4_avx512_kernel {
-    ($(#[$doc:meta])* $name:ident, $(#[$cdoc:meta])* $clamped:ident, $features:literal, $madd:expr) => {
+    (
+        $(#[$doc:meta])* $name:ident,
+        $(#[$cdoc:meta])* $clamped:ident,
+        $features:literal,
+        $madd:expr
+    ) => {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
@@ -597,7 +602,7 @@ pub fn fits_i32(a: &[i16], bt: &[i16], k: usize) -> bool {
 /// The largest `|x|` of `v` (0 when empty), compiled for the instruction set in use
 /// ([`isa::active`]): the baseline x86-64 has neither `pabsw` nor `pmaxuw`, and its scan
 /// measured 17 values a nanosecond, about 8% of a band's time at the LeNet-5 shape.
-fn max_magnitude(v: &[i16]) -> u16 {
+pub(crate) fn max_magnitude(v: &[i16]) -> u16 {
     #[cfg(target_arch = "x86_64")]
     match isa::active() {
         // SAFETY: `isa::active` reports only instruction sets the CPU has.

@@ -51,6 +51,7 @@ pub mod gemm_lns;
 pub mod image_gemm;
 pub mod int_dot;
 pub mod int_operand;
+pub mod int_pairs;
 pub mod int_round;
 pub mod lane_round;
 #[cfg(target_arch = "x86_64")]

@@ -29,6 +29,7 @@ use super::es0_lanes::Es0Lanes;
 use super::gemm_cpu::{Bias, Dims};
 use super::int_dot;
 use super::int_operand::IntOperand;
+use super::int_pairs::{self, PairPacked};
 use super::int_round::IntRound;
 use crate::format::grid::pow2;
 use crate::format::rounding::NearestEven;
@@ -151,6 +152,7 @@ pub fn gemm_f64(
         a_nar: &ai.nar,
         bt: &bt.values,
         bt_nar: &bt.nar,
+        bt_pairs: None,
     };
     finish(posit, &ints, dims, bias, &mut vals, parallel);
     out[..m * n]
@@ -228,9 +230,13 @@ pub fn gemm_f32(
         let bi = aligned(bv, n * kp);
         let mut b_nar = vec![false; n];
         conv.fill_padded(b.data, !b.transposed, (n, k), (bi, kp), &mut b_nar, inside);
-        (&*bi, b_nar)
+        // posit<n,0> on AVX-512: `B` packed by pairs of `k` for the kernel without
+        // reductions (`finish_es0`).
+        let pairs = es0_lanes(posit).and_then(|_| PairPacked::new(bi, n, kp));
+        (&*bi, b_nar, pairs)
     };
-    let band = |(bi, b_nar): &(&[i16], Vec<bool>), (r0, out): (usize, &mut [f32])| {
+    type Columns<'c> = (&'c [i16], Vec<bool>, Option<PairPacked>);
+    let band = |(bi, b_nar, pairs): &Columns, (r0, out): (usize, &mut [f32])| {
         let len = out.len() / n;
         let mut av = ROWS.with(|c| c.take());
         let ai = aligned(&mut av, len * kp);
@@ -242,6 +248,7 @@ pub fn gemm_f32(
             a_nar: &a_nar,
             bt: bi,
             bt_nar: b_nar,
+            bt_pairs: pairs.as_ref(),
         };
         let bias = match bias {
             Bias::PerRow(v) => Bias::PerRow(&v[r0..r0 + len]),
@@ -263,6 +270,8 @@ struct IntMatrices<'a> {
     a_nar: &'a [bool],
     bt: &'a [i16],
     bt_nar: &'a [bool],
+    /// `B` packed by pairs of `k` ([`int_pairs`]), where the f32 entry built it.
+    bt_pairs: Option<&'a PairPacked>,
 }
 
 /// The exact sums, each rounded (with its bias term) as it leaves the kernel, into `out`.
@@ -296,7 +305,7 @@ fn finish(
         };
     }
     // posit<n,0> where the vector code runs: no tables.
-    if let Some(lanes) = Es0Lanes::new(posit).filter(|_| Es0Lanes::available()) {
+    if let Some(lanes) = es0_lanes(posit) {
         let terms = (&row_term[..], &col_term[..]);
         finish_es0(
             &lanes,
@@ -366,18 +375,26 @@ fn finish_es0(
     out: &mut [f32],
     parallel: bool,
 ) {
-    let (m, _, n) = dims;
+    let (m, k, n) = dims;
     let kernel = int_dot::Kernel::best();
     let bounds = lanes.sum_bounds();
     let terms = (row_term, col_term);
-    int_dot::gemm_clamped(kernel, ints.a, ints.bt, dims, terms, bounds, out, parallel);
+    let paired = ints
+        .bt_pairs
+        .is_some_and(|b| int_pairs::gemm_clamped(ints.a, b, (m, k), terms, bounds, out, parallel));
+    if !paired {
+        int_dot::gemm_clamped(kernel, ints.a, ints.bt, dims, terms, bounds, out, parallel);
+    }
     let out = &mut out[..m * n];
+    // NaR columns, once: most products have none, and the scan of every output cost about
+    // 5% of a 1024³ product.
+    let nar_cols: Vec<usize> = (0..n).filter(|&j| col_nar[j]).collect();
     for (row, &bad) in out.chunks_mut(n).zip(row_nar) {
         if bad {
             row.fill(f32::NAN);
         } else {
-            for (o, _) in row.iter_mut().zip(col_nar).filter(|(_, &bad)| bad) {
-                *o = f32::NAN;
+            for &j in &nar_cols {
+                row[j] = f32::NAN;
             }
         }
     }
@@ -388,6 +405,11 @@ fn finish_es0(
     } else {
         lanes.round_in_place(out);
     }
+}
+
+/// posit<n,0>'s vector rounding, where it runs.
+fn es0_lanes(posit: Posit) -> Option<Es0Lanes> {
+    Es0Lanes::new(posit).filter(|_| Es0Lanes::available())
 }
 
 /// Outputs per task of the rounding pass of posit<n,0>.
