@@ -21,7 +21,10 @@
 //! once, on the calling thread; the output's rows are cut into one band per thread
 //! (`crate::team`), each converting its own rows of `A`, summing and rounding them on its
 //! thread. The integer matrices live in buffers kept per thread from one call to the next
-//! (no fresh pages per call).
+//! (no fresh pages per call). For posit<n,0> on AVX-512, `B` is also packed once by pairs
+//! of `k` ([`super::int_pairs`]), and the bands whose operands keep every sum within an i32
+//! take that kernel, which reduces nothing across lanes (the others take the tiles of
+//! [`super::int_dot`]).
 
 use rayon::prelude::*;
 
