@@ -11,6 +11,8 @@
 //! maxpos and below minpos, ties, signed zeros, f32 subnormals) with and without biases; and
 //! `GemmRule::gemm_f32`'s dispatch (the i16 and checked quires and naive posit<8,0>).
 
+#[path = "common/isa_cap.rs"]
+mod isa_cap;
 #[path = "common/layouts.rs"]
 mod layouts;
 #[path = "common/quire_reference.rs"]
@@ -200,6 +202,7 @@ fn every_int_kernel_equals_a_plain_loop() {
 /// max|a| · max|b| < 2^31` exactly at the edge.
 #[test]
 fn fits_i32_finds_the_largest_magnitude_anywhere() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     let mut cases = Vec::new();
     for len in [1, 31, 32, 33, 64, 100, 1000] {
         for at in [0, len / 2, len - 1] {
@@ -464,6 +467,7 @@ fn dense_f32s() -> Vec<f32> {
 
 #[test]
 fn int_operand_equals_the_quantize_kernel() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     let xs = dense_f32s();
     for posit in i16_posits() {
         check_int_operand(posit, &xs);
@@ -534,6 +538,7 @@ fn es0_lanes_equal_the_quantize_kernel() {
 /// up to `2^53` (the clamp before the conversion to f32), and random ones; under each cap.
 #[test]
 fn es0_lanes_round_sums_as_the_posit() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng(9);
     let mut ts: Vec<i64> = (-(1i64 << 21)..=1i64 << 21).collect();
     for l in 0..53 {
@@ -578,6 +583,7 @@ fn es0_lanes_round_sums_as_the_posit() {
 #[test]
 #[ignore]
 fn int_operand_equals_the_quantize_kernel_on_every_f32() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     use rayon::prelude::*;
     let posit = i16_posits()[0];
     let table = IntOperand::get(posit).expect("a table for small posits");
@@ -632,6 +638,7 @@ fn caps() -> Vec<(Option<Isa>, bool)> {
 
 #[test]
 fn i16_quire_gemm_equals_the_quire_in_every_layout() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng(3);
     for posit in i16_posits() {
         let s = posit.max_scale();
@@ -695,6 +702,7 @@ fn i16_quire_gemm_equals_the_quire_in_every_layout() {
 /// NaR).
 #[test]
 fn the_f32_entry_in_bands_equals_the_quire() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng(41);
     for posit in i16_posits() {
         let s = posit.max_scale();
@@ -856,8 +864,10 @@ fn clamped_sums(
 /// (a cap) nothing is packed.
 #[test]
 fn the_pair_packed_kernel_equals_a_plain_loop() {
+    let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
     use qcandle::quire::int_pairs::{self, PairPacked};
-    let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+    // Held (`_cap`): no other test of this file changes the cap meanwhile.
+    let avx512 = isa::detected() == Isa::Avx512;
     let mut rng = Rng(41);
     let cap = (1i64 << 19) + 3;
     let unit = (2f32).powi(-12);
