@@ -28,6 +28,7 @@ use qcandle::quire::es0_lanes::Es0Lanes;
 use qcandle::quire::gemm_cpu::{accumulator_for, quire_gemm, Accumulator, Bias};
 use qcandle::quire::int_dot::Kernel;
 use qcandle::quire::int_operand::IntOperand;
+use qcandle::quire::int_pairs::{self, PairPacked};
 use qcandle::quire::int_round::IntRound;
 use qcandle::quire::quire_i16::{gemm_f32, gemm_f64, Operand};
 use qcandle::quire::{int_dot, Accumulate, GemmRule};
@@ -854,6 +855,20 @@ fn clamped_sums(
         .collect()
 }
 
+/// `int_pairs::gemm_clamped` into a buffer of 7s: whether it ran, and the buffer.
+fn pair_clamped(
+    a: &[i16],
+    packed: &PairPacked,
+    (m, k): (usize, usize),
+    terms: (&[i64], &[i64]),
+    bounds: (i64, f32),
+    parallel: bool,
+) -> (bool, Vec<f32>) {
+    let mut got = vec![7f32; m * packed.n()];
+    let ran = int_pairs::gemm_clamped(a, packed, (m, k), terms, bounds, &mut got, parallel);
+    (ran, got)
+}
+
 /// The pair-packed kernel (`int_pairs`: `B` packed by pairs of `k`, one output per lane)
 /// against the plain loop, with terms per row and column that push totals past the cap both
 /// ways: several blocks of 64 rows and a partial one, tiles of 8 rows and a partial one
@@ -865,7 +880,6 @@ fn clamped_sums(
 #[test]
 fn the_pair_packed_kernel_equals_a_plain_loop() {
     let _cap = isa_cap::CAP.lock().unwrap_or_else(|e| e.into_inner());
-    use qcandle::quire::int_pairs::{self, PairPacked};
     // Held (`_cap`): no other test of this file changes the cap meanwhile.
     let avx512 = isa::detected() == Isa::Avx512;
     let mut rng = Rng(41);
@@ -895,16 +909,7 @@ fn the_pair_packed_kernel_equals_a_plain_loop() {
         );
         let want = clamped_sums(&a, &bt, (m, k, n), terms, (cap, unit));
         for parallel in [false, true] {
-            let mut got = vec![7f32; m * n];
-            let ran = int_pairs::gemm_clamped(
-                &a,
-                &packed,
-                (m, k),
-                terms,
-                (cap, unit),
-                &mut got,
-                parallel,
-            );
+            let (ran, got) = pair_clamped(&a, &packed, (m, k), terms, (cap, unit), parallel);
             assert!(ran, "({m},{k},{n}) declined");
             let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
             assert_eq!(bad, 0, "({m},{k},{n}) parallel {parallel}: {bad} differ");
@@ -923,19 +928,11 @@ fn the_pair_packed_kernel_equals_a_plain_loop() {
             let zeros = (vec![0i64; m], vec![0i64; n]);
             let terms = (&zeros.0[..], &zeros.1[..]);
             let packed = PairPacked::new(&bt, n, k).expect("AVX-512 packs");
-            let mut got = vec![7f32; m * n];
-            let ran = int_pairs::gemm_clamped(
-                &a,
-                &packed,
-                (m, k),
-                terms,
-                ((1 << 24) - 1, 1.0),
-                &mut got,
-                false,
-            );
+            let bounds = ((1 << 24) - 1, 1.0);
+            let (ran, got) = pair_clamped(&a, &packed, (m, k), terms, bounds, false);
             assert_eq!(ran, runs, "edge {edge}");
             if runs {
-                let want = clamped_sums(&a, &bt, (m, k, n), terms, ((1 << 24) - 1, 1.0));
+                let want = clamped_sums(&a, &bt, (m, k, n), terms, bounds);
                 assert_eq!(got, want, "edge {edge}");
             } else {
                 assert!(

@@ -595,8 +595,12 @@ pub fn gemm_map<T: Send>(
 /// layer data (values of a few units, hundreds of minpos) passes; operands near maxpos
 /// (`4096² = 2^24`) pass only for `k < 128`.
 pub fn fits_i32(a: &[i16], bt: &[i16], k: usize) -> bool {
-    let (ma, mb) = (max_magnitude(a), max_magnitude(bt));
-    (k as u128) * u128::from(ma) * u128::from(mb) < 1 << 31
+    sums_fit_i32(k, max_magnitude(a), max_magnitude(bt))
+}
+
+/// [`fits_i32`]'s bound from the operands' largest magnitudes: `k · max_a · max_b < 2^31`.
+pub(crate) fn sums_fit_i32(k: usize, max_a: u16, max_b: u16) -> bool {
+    (k as u128) * u128::from(max_a) * u128::from(max_b) < 1 << 31
 }
 
 /// The largest `|x|` of `v` (0 when empty), compiled for the instruction set in use
