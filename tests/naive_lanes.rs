@@ -720,12 +720,15 @@ fn a_product_finer_than_the_accumulator_is_summed_exactly() {
     });
 }
 
-/// Naive posit sums on AVX2 round by magic constants where every product and sum of a step
-/// lies in a binade with a uniform grid, and redo the step with the general rounding where
-/// one does not (`quire::posit_magic`): tiles of moderate values (all steps by magic
-/// constants), the same with zeros in `a` (skipped steps) and in a column of `b` (zero
-/// products and sums), with a few steps of values near minpos (products below the uniform
-/// binades) and of values near maxpos (sums past them), against the definition.
+/// Naive posit sums on AVX-512 and AVX2 round by magic constants where every product and sum
+/// of a step lies in a binade with a uniform grid, and redo the step with the general
+/// rounding where one does not (`quire::posit_magic`): tiles of moderate values (all steps
+/// by magic constants), the same with zeros in `a` (skipped steps) and in a column of `b`
+/// (zero products and sums), with a few steps of values near minpos (products below the
+/// uniform binades) and of values near maxpos (sums past them), and rows whose every step
+/// leaves the uniform binades (products past maxpos: the kernel stops trying after its
+/// trial steps and takes the general rounding for the rest), against the definition. The
+/// widths 64, 64 and 22 run the whole tile and the narrow half.
 #[test]
 fn magic_constant_steps_and_general_steps_equal_the_definition() {
     let mut rng = SplitMix(91);
@@ -774,6 +777,17 @@ fn magic_constant_steps_and_general_steps_equal_the_definition() {
                 dims,
                 Bias::None,
             );
+            let mut a2 = a.clone();
+            for (t, v) in a2.iter_mut().enumerate().skip(k) {
+                let big = if t % 2 == 0 { max / 4.0 } else { -max / 2.0 };
+                *v = f.round(big * (1.0 + v.abs().min(1.0)), Rounding::NearestEven, 0);
+            }
+            let b2: Vec<f64> = b
+                .iter()
+                .map(|&v| f.round(v.signum() * (64.0 + v.abs()), Rounding::NearestEven, 0))
+                .collect();
+            let case = "every step past maxpos";
+            check(&what(case), &f, None, &a2, &b2, dims, Bias::None);
         }
     });
 }

@@ -45,6 +45,14 @@
 //!   operations fewer a rounding, and the sums' rounding, whose addends are both values of
 //!   the format, skips the lower clamp and the zero test as well (`POSIT_SUM`). The sums
 //!   are halved at the end.
+//! * **`naive` in a posit by magic constants** (posit<16,1>, posit<16,2>, ... with plain
+//!   sums, `kernel_magic`): each product is `fma(x, y, M) - M` and each sum `(s + M) - M`,
+//!   with `M` from the value's exponent field ([`super::posit_magic`], whose docs prove it
+//!   the posit rounding in every binade with a uniform grid), about twenty-five
+//!   instructions a step against about forty for the two integer roundings and the
+//!   product's step to odd. A step whose products or sums leave those binades (values next
+//!   to minpos or maxpos) is redone from the sums before it with the integer roundings, so
+//!   every step ends with the definition's sums. The AVX2 kernel does the same.
 //! * **IEEE binary16.** `S` is the hardware conversion (`vcvtps2ph` with nearest even, then
 //!   back), IEEE 754's correctly rounded conversion of the odd value, with binary16's
 //!   subnormals and overflow to infinity. Binary32 sums are the native add.
@@ -77,6 +85,7 @@ use super::lane_round_avx512::{
     kind_of, round, Zmm, HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE,
 };
 use super::naive_lanes::{Products, TILE};
+use super::posit_magic::{PositMagic, Trials};
 use crate::backend::isa::{self, Isa};
 
 /// The accumulator of a tile with specialised roundings.
@@ -370,6 +379,144 @@ fn kernel<
     special == 0
 }
 
+/// [`PositMagic`]'s constants in registers.
+#[derive(Clone, Copy)]
+struct MagicZmm {
+    exp: __m512i,
+    c_a: __m512i,
+    c_b: __m512i,
+    lo: __m512i,
+    hi: __m512i,
+    es: __m128i,
+}
+
+impl MagicZmm {
+    #[target_feature(enable = "avx512f")]
+    fn new(m: &PositMagic) -> MagicZmm {
+        MagicZmm {
+            exp: _mm512_set1_epi32(0x7f80_0000),
+            c_a: _mm512_set1_epi32(m.c_a as i32),
+            c_b: _mm512_set1_epi32(m.c_b as i32),
+            lo: _mm512_set1_epi32(m.lo as i32),
+            hi: _mm512_set1_epi32(m.hi as i32),
+            es: _mm_cvtsi32_si128(m.es as i32),
+        }
+    }
+
+    /// The magic constant of each lane of `v` ([`PositMagic::magic`]), its exponent field
+    /// folded into the step's running minimum of `E23 - 1` and maximum of `E23`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn magic(&self, v: __m512, lo: &mut __m512i, hi: &mut __m512i) -> __m512 {
+        let e = _mm512_and_si512(_mm512_castps_si512(v), self.exp);
+        *lo = _mm512_min_epu32(*lo, _mm512_add_epi32(e, _mm512_set1_epi32(-1)));
+        *hi = _mm512_max_epu32(*hi, e);
+        let h = _mm512_srl_epi32(e, self.es);
+        let a = _mm512_add_epi32(h, self.c_a);
+        let b = _mm512_sub_epi32(self.c_b, h);
+        _mm512_castsi512_ps(_mm512_add_epi32(e, _mm512_max_epi32(a, b)))
+    }
+
+    /// Whether every value a step folded into `lo` and `hi` was in range
+    /// ([`PositMagic::in_range`]).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn in_range(&self, lo: __m512i, hi: __m512i) -> bool {
+        _mm512_cmplt_epu32_mask(lo, self.lo) | _mm512_cmpgt_epu32_mask(hi, self.hi) == 0
+    }
+}
+
+/// The kernel of `naive` in a posit with plain sums ([`Kinds`] `POSIT_RAISED`,
+/// `POSIT_SUM`, products `PROD`) by magic constants ([`super::posit_magic`]), as the AVX2
+/// kernel of [`super::naive_special_avx2`] runs it: each product `fma(x, y, M) - M` and
+/// each sum `(s + M) - M` (about twenty-five instructions a step against forty for the
+/// integer roundings and the step to odd), a step with a product or sum outside the
+/// uniform binades redone from the sums before it with the general roundings
+/// ([`Trials`] decides when to stop trying). The tile's first `width` columns run in parts
+/// of `R` registers, each part's sums held in registers through the whole of `a` (the
+/// padding past `width` is not computed and its sums are left 0); a zero `a_t` leaves the
+/// sums as they are (`c + 0 = c`, a value of the format).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
+fn kernel_magic<const PROD: u8, const R: usize>(
+    magic: &PositMagic,
+    op: &Zmm,
+    a: &[f32],
+    b: &[f32],
+    (stride, width): (usize, usize),
+    acc: &mut [f32; TILE],
+) -> bool {
+    let op = *op;
+    let mg = MagicZmm::new(magic);
+    let parts = width.div_ceil(16 * R).min(TILE / (16 * R));
+    acc[parts * 16 * R..].fill(0.0);
+    let mut special = 0u16;
+    for part in 0..parts {
+        let mut trials = Trials::default();
+        let mut c = [_mm512_setzero_ps(); R];
+        for (t, &x) in a.iter().enumerate() {
+            if x == 0.0 {
+                continue;
+            }
+            let row = &b[t * stride + part * 16 * R..][..16 * R];
+            // Doubled values (see the module docs).
+            let xv = _mm512_set1_ps(2.0 * x);
+            if trials.try_next() {
+                let mut lo = _mm512_set1_epi32(-1);
+                let mut hi = _mm512_setzero_si512();
+                let mut next = c;
+                for (r, c) in next.iter_mut().enumerate() {
+                    // SAFETY: 16 f32 read from inside the row.
+                    let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
+                    let m = mg.magic(_mm512_mul_ps(xv, y), &mut lo, &mut hi);
+                    let p = _mm512_sub_ps(_mm512_fmadd_ps(xv, y, m), m);
+                    let s = _mm512_add_ps(*c, p);
+                    let m = mg.magic(s, &mut lo, &mut hi);
+                    *c = _mm512_sub_ps(_mm512_add_ps(s, m), m);
+                }
+                if mg.in_range(lo, hi) {
+                    c = next;
+                    continue;
+                }
+                trials.redo();
+            }
+            for (r, c) in c.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
+                let odd = if PROD == EXACT {
+                    _mm512_castps_si512(_mm512_mul_ps(xv, y))
+                } else {
+                    mul_odd(xv, y)
+                };
+                let term = _mm512_castsi512_ps(round::<POSIT_RAISED>(&op, odd));
+                let s = _mm512_castps_si512(_mm512_add_ps(*c, term));
+                *c = _mm512_castsi512_ps(round::<POSIT_SUM>(&op, s));
+            }
+        }
+        for (r, &v) in c.iter().enumerate() {
+            let v = _mm512_mul_ps(v, _mm512_set1_ps(0.5));
+            // Inf or NaN: the exponent field all ones (none with finite operands; checked
+            // as in the other kernels).
+            let field = _mm512_and_si512(_mm512_castps_si512(v), mg.exp);
+            special |= _mm512_cmpeq_epi32_mask(field, mg.exp);
+            let at = part * 16 * R + 16 * r;
+            // SAFETY: 16 f32 written inside the tile (`at + 16 <= TILE`).
+            unsafe { _mm512_storeu_ps(acc[at..at + 16].as_mut_ptr(), v) };
+        }
+    }
+    special == 0
+}
+
+/// Registers of f32 in a part of [`kernel_magic`]'s tile: the whole tile at once (four
+/// independent sums a step), or halves where the tile's outputs fit in one
+/// ([`NARROW_WIDTH`]), so that no padding is computed.
+const WIDE_REGS: usize = TILE / 16;
+
+/// See [`WIDE_REGS`].
+const NARROW_REGS: usize = WIDE_REGS / 2;
+
+/// Widths up to this run in parts of [`NARROW_REGS`].
+const NARROW_WIDTH: usize = 16 * NARROW_REGS;
+
 /// The kernel for the run-time kinds, on an AVX-512 CPU.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -379,7 +526,7 @@ fn dispatch(
     products: Products,
     a: &[f32],
     b: &[f32],
-    stride: usize,
+    (stride, width): (usize, usize),
     acc: &mut [f32; TILE],
     operands_finite: bool,
 ) -> Option<bool> {
@@ -396,6 +543,23 @@ fn dispatch(
         return Some(false);
     }
     let (o, s) = (&op_zmm, &sum_zmm);
+    let magic = match op {
+        Some(LaneRound::Posit(p)) if kinds.same && kinds.plain_sums && !kinds.check => p.magic,
+        _ => None,
+    };
+    if let (Some(m), POSIT_RAISED) = (magic, kinds.op) {
+        let tile = (stride, width);
+        return Some(match kinds.prod {
+            EXACT if width <= NARROW_WIDTH => {
+                kernel_magic::<EXACT, NARROW_REGS>(&m, o, a, b, tile, acc)
+            }
+            EXACT => kernel_magic::<EXACT, WIDE_REGS>(&m, o, a, b, tile, acc),
+            _ if width <= NARROW_WIDTH => {
+                kernel_magic::<ROUNDED, NARROW_REGS>(&m, o, a, b, tile, acc)
+            }
+            _ => kernel_magic::<ROUNDED, WIDE_REGS>(&m, o, a, b, tile, acc),
+        });
+    }
     Some(run_kernel!(kernel, kinds, (o, s, a, b, stride, acc)))
 }
 
@@ -427,7 +591,18 @@ pub fn tile(
     match isa::active() {
         // SAFETY: AVX-512 F/BW/DQ/VL are present (checked by `active`) and imply the fused
         // multiply-add.
-        Isa::Avx512 => unsafe { dispatch(op, sum, products, a, b, stride, acc, operands_finite) },
+        Isa::Avx512 => unsafe {
+            dispatch(
+                op,
+                sum,
+                products,
+                a,
+                b,
+                (stride, width),
+                acc,
+                operands_finite,
+            )
+        },
         Isa::Avx2 => super::naive_special_avx2::tile(
             op,
             sum,

@@ -1,6 +1,7 @@
 //! The naive GEMM's register kernel with specialised roundings ([`super::naive_special`]) on
 //! AVX2 with F16C: the same definition, the same kinds of tile and the same checks for Inf
-//! and NaN, 8 lanes a register ([`super::lane_round_avx2`]). Two things differ:
+//! and NaN, 8 lanes a register ([`super::lane_round_avx2`]). Its forms, where they differ from
+//! the AVX-512 kernel's and where they share them:
 //!
 //! * **Round to odd by the error of the operation.** AVX2 has no rounding direction in the
 //!   instruction, so the exact result is formed as `hi + lo` by TwoProduct (`hi = x·y`,
@@ -28,7 +29,7 @@
 //!   `(s + M) - M`, with `M` from the value's exponent field in seven integer operations
 //!   ([`super::posit_magic`], whose docs prove it the posit rounding in every binade with a
 //!   uniform grid), against about twenty for the integer rounding of the pattern and the
-//!   step to odd of the product. A step whose products or sums leave those binades (values
+//!   step to odd of the product (the AVX-512 kernel has the same form). A step whose products or sums leave those binades (values
 //!   next to minpos or maxpos, where exponent bits are cut) is redone from the sums before
 //!   it with the general roundings: every step ends with the definition's sums. A tile of
 //!   more than 32 outputs runs as one part of eight registers (eight independent sums a
@@ -52,7 +53,7 @@ use super::lane_round_avx2::{has_f16c, round, Ymm};
 use super::lane_round_avx512::{HALF, NARROW, POSIT, POSIT_RAISED, POSIT_SUM, WIDE};
 use super::naive_lanes::{Products, TILE};
 use super::naive_special::{run_kernel, Kinds, SumLanes, BINARY32, EXACT, FUSED, ROUNDED};
-use super::posit_magic::PositMagic;
+use super::posit_magic::{PositMagic, Trials};
 
 /// Registers of f32 in a tile.
 const REGS: usize = TILE / 8;
@@ -67,13 +68,6 @@ const NARROW_REGS: usize = 4;
 
 /// Widths up to this run in parts of [`NARROW_REGS`].
 const NARROW_WIDTH: usize = 8 * NARROW_REGS;
-
-/// Steps of a part of the tile that [`kernel_magic`] always tries by magic constants.
-const TRIAL_STEPS: usize = 16;
-
-/// After [`TRIAL_STEPS`], [`kernel_magic`] keeps trying while at most one step in
-/// `1 << REDONE_SHIFT` was redone.
-const REDONE_SHIFT: u32 = 3;
 
 /// `hi + lo` (exact, `|lo|` at most half an ulp of `hi`) rounded to odd at f32 precision
 /// (see the module docs).
@@ -328,17 +322,11 @@ fn kernel_magic<const PROD: u8, const R: usize>(
     let op = *op;
     let mg = MagicYmm::new(magic);
     let part = || {
-        // Steps tried by magic constants and steps redone: past `TRIAL_STEPS` steps with
-        // more than one in `1 << REDONE_SHIFT` redone, the rest of the part takes the
-        // general roundings at once (data mostly outside the uniform binades, as in
-        // posit<8,0>'s narrow range).
-        let (mut tried, mut redone) = (0usize, 0usize);
+        let mut trials = Trials::default();
         move |c: &mut [__m256; R], x: f32, row: &[f32]| {
             // Doubled values (see [`super::naive_special`]).
             let xv = _mm256_set1_ps(2.0 * x);
-            let magic_pays = tried < TRIAL_STEPS || redone << REDONE_SHIFT <= tried;
-            if magic_pays {
-                tried += 1;
+            if trials.try_next() {
                 let mut lo = _mm256_set1_epi32(-1);
                 let mut hi = _mm256_setzero_si256();
                 let mut next = *c;
@@ -355,7 +343,7 @@ fn kernel_magic<const PROD: u8, const R: usize>(
                     *c = next;
                     return;
                 }
-                redone += 1;
+                trials.redo();
             }
             for (r, c) in c.iter_mut().enumerate() {
                 // SAFETY: as above.

@@ -148,3 +148,36 @@ impl PositMagic {
         })
     }
 }
+
+/// Steps of a part of a tile that the magic-constant kernels always try.
+const TRIAL_STEPS: usize = 16;
+
+/// After [`TRIAL_STEPS`], a kernel keeps trying while at most one step in
+/// `1 << REDONE_SHIFT` was redone.
+const REDONE_SHIFT: u32 = 3;
+
+/// Whether the steps of one part of a tile are still tried by magic constants: past
+/// [`TRIAL_STEPS`] steps with more than one in `2^REDONE_SHIFT` redone, the rest of the
+/// part takes the general roundings at once (data mostly outside the uniform binades, as in
+/// posit<8,0>'s narrow range). The AVX-512 and AVX2 kernels share it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Trials {
+    tried: usize,
+    redone: usize,
+}
+
+impl Trials {
+    /// Whether the next step is tried by magic constants (counted as tried).
+    #[inline]
+    pub(crate) fn try_next(&mut self) -> bool {
+        let pays = self.tried < TRIAL_STEPS || self.redone << REDONE_SHIFT <= self.tried;
+        self.tried += usize::from(pays);
+        pays
+    }
+
+    /// Counts a tried step that left the uniform binades and was redone.
+    #[inline]
+    pub(crate) fn redo(&mut self) {
+        self.redone += 1;
+    }
+}
