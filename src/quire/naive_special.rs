@@ -335,17 +335,7 @@ fn kernel<
         for r in 0..TILE / 16 {
             // SAFETY: 16 f32 read from inside the row.
             let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
-            let term = match PROD {
-                FUSED => _mm512_mul_ps(xv, y),
-                _ => {
-                    let odd = if PROD == EXACT {
-                        _mm512_castps_si512(_mm512_mul_ps(xv, y))
-                    } else {
-                        mul_odd(xv, y)
-                    };
-                    _mm512_castsi512_ps(round::<OP>(&op, odd))
-                }
-            };
+            let term = product::<OP, PROD>(&op, xv, y);
             c[r] = if SUM == BINARY32 {
                 _mm512_add_ps(c[r], term)
             } else {
@@ -369,14 +359,41 @@ fn kernel<
     }
     let mut special = 0u16;
     for r in 0..TILE / 16 {
-        // Inf or NaN: the exponent field all ones.
-        let field = _mm512_and_si512(_mm512_castps_si512(c[r]), _mm512_set1_epi32(0x7f80_0000));
-        special |= _mm512_cmpeq_epi32_mask(field, _mm512_set1_epi32(0x7f80_0000));
+        special |= store_sums(c[r], &mut acc[16 * r..16 * r + 16]);
         special |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(flag[r], flag[r]);
-        // SAFETY: 16 f32 written inside the tile.
-        unsafe { _mm512_storeu_ps(acc[16 * r..].as_mut_ptr(), c[r]) };
     }
     special == 0
+}
+
+/// The term `x · y` of a step: exact (`FUSED`), or rounded by `op` (of kind `OP`) from the
+/// product exact in f32 (`EXACT`) or rounded to odd (`ROUNDED`).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+#[inline]
+fn product<const OP: u8, const PROD: u8>(op: &Zmm, x: __m512, y: __m512) -> __m512 {
+    match PROD {
+        FUSED => _mm512_mul_ps(x, y),
+        _ => {
+            let odd = if PROD == EXACT {
+                _mm512_castps_si512(_mm512_mul_ps(x, y))
+            } else {
+                mul_odd(x, y)
+            };
+            _mm512_castsi512_ps(round::<OP>(op, odd))
+        }
+    }
+}
+
+/// Stores 16 finished sums into `dst`; the mask of those that are Inf or NaN (the exponent
+/// field all ones).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn store_sums(v: __m512, dst: &mut [f32]) -> __mmask16 {
+    let exp = _mm512_set1_epi32(0x7f80_0000);
+    let field = _mm512_and_si512(_mm512_castps_si512(v), exp);
+    assert!(dst.len() >= 16);
+    // SAFETY: 16 f32 written inside `dst` (asserted).
+    unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), v) };
+    _mm512_cmpeq_epi32_mask(field, exp)
 }
 
 /// [`PositMagic`]'s constants in registers.
@@ -482,25 +499,15 @@ fn kernel_magic<const PROD: u8, const R: usize>(
             for (r, c) in c.iter_mut().enumerate() {
                 // SAFETY: as above.
                 let y = unsafe { _mm512_loadu_ps(row[16 * r..].as_ptr()) };
-                let odd = if PROD == EXACT {
-                    _mm512_castps_si512(_mm512_mul_ps(xv, y))
-                } else {
-                    mul_odd(xv, y)
-                };
-                let term = _mm512_castsi512_ps(round::<POSIT_RAISED>(&op, odd));
+                let term = product::<POSIT_RAISED, PROD>(&op, xv, y);
                 let s = _mm512_castps_si512(_mm512_add_ps(*c, term));
                 *c = _mm512_castsi512_ps(round::<POSIT_SUM>(&op, s));
             }
         }
         for (r, &v) in c.iter().enumerate() {
-            let v = _mm512_mul_ps(v, _mm512_set1_ps(0.5));
-            // Inf or NaN: the exponent field all ones (none with finite operands; checked
-            // as in the other kernels).
-            let field = _mm512_and_si512(_mm512_castps_si512(v), mg.exp);
-            special |= _mm512_cmpeq_epi32_mask(field, mg.exp);
+            // None special with finite operands; checked as the other kernels do.
             let at = part * 16 * R + 16 * r;
-            // SAFETY: 16 f32 written inside the tile (`at + 16 <= TILE`).
-            unsafe { _mm512_storeu_ps(acc[at..at + 16].as_mut_ptr(), v) };
+            special |= store_sums(_mm512_mul_ps(v, _mm512_set1_ps(0.5)), &mut acc[at..at + 16]);
         }
     }
     special == 0
@@ -588,31 +595,12 @@ pub fn tile(
 ) -> Option<bool> {
     assert!(a.is_empty() || b.len() >= (a.len() - 1) * stride + TILE);
     assert!(width <= TILE);
+    let (shape, finite) = ((stride, width), operands_finite);
     match isa::active() {
         // SAFETY: AVX-512 F/BW/DQ/VL are present (checked by `active`) and imply the fused
         // multiply-add.
-        Isa::Avx512 => unsafe {
-            dispatch(
-                op,
-                sum,
-                products,
-                a,
-                b,
-                (stride, width),
-                acc,
-                operands_finite,
-            )
-        },
-        Isa::Avx2 => super::naive_special_avx2::tile(
-            op,
-            sum,
-            products,
-            a,
-            b,
-            (stride, width),
-            acc,
-            operands_finite,
-        ),
+        Isa::Avx512 => unsafe { dispatch(op, sum, products, a, b, shape, acc, finite) },
+        Isa::Avx2 => super::naive_special_avx2::tile(op, sum, products, a, b, shape, acc, finite),
         Isa::Portable => None,
     }
 }

@@ -107,9 +107,7 @@ const INT_COLS: usize = 16;
 /// rows at a time (a task's rows), so every cache line read is used whole, and
 /// [`INT_COLS`] runs are converted into a small block (contiguous loops, which vectorise)
 /// before the block is written out transposed, a run of [`INT_COLS`] integers to each
-/// row: a convolution's column matrices (`k` x images·pixels) are read this way, and the
-/// element-by-element form, one scattered store per value, took about 40% of a LeNet-5
-/// posit<8,0> quire epoch.
+/// row (a convolution's column matrices, `k` x images·pixels, are read this way).
 fn int_matrix(rows: usize, cols: usize, scale: f64, src: &[f64], transposed: bool) -> IntMatrix {
     let mut values = vec![0i16; rows * cols];
     let mut nar = vec![false; rows];
@@ -156,7 +154,7 @@ fn int_matrix(rows: usize, cols: usize, scale: f64, src: &[f64], transposed: boo
 
 /// `dst[i] = src[i] · scale` as integers, for values on a posit's grid scaled to integers
 /// below `2^15` in magnitude (exact); whether every value of `src` is finite (a value that
-/// is not gets an unspecified integer). Four f64 a step on CPUs with AVX2.
+/// is not gets an unspecified integer). Eight values a step on CPUs with AVX2.
 fn scaled_ints(src: &[f64], scale: f64, dst: &mut [i16]) -> bool {
     assert_eq!(src.len(), dst.len());
     #[cfg(target_arch = "x86_64")]
@@ -164,6 +162,11 @@ fn scaled_ints(src: &[f64], scale: f64, dst: &mut [i16]) -> bool {
         // SAFETY: the CPU has AVX2 (`isa::active`); the lengths are equal (asserted).
         return unsafe { scaled_ints_avx2(src, scale, dst) };
     }
+    scaled_ints_scalar(src, scale, dst)
+}
+
+/// [`scaled_ints`] one value at a time (also the vector form's tail).
+fn scaled_ints_scalar(src: &[f64], scale: f64, dst: &mut [i16]) -> bool {
     let mut finite = true;
     for (d, &v) in dst.iter_mut().zip(src) {
         finite &= v.is_finite();
@@ -172,8 +175,8 @@ fn scaled_ints(src: &[f64], scale: f64, dst: &mut [i16]) -> bool {
     finite
 }
 
-/// [`scaled_ints`] eight values a step: truncating conversions to i32 (exact for integers)
-/// packed to i16, and `v · 0 = 0` exactly for the finite `v`.
+/// [`scaled_ints`] eight values a step (two vectors of four f64): truncating conversions to
+/// i32 (exact for integers) packed to i16, and `v · 0 = 0` exactly for the finite `v`.
 ///
 /// # Safety
 /// The CPU has AVX2; `src` and `dst` have the same length.
@@ -201,12 +204,8 @@ unsafe fn scaled_ints_avx2(src: &[f64], scale: f64, dst: &mut [i16]) -> bool {
         // SAFETY: as above.
         unsafe { _mm_storeu_si128(to.as_mut_ptr().cast(), ints) };
     }
-    let mut all = _mm256_movemask_pd(finite) == 0xf;
-    for (d, &v) in dst_tail.iter_mut().zip(src_tail) {
-        all &= v.is_finite();
-        *d = (v * scale) as i16;
-    }
-    all
+    let tail_finite = scaled_ints_scalar(src_tail, scale, dst_tail);
+    _mm256_movemask_pd(finite) == 0xf && tail_finite
 }
 
 /// `out = round(A · B + bias)` for f64 operands on the posit's grid, `a` (`m x k`) and `b`
