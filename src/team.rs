@@ -12,10 +12,13 @@
 //! [`run`] instead keeps the caller working: it asks the pool for helpers, computes the
 //! tasks' shared input itself meanwhile (the part every task needs, such as a GEMM's
 //! rounded right operand), then claims tasks one at a time from a shared counter, as each
-//! helper does once it is awake and the shared input is ready. A helper that wakes late
-//! finds fewer tasks left, or none; the caller never sleeps waiting for one to wake, and
-//! once no task is left unclaimed it spins (yielding) only until the ones being run are
-//! done. Which thread runs a task never changes its result.
+//! helper does once it is awake. With [`run_prepared`] a task comes in two parts: its own
+//! (such as rounding a band's rows of the left operand), which a thread runs as soon as it
+//! has claimed the task, and the rest, which waits for the shared input; a helper that
+//! wakes while the caller still computes the shared input does its own part meanwhile
+//! instead of waiting. A helper that wakes late finds fewer tasks left, or none; the caller never sleeps
+//! waiting for one to wake, and once no task is left unclaimed it spins (yielding) only
+//! until the ones being run are done. Which thread runs a task never changes its result.
 //!
 //! The tasks should not call into rayon themselves: from a caller outside the pool, such a
 //! call would again put the caller to sleep until a worker is free to take it.
@@ -82,10 +85,10 @@ pub(crate) fn row_bands<V>(
         .collect()
 }
 
-/// `run(&shared(), task)` for every task, on the calling thread and up to `helpers` threads
-/// of rayon's pool (see the module docs); the results in the tasks' order. `shared` runs
-/// once, on the calling thread. With `helpers == 0` or a single task, everything runs on
-/// the calling thread. A panic in `shared` or in a task is raised again on the calling
+/// `work(&shared(), task)` for every task, on the calling thread and up to `helpers`
+/// threads of rayon's pool (see the module docs); the results in the tasks' order. `shared`
+/// runs once, on the calling thread. With `helpers == 0` or a single task, everything runs
+/// on the calling thread. A panic in `shared` or in a task is raised again on the calling
 /// thread once no thread is still working.
 pub(crate) fn run<S, T, R>(
     helpers: usize,
@@ -98,10 +101,34 @@ where
     T: Send,
     R: Send,
 {
+    run_prepared(helpers, shared, tasks, |_| (), |s, t, ()| work(s, t))
+}
+
+/// [`run`] with each task in two parts (see the module docs): `work(&shared(), task,
+/// own(&task))`, where `own(&task)` runs on the thread that claims the task, before the
+/// shared input is needed.
+pub(crate) fn run_prepared<S, T, U, R>(
+    helpers: usize,
+    shared: impl FnOnce() -> S,
+    tasks: Vec<T>,
+    own: impl Fn(&T) -> U + Sync,
+    work: impl Fn(&S, T, U) -> R + Sync,
+) -> Vec<R>
+where
+    S: Send + Sync,
+    T: Send,
+    R: Send,
+{
     let len = tasks.len();
     if helpers == 0 || len <= 1 {
         let s = shared();
-        return tasks.into_iter().map(|t| work(&s, t)).collect();
+        return tasks
+            .into_iter()
+            .map(|t| {
+                let u = own(&t);
+                work(&s, t, u)
+            })
+            .collect();
     }
     let board = Board {
         shared: OnceLock::new(),
@@ -113,13 +140,13 @@ where
     };
     rayon::in_place_scope(|scope| {
         for _ in 0..helpers.min(len - 1) {
-            scope.spawn(|_| board.help(&work));
+            scope.spawn(|_| board.help(&own, &work));
         }
         // If `shared` panics, the helpers must not wait for it.
         let guard = Abandon(&board.abandoned);
         let _ = board.shared.set(shared());
         std::mem::forget(guard);
-        board.help(&work);
+        board.help(&own, &work);
         // Every task is claimed: wait for the helpers still running one (a task's length
         // at most), yielding, rather than sleeping until one wakes the caller.
         while board.settled.load(Ordering::Acquire) < len {
@@ -154,15 +181,38 @@ struct Board<S, T, R> {
 }
 
 impl<S: Send + Sync, T: Send, R: Send> Board<S, T, R> {
-    /// Waits for the shared input, then claims and runs tasks until none is left.
-    fn help(&self, work: &(impl Fn(&S, T) -> R + Sync)) {
+    /// Claims tasks until none is left: runs each one's own part, waits for the shared
+    /// input (once), then runs the rest.
+    fn help<U>(&self, own: &(impl Fn(&T) -> U + Sync), work: &(impl Fn(&S, T, U) -> R + Sync)) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.tasks.len() {
+                return;
+            }
+            // Counted as settled even if the task panics or the shared input never comes,
+            // so that the caller stops waiting and the scope raises the panic.
+            let _settle = Settle(&self.settled);
+            let task = lock(&self.tasks[i])
+                .take()
+                .expect("each task is claimed once");
+            let prepared = own(&task);
+            let Some(shared) = self.wait_shared() else {
+                return;
+            };
+            let r = work(shared, task, prepared);
+            *lock(&self.results[i]) = Some(r);
+        }
+    }
+
+    /// The shared input, once the caller has computed it; `None` if that panicked.
+    fn wait_shared(&self) -> Option<&S> {
         let mut spins = 0u32;
-        let shared = loop {
+        loop {
             if let Some(s) = self.shared.get() {
-                break s;
+                return Some(s);
             }
             if self.abandoned.load(Ordering::Acquire) {
-                return;
+                return None;
             }
             // Yield now and then, in case this thread shares a CPU with the caller.
             spins = spins.wrapping_add(1);
@@ -171,20 +221,6 @@ impl<S: Send + Sync, T: Send, R: Send> Board<S, T, R> {
             } else {
                 std::hint::spin_loop();
             }
-        };
-        loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.tasks.len() {
-                return;
-            }
-            // Counted as settled even if the task panics, so that the caller stops waiting
-            // and the scope raises the panic.
-            let _settle = Settle(&self.settled);
-            let task = lock(&self.tasks[i])
-                .take()
-                .expect("each task is claimed once");
-            let r = work(shared, task);
-            *lock(&self.results[i]) = Some(r);
         }
     }
 }
@@ -277,6 +313,51 @@ mod tests {
         }
     }
 
+    /// Each task's own part runs once, on the thread that claimed it, and a helper may run
+    /// it while the caller still computes the shared input.
+    #[test]
+    fn own_parts_run_once_and_before_the_shared_input_where_a_helper_is_awake() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("pool");
+        let owns = AtomicUsize::new(0);
+        let (out, early) = pool.install(|| {
+            let mut early = false;
+            let out = run_prepared(
+                1,
+                || {
+                    // The caller waits (at most two seconds) for the helper's own part.
+                    let start = std::time::Instant::now();
+                    while owns.load(Ordering::Acquire) == 0 && start.elapsed().as_secs() < 2 {
+                        std::thread::yield_now();
+                    }
+                    early = owns.load(Ordering::Acquire) > 0;
+                    100
+                },
+                (0..6).collect(),
+                |&t: &usize| {
+                    owns.fetch_add(1, Ordering::AcqRel);
+                    t * 2
+                },
+                |s, _, u| s + u,
+            );
+            (out, early)
+        });
+        assert_eq!(out, (0..6).map(|t| 100 + 2 * t).collect::<Vec<_>>());
+        assert_eq!(owns.into_inner(), 6);
+        assert!(early, "no own part ran while the shared input was computed");
+        // Serial: the same results.
+        let serial = run_prepared(
+            0,
+            || 100,
+            (0..6).collect(),
+            |&t: &usize| t * 2,
+            |s, _, u| s + u,
+        );
+        assert_eq!(serial, out);
+    }
+
     #[test]
     fn tasks_write_disjoint_pieces_of_a_buffer() {
         let mut buf = vec![0u32; 1000];
@@ -300,6 +381,20 @@ mod tests {
                 || (),
                 (0..8).collect(),
                 |_, t: i32| assert!(t != 5, "task 5"),
+            )
+        });
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_panicking_own_part_is_raised_on_the_caller() {
+        let r = std::panic::catch_unwind(|| {
+            run_prepared(
+                2,
+                || (),
+                (0..8).collect(),
+                |&t: &i32| assert!(t != 3, "task 3's own part"),
+                |_, t: i32, ()| t,
             )
         });
         assert!(r.is_err());

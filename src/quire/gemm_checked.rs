@@ -235,10 +235,10 @@ fn view(data: &[f64], transposed: bool, (rows, cols): (usize, usize)) -> Strided
 ///
 /// `B` is rounded once, on the calling thread. Where `parallel` and `A` has enough rows
 /// (`team::Threading::of`), the output rows are cut into one band per thread of rayon's pool,
-/// shared with the caller through `crate::team`: each band rounds its rows of `A` and
-/// runs its own serial f64 GEMM and check, so that a call hands work to the pool once
-/// (the f64 GEMM's own threading hands it over twice per block of `k`, each time waiting
-/// for a sleeping worker to wake).
+/// shared with the caller through `crate::team`: each band rounds its rows of `A` (a helper
+/// does so while the caller still rounds `B`) and runs its own serial f64 GEMM and check,
+/// so that a call hands work to the pool once (the f64 GEMM's own threading hands it over
+/// twice per block of `k`, each time waiting for a sleeping worker to wake).
 pub fn gemm_f32(
     posit: Posit,
     a: Operand,
@@ -258,10 +258,15 @@ pub fn gemm_f32(
     // columns. Rounded once, on the calling thread, while the helpers wake.
     let b_shape = if b.transposed { (n, k) } else { (k, n) };
     let prepare_b = || prepare(posit, &b.data[..k * n], b_shape, b.transposed, parallel);
+    // Rows `r0..` of `A` rounded, by the thread that claims the band (before `B` is ready).
+    let own = |&(r0, ref out): &(usize, &mut [f32])| {
+        prepare_rows(posit, a, (m, k), r0..r0 + out.len() / n, parallel)
+    };
     // Rows `r0..` of the output (`out` holds them) from rows `r0..` of `A`.
-    let band = |(bv, b_norms): &(Scratch<f64>, Vec<f64>), (r0, out): (usize, &mut [f32])| {
+    let band = |(bv, b_norms): &(Scratch<f64>, Vec<f64>),
+                (r0, out): (usize, &mut [f32]),
+                (av, a_norms): (Scratch<f64>, Vec<f64>)| {
         let rows = out.len() / n;
-        let (av, a_norms) = prepare_rows(posit, a, (m, k), r0..r0 + rows, parallel);
         let ops = Prepared {
             a: view(&av, a.transposed, (rows, k)),
             b: view(bv, b.transposed, (k, n)),
@@ -284,7 +289,7 @@ pub fn gemm_f32(
         )
     };
     let tasks = crate::team::row_bands(&mut out, n, bands, 1);
-    let fallbacks = crate::team::run(bands - 1, prepare_b, tasks, band)
+    let fallbacks = crate::team::run_prepared(bands - 1, prepare_b, tasks, own, band)
         .into_iter()
         .sum();
     (out, fallbacks)
@@ -386,26 +391,22 @@ fn round_rows(
     for (r, (src, dst)) in src.chunks(cols).zip(dst.chunks_mut(cols)).enumerate() {
         let mut row_sum = 0.0;
         for (p, (src, dst)) in src.chunks(STAGE).zip(dst.chunks_mut(STAGE)).enumerate() {
+            let squares = if along_rows {
+                Squares::Row(&mut row_sum)
+            } else {
+                Squares::Columns(&mut sums[p * STAGE..p * STAGE + dst.len()])
+            };
             match plan {
                 Some(plan) => {
                     let stage = &mut stage[..src.len()];
                     crate::backend::cpu::round_nearest_run(plan, src, stage, round);
-                    for (d, &x) in dst.iter_mut().zip(stage.iter()) {
-                        *d = f64::from(x);
-                    }
+                    widen(stage, dst, squares);
                 }
                 None => {
                     for (d, &x) in dst.iter_mut().zip(src) {
                         *d = round(f64::from(x));
                     }
-                }
-            }
-            if along_rows {
-                row_sum += sum_of_squares(dst);
-            } else {
-                let acc = &mut sums[p * STAGE..p * STAGE + dst.len()];
-                for (s, &x) in acc.iter_mut().zip(dst.iter()) {
-                    *s += x * x;
+                    squares.add(dst);
                 }
             }
         }
@@ -414,6 +415,61 @@ fn round_rows(
         }
     }
     sums
+}
+
+/// Where [`widen`] adds the squares of a piece of values.
+enum Squares<'a> {
+    /// Into one running sum (a row's).
+    Row(&'a mut f64),
+    /// Each into its column's sum.
+    Columns(&'a mut [f64]),
+}
+
+impl Squares<'_> {
+    /// Adds the squares of `v` (in the same order on every instruction set: no fused
+    /// operations are formed, and each sum's terms are added in `v`'s order by lane).
+    #[inline(always)]
+    fn add(self, v: &[f64]) {
+        match self {
+            Squares::Row(sum) => *sum += sum_of_squares(v),
+            Squares::Columns(acc) => {
+                for (s, &x) in acc.iter_mut().zip(v) {
+                    *s += x * x;
+                }
+            }
+        }
+    }
+}
+
+/// `dst = f64(src)` and the squares of `dst` added to `squares`, on the widest
+/// instruction set this CPU runs (the same values on each).
+fn widen(src: &[f32], dst: &mut [f64], squares: Squares) {
+    #[inline(always)]
+    fn body(src: &[f32], dst: &mut [f64], squares: Squares) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = f64::from(x);
+        }
+        squares.add(dst);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn avx512(src: &[f32], dst: &mut [f64], squares: Squares) {
+        body(src, dst, squares)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn avx2(src: &[f32], dst: &mut [f64], squares: Squares) {
+        body(src, dst, squares)
+    }
+    match crate::backend::isa::active() {
+        // SAFETY: `isa::active` names only instruction sets this CPU has.
+        #[cfg(target_arch = "x86_64")]
+        crate::backend::isa::Isa::Avx512 => unsafe { avx512(src, dst, squares) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        crate::backend::isa::Isa::Avx2 => unsafe { avx2(src, dst, squares) },
+        _ => body(src, dst, squares),
+    }
 }
 
 /// Elements per parallel block of the operand passes: smaller operands are one block, on
@@ -469,6 +525,7 @@ pub(crate) fn norms(
 
 /// `Σ x²` in eight interleaved partial sums (any order serves the bound; this one
 /// vectorises).
+#[inline]
 pub(crate) fn sum_of_squares(v: &[f64]) -> f64 {
     let (groups, tail) = v.as_chunks::<8>();
     let mut acc = [0.0; 8];
