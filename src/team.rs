@@ -16,9 +16,10 @@
 //! (such as rounding a band's rows of the left operand), which a thread runs as soon as it
 //! has claimed the task, and the rest, which waits for the shared input; a helper that
 //! wakes while the caller still computes the shared input does its own part meanwhile
-//! instead of waiting. A helper that wakes late finds fewer tasks left, or none; the caller never sleeps
-//! waiting for one to wake, and once no task is left unclaimed it spins (yielding) only
-//! until the ones being run are done. Which thread runs a task never changes its result.
+//! instead of waiting. A helper that wakes late finds fewer tasks left, or none; the
+//! caller never sleeps waiting for one to wake, and once no task is left unclaimed it
+//! spins (yielding) only until the ones being run are done. Which thread runs a task never
+//! changes its result.
 //!
 //! The tasks should not call into rayon themselves: from a caller outside the pool, such a
 //! call would again put the caller to sleep until a worker is free to take it.
