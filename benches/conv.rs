@@ -42,7 +42,7 @@ fn theirs(x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 fn bench_conv(c: &mut Criterion) {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     let dev = Device::Cpu;
     let layers = [("conv1", 1, 6, 32, false), ("conv2", 6, 16, 14, true)];
     for (name, cin, cout, size, input_grad) in layers {

@@ -24,7 +24,7 @@ mod epochs;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     let all = epochs::bench_args();
     let limit = all
         .iter()

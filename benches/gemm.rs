@@ -70,7 +70,7 @@ fn cap_isa() {
 }
 
 fn bench_gemm(c: &mut Criterion) {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     cap_isa();
     for &(m, k, n) in SHAPES {
         let big = m * k * n >= 1 << 28;
@@ -142,7 +142,7 @@ const SETTINGS: &[(&str, &str, bool)] = &[
 ];
 
 fn bench_accumulate(c: &mut Criterion) {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     cap_isa();
     for &(m, k, n) in SHAPES {
         let big = m * k * n >= 1 << 28;

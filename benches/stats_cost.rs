@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use qcandle::run_stats::StatsEvery;
 
 fn main() -> ExitCode {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     let args = epochs::bench_args();
     let model = args.first().cloned().unwrap_or("lenet5".into());
     let config = args.get(1).cloned().unwrap_or("posit<8,0>".into());

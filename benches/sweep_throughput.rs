@@ -21,7 +21,7 @@ use qcandle::sweep::{Plan, Spec};
 const CONFIGS: &str = r#"["float32", "posit<16,1>", "bf16", "posit<8,1>"]"#;
 
 fn main() -> ExitCode {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     let seeds: usize = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with("--"))

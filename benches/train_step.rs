@@ -65,7 +65,7 @@ fn bench_steps(
 }
 
 fn bench_train_step(c: &mut Criterion<ProcessCpuTime>) {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     // Steps cycle through the embedded subset's batches: repeating one batch would fit it
     // until the errors shrink towards the formats' smallest values, which real training
     // does not see (and which the f32 fast path of posits sends to the slow path).
@@ -96,7 +96,7 @@ fn transformer_trainer(preset: &str) -> Trainer {
 }
 
 fn bench_transformer_step(c: &mut Criterion<ProcessCpuTime>) {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     let data = qcandle::data::modadd::modadd(qcandle::data::modadd::MODADD_P).expect("modadd");
     let batches: Vec<(Tensor, Tensor)> = data
         .train_batches(64, 1, 0)

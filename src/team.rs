@@ -21,6 +21,10 @@
 //! spins (yielding) only until the ones being run are done. Which thread runs a task never
 //! changes its result.
 //!
+//! The caller may also be a thread of the pool, as the `qcandle` tool's main thread is: the
+//! helpers then go onto its own queue, from which the pool's other threads take them, and
+//! the rest is the same.
+//!
 //! The tasks should not call into rayon themselves: from a caller outside the pool, such a
 //! call would again put the caller to sleep until a worker is free to take it.
 

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Output;
 
 use candle_core::{DType, Device, Tensor};
-use cli::{assert_clean_failure, qcandle, qcandle_in, stderr};
+use cli::{assert_clean_failure, command, qcandle, qcandle_in, stderr};
 use qcandle::{quantize, Quant};
 
 fn sample() -> Tensor {
@@ -769,4 +769,62 @@ fn the_loss_scale_flag_replaces_the_configs_and_bad_values_are_clear_errors() {
         let o = qcandle_in(Some(dir.path()), &args);
         assert_refused(&o, &args, needle);
     }
+}
+
+/// The tool's main thread joins rayon's pool where the pool has two threads or more
+/// (`src/bin/qcandle/threads.rs`), and stays outside it with `RAYON_NUM_THREADS=1`. A
+/// LeNet-5 run in quire posit<16,1> arithmetic, whose banded GEMMs put their helpers on the
+/// main thread's own queue when it is in the pool, writes the same model, checkpoint and
+/// metrics (but the time column) either way.
+#[test]
+fn training_with_the_main_thread_in_rayons_pool_gives_the_run_of_one_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/configs/quire-posit_16_1.toml"
+    );
+    let run = |name: &str, threads: Option<&str>| {
+        let out = dir.path().join(name);
+        let mut command = command(&[
+            "train",
+            "--model",
+            "lenet5",
+            "--data",
+            "embedded",
+            "--train-limit",
+            "512",
+            "--batch",
+            "64",
+            "--epochs",
+            "1",
+            "--config",
+            config,
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        command.env_remove("RAYON_NUM_THREADS");
+        if let Some(n) = threads {
+            command.env("RAYON_NUM_THREADS", n);
+        }
+        let o = command.output().expect("the binary runs");
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        out
+    };
+    let pooled = run("pooled", None);
+    let alone = run("alone", Some("1"));
+    for file in ["model.safetensors", "checkpoint.safetensors"] {
+        let a = std::fs::read(pooled.join(file)).unwrap();
+        let b = std::fs::read(alone.join(file)).unwrap();
+        assert!(a == b, "{file} differs between the thread settings");
+    }
+    let metrics = |dir: &Path| {
+        std::fs::read_to_string(dir.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(metrics(&pooled), metrics(&alone));
+    assert_eq!(metrics(&pooled).len(), 2, "a header and one epoch");
 }

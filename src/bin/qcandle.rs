@@ -745,7 +745,7 @@ fn run_demo(samples: usize, epochs: usize, seed: u64) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    threads::tune_cpu_threads();
+    threads::tune_cpu_threads_on_main();
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<ClosedPipe>() => ExitCode::from(CLOSED_PIPE_STATUS),
