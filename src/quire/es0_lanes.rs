@@ -272,6 +272,45 @@ impl Es0Lanes {
             nar,
         )
     }
+
+    /// [`Es0Lanes::round_mag_avx2`] on sixteen magnitudes.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) fn round_mag_avx512(&self, mag: __m512i) -> __m512 {
+        let splat = |v: u32| _mm512_set1_epi32(v as i32);
+        let y = _mm512_max_epi32(
+            _mm512_min_epi32(mag, splat(self.maxpos)),
+            splat(self.minpos),
+        );
+        let e = _mm512_and_si512(y, splat(0x7f80_0000));
+        let m = _mm512_sub_epi32(_mm512_add_epi32(e, e), splat(self.k));
+        let m = _mm512_min_epi32(_mm512_max_epi32(m, splat(self.m_low)), splat(self.m_top));
+        let (yf, mf) = (_mm512_castsi512_ps(y), _mm512_castsi512_ps(m));
+        let r = _mm512_sub_ps(_mm512_add_ps(yf, mf), mf);
+        let tie = _mm512_cmpeq_epi32_mask(y, splat(self.tie));
+        _mm512_mask_mov_ps(r, tie, _mm512_castsi512_ps(splat(self.tie_to)))
+    }
+
+    /// [`Es0Lanes::units_avx2`] on sixteen f32 values (bits): the integers `R(x) · 2^s` as
+    /// i32 lanes (0 for ±0, NaN and ±Inf), and the mask of the NaN and ±Inf lanes.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) fn units_avx512(&self, bits: __m512i) -> (__m512i, __mmask16) {
+        let mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fff_ffff));
+        let nar = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7f7f_ffff));
+        let r = self.round_mag_avx512(mag);
+        let scale = _mm512_castsi512_ps(_mm512_set1_epi32(pow2_bits(self.n as i32 - 2) as i32));
+        // Exact: an integer of at most 2^2s.
+        let units = _mm512_cvtps_epi32(_mm512_mul_ps(r, scale));
+        let zero = _mm512_setzero_si512();
+        let dead = nar | _mm512_cmpeq_epi32_mask(mag, zero);
+        let units = _mm512_maskz_mov_epi32(!dead, units);
+        // Negated where the f32 is negative (its bits are then a negative i32).
+        let negative = _mm512_cmplt_epi32_mask(bits, zero);
+        (_mm512_mask_sub_epi32(units, negative, zero, units), nar)
+    }
 }
 
 /// [`Es0Lanes`]'s constants in AVX2 registers, and its rounding of the naive GEMM's exact

@@ -253,6 +253,33 @@ impl IntOperand {
         _mm256_movemask_epi8(bad) != 0 || tail_bad
     }
 
+    /// [`IntOperand::row_es0_avx2`] in AVX-512 lanes, sixteen at a time.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn row_es0_avx512(&self, es0: &Es0Lanes, src: &[f32], dst: &mut [i16]) -> bool {
+        use std::arch::x86_64::*;
+        let len = src.len().min(dst.len());
+        let whole = len - len % 16;
+        let mut bad: __mmask16 = 0;
+        for (s, d) in src[..whole].chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
+            // SAFETY: 16 f32 read from `s`.
+            let bits = unsafe { _mm512_loadu_si512(s.as_ptr().cast()) };
+            let (units, nar) = es0.units_avx512(bits);
+            bad |= nar;
+            // The i32 units (at most 4096 in magnitude) narrowed to i16.
+            // SAFETY: `d` holds 16 i16, 32 bytes.
+            unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), _mm512_cvtepi32_epi16(units)) };
+        }
+        let mut tail_bad = false;
+        for (d, &x) in dst[whole..len].iter_mut().zip(&src[whole..len]) {
+            *d = self.int(x).unwrap_or_else(|| {
+                tail_bad = true;
+                0
+            });
+        }
+        bad != 0 || tail_bad
+    }
+
     /// [`IntOperand::int`] of every `src[t]` into `dst[t]` (0 for NaR) for posit<n,0>,
     /// sixteen at a time by the magic-constant rounding ([`Es0Lanes`]), no look-ups; the
     /// last `len % 16` by [`IntOperand::int`]. Whether any is NaR.
@@ -342,8 +369,13 @@ impl IntOperand {
                 {
                     let row = &src[r * cols..r * cols + cols];
                     *flag = if let Some(es0) = &self.es0 {
-                        // SAFETY: the CPU has AVX2 (`isa::active`).
-                        unsafe { self.row_es0_avx2(es0, row, out) }
+                        if isa == Isa::Avx512 {
+                            // SAFETY: the CPU has AVX-512 F (`isa::active`).
+                            unsafe { self.row_es0_avx512(es0, row, out) }
+                        } else {
+                            // SAFETY: the CPU has AVX2 (`isa::active`).
+                            unsafe { self.row_es0_avx2(es0, row, out) }
+                        }
                     } else if isa == Isa::Avx512 {
                         // SAFETY: the CPU has AVX-512 F and BW (`isa::active`).
                         unsafe { self.row_avx512(row, out) }

@@ -65,23 +65,11 @@ impl PairPacked {
         let pairs = kp / 2;
         let np = n.div_ceil(LANES) * LANES;
         let mut lines = vec![Line([0; LANES]); pairs * np / LANES];
-        // Sixteen rows of `Bᵀ` at a time, read side by side (sixteen sequential streams),
-        // each pair index writing one whole line.
-        let per_row = np / LANES;
-        for (jb, rows) in bt[..n * kp].chunks(LANES * kp).enumerate() {
-            let mut src = [&[][..]; LANES];
-            for (s, row) in src.iter_mut().zip(rows.chunks_exact(kp)) {
-                *s = row;
-            }
-            let live = rows.len() / kp;
-            for t in 0..pairs {
-                let line = &mut lines[t * per_row + jb].0;
-                for (d, row) in line.iter_mut().zip(&src[..live]) {
-                    let (lo, hi) = (row[2 * t] as u16, row[2 * t + 1] as u16);
-                    *d = (u32::from(lo) | (u32::from(hi) << 16)) as i32;
-                }
-            }
-        }
+        // SAFETY: `kernel` returned a tile, so the CPU has AVX-512 F (and BW).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            pack_avx512(&bt[..n * kp], n, pairs, &mut lines)
+        };
         let max = int_dot::max_magnitude(&bt[..n * kp]);
         Some(PairPacked {
             lines,
@@ -101,6 +89,74 @@ impl PairPacked {
     pub fn max_magnitude(&self) -> u16 {
         self.max
     }
+}
+
+/// `lines` (row `t` of `np / 16` lines per pair of `k`) from `bt` (`n` rows of `2 pairs`
+/// i16): the pair `t` of row `j` of `Bᵀ` is the `t`-th i32 of that row read as i32 (the
+/// first i16 in the low half), so the packing is the transpose of an `n x pairs` i32
+/// matrix into `pairs x np`, sixteen rows by sixteen pairs at a time, with zeros past `n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn pack_avx512(bt: &[i16], n: usize, pairs: usize, lines: &mut [Line]) {
+    use std::arch::x86_64::*;
+    let per_row = lines.len() / pairs.max(1);
+    let rows32 = bt.as_ptr().cast::<i32>();
+    for jb in 0..n.div_ceil(LANES) {
+        let live = (n - jb * LANES).min(LANES);
+        for t0 in (0..pairs).step_by(LANES) {
+            let width = (pairs - t0).min(LANES);
+            let mask: __mmask16 = if width == LANES { !0 } else { (1 << width) - 1 };
+            let mut r = [_mm512_setzero_si512(); LANES];
+            for (i, v) in r.iter_mut().enumerate().take(live) {
+                // SAFETY: row `jb·16 + i < n` holds `pairs` i32, of which the lanes of `mask`
+                // (`t0 .. t0 + width`) are read.
+                *v = unsafe {
+                    _mm512_maskz_loadu_epi32(mask, rows32.add((jb * LANES + i) * pairs + t0))
+                };
+            }
+            for (c, column) in transpose(r).iter().enumerate().take(width) {
+                let line = &mut lines[(t0 + c) * per_row + jb].0;
+                // SAFETY: a line holds sixteen i32.
+                unsafe { _mm512_storeu_si512(line.as_mut_ptr().cast(), *column) };
+            }
+        }
+    }
+}
+
+/// The transpose of sixteen vectors of sixteen i32 (`out[c]` lane `i` = `r[i]` lane `c`):
+/// 32-bit, then 64-bit interleaves within 128-bit lanes, then two 128-bit shuffles that
+/// bring each lane's four rows together.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose(r: [std::arch::x86_64::__m512i; LANES]) -> [std::arch::x86_64::__m512i; LANES] {
+    use std::arch::x86_64::*;
+    let mut out = [_mm512_setzero_si512(); LANES];
+    // Rows `4g .. 4g + 4`: `u[c]` holds, in 128-bit lane `L`, their values of column `4L + c`.
+    let mut quads = [[_mm512_setzero_si512(); 4]; 4];
+    for (g, u) in quads.iter_mut().enumerate() {
+        let [a, b, c, d] = [r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]];
+        let (ab_lo, ab_hi) = (_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        let (cd_lo, cd_hi) = (_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+        *u = [
+            _mm512_unpacklo_epi64(ab_lo, cd_lo),
+            _mm512_unpackhi_epi64(ab_lo, cd_lo),
+            _mm512_unpacklo_epi64(ab_hi, cd_hi),
+            _mm512_unpackhi_epi64(ab_hi, cd_hi),
+        ];
+    }
+    // Column `4L + c` takes lane `L` of `quads[g][c]` into its lane `g`.
+    for c in 0..4 {
+        let [a, b, cc, d] = [quads[0][c], quads[1][c], quads[2][c], quads[3][c]];
+        let p = _mm512_shuffle_i32x4::<0x44>(a, b);
+        let q = _mm512_shuffle_i32x4::<0xee>(a, b);
+        let r2 = _mm512_shuffle_i32x4::<0x44>(cc, d);
+        let s = _mm512_shuffle_i32x4::<0xee>(cc, d);
+        out[c] = _mm512_shuffle_i32x4::<0x88>(p, r2);
+        out[4 + c] = _mm512_shuffle_i32x4::<0xdd>(p, r2);
+        out[8 + c] = _mm512_shuffle_i32x4::<0x88>(q, s);
+        out[12 + c] = _mm512_shuffle_i32x4::<0xdd>(q, s);
+    }
+    out
 }
 
 /// The compiled tile (VNNI, or AVX-512 BW) the CPU runs, if any.
@@ -334,5 +390,53 @@ unsafe fn finish_row(
         // SAFETY: the mask writes `live` values within `out`.
         unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), mask, x) };
         j += LANES;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packing by its definition: line `t · np/16 + j/16`, lane `j % 16`, holds
+    /// `(Bᵀ[j][2t], Bᵀ[j][2t + 1])`, zero past `n`.
+    fn packed_by_definition(bt: &[i16], n: usize, kp: usize) -> Vec<i32> {
+        let (pairs, np) = (kp / 2, n.div_ceil(LANES) * LANES);
+        let mut flat = vec![0i32; pairs * np];
+        for t in 0..pairs {
+            for j in 0..n {
+                let (lo, hi) = (bt[j * kp + 2 * t] as u16, bt[j * kp + 2 * t + 1] as u16);
+                flat[t * np + j] = (u32::from(lo) | (u32::from(hi) << 16)) as i32;
+            }
+        }
+        flat
+    }
+
+    #[test]
+    fn packing_is_the_pairs_transposed_for_every_edge_of_the_blocks() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as i16
+        };
+        // Columns and pairs below, at and past one and two blocks of sixteen.
+        for n in [1, 2, 15, 16, 17, 31, 32, 33, 48, 50] {
+            for pairs in [0, 1, 2, 15, 16, 17, 33, 40] {
+                let kp = 2 * pairs;
+                // One extra value past the end: the packing must not read it.
+                let bt: Vec<i16> = (0..n * kp + 1).map(|_| next()).collect();
+                let Some(p) = PairPacked::new(&bt, n, kp) else {
+                    return; // No AVX-512 BW here: the kernel does not run.
+                };
+                let lanes: Vec<i32> = p.lines.iter().flat_map(|l| l.0).collect();
+                assert_eq!(
+                    lanes,
+                    packed_by_definition(&bt, n, kp),
+                    "n {n}, pairs {pairs}"
+                );
+                assert_eq!(p.np, n.div_ceil(LANES) * LANES);
+            }
+        }
     }
 }
