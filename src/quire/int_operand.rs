@@ -144,6 +144,20 @@ impl IntOperand {
         Some(if mag == 0 { 0 } else { v })
     }
 
+    /// [`IntOperand::int`] of every `src[t]` into `dst[t]` (0 for NaR), one at a time (the
+    /// vector rows' last values); whether any is NaR.
+    #[cfg(target_arch = "x86_64")]
+    fn ints(&self, src: &[f32], dst: &mut [i16]) -> bool {
+        let mut bad = false;
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = self.int(x).unwrap_or_else(|| {
+                bad = true;
+                0
+            });
+        }
+        bad
+    }
+
     /// [`IntOperand::int`] of every `src[t]` into `dst[t]` (0 for NaR): the same clamps and
     /// key computed sixteen at a time, then looked up; whether any is NaR.
     #[cfg(target_arch = "x86_64")]
@@ -243,13 +257,7 @@ impl IntOperand {
                 *d = self.joined[key as usize];
             }
         }
-        let mut tail_bad = false;
-        for (d, &x) in dst[whole..len].iter_mut().zip(&src[whole..len]) {
-            *d = self.int(x).unwrap_or_else(|| {
-                tail_bad = true;
-                0
-            });
-        }
+        let tail_bad = self.ints(&src[whole..len], &mut dst[whole..len]);
         _mm256_movemask_epi8(bad) != 0 || tail_bad
     }
 
@@ -270,13 +278,7 @@ impl IntOperand {
             // SAFETY: `d` holds 16 i16, 32 bytes.
             unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), _mm512_cvtepi32_epi16(units)) };
         }
-        let mut tail_bad = false;
-        for (d, &x) in dst[whole..len].iter_mut().zip(&src[whole..len]) {
-            *d = self.int(x).unwrap_or_else(|| {
-                tail_bad = true;
-                0
-            });
-        }
+        let tail_bad = self.ints(&src[whole..len], &mut dst[whole..len]);
         bad != 0 || tail_bad
     }
 
@@ -306,13 +308,7 @@ impl IntOperand {
             // SAFETY: `d` holds 16 i16, 32 bytes.
             unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), packed) };
         }
-        let mut tail_bad = false;
-        for (d, &x) in dst[whole..len].iter_mut().zip(&src[whole..len]) {
-            *d = self.int(x).unwrap_or_else(|| {
-                tail_bad = true;
-                0
-            });
-        }
+        let tail_bad = self.ints(&src[whole..len], &mut dst[whole..len]);
         _mm256_movemask_epi8(bad) != 0 || tail_bad
     }
 

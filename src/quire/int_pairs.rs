@@ -64,12 +64,21 @@ impl PairPacked {
         assert!(kp.is_multiple_of(2) && bt.len() >= n * kp);
         let pairs = kp / 2;
         let np = n.div_ceil(LANES) * LANES;
-        let mut lines = vec![Line([0; LANES]); pairs * np / LANES];
-        // SAFETY: `kernel` returned a tile, so the CPU has AVX-512 F (and BW).
+        let count = pairs * np / LANES;
+        let mut lines = Vec::with_capacity(count);
+        // SAFETY: `kernel` returned a tile, so the CPU has AVX-512 F (and BW), and this is
+        // x86-64 (elsewhere `kernel` is `None`); `pack_avx512` writes every one of the
+        // `count` lines, so they are initialised before the length covers them.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            pack_avx512(&bt[..n * kp], n, pairs, &mut lines)
-        };
+            pack_avx512(
+                &bt[..n * kp],
+                n,
+                pairs,
+                &mut lines.spare_capacity_mut()[..count],
+            );
+            lines.set_len(count);
+        }
         let max = int_dot::max_magnitude(&bt[..n * kp]);
         Some(PairPacked {
             lines,
@@ -95,9 +104,10 @@ impl PairPacked {
 /// i16): the pair `t` of row `j` of `Bᵀ` is the `t`-th i32 of that row read as i32 (the
 /// first i16 in the low half), so the packing is the transpose of an `n x pairs` i32
 /// matrix into `pairs x np`, sixteen rows by sixteen pairs at a time, with zeros past `n`.
+/// Every line is written (`pairs · np / 16` of them), so `lines` may start uninitialised.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn pack_avx512(bt: &[i16], n: usize, pairs: usize, lines: &mut [Line]) {
+fn pack_avx512(bt: &[i16], n: usize, pairs: usize, lines: &mut [std::mem::MaybeUninit<Line>]) {
     use std::arch::x86_64::*;
     let per_row = lines.len() / pairs.max(1);
     let rows32 = bt.as_ptr().cast::<i32>();
@@ -115,7 +125,7 @@ fn pack_avx512(bt: &[i16], n: usize, pairs: usize, lines: &mut [Line]) {
                 };
             }
             for (c, column) in transpose(r).iter().enumerate().take(width) {
-                let line = &mut lines[(t0 + c) * per_row + jb].0;
+                let line = &mut lines[(t0 + c) * per_row + jb];
                 // SAFETY: a line holds sixteen i32.
                 unsafe { _mm512_storeu_si512(line.as_mut_ptr().cast(), *column) };
             }
